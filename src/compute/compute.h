@@ -1,0 +1,96 @@
+/* compute/: tensor operations over quant types on the CPU: the matrix-vector product y = W x,
+ * the multi-row product over quant types (activations converted once per row), and the
+ * row ops the models need (norms, activations, softmax). Knows nothing of files or models. */
+#ifndef EM_COMPUTE_H
+#define EM_COMPUTE_H
+
+#include "base/base.h"
+#include "quant/quant.h"
+
+#include <math.h>
+
+/* y[r] = W[r, :] . act for every row r in [0, n_rows).
+ * W: n_rows rows of n_cols values of type wtype, row-major, each row em_type_row_bytes
+ * long (rows are consecutive, blocks of a row are consecutive). act: one activation row of
+ * n_cols values of type em_dot_act_type(wtype) (see em_dot_quantize_act). y: n_rows floats.
+ * n_cols must be a multiple of em_dot_block_elems(wtype).
+ * Rows are split into contiguous chunks handed out over the pool's threads (pool may be
+ * NULL: the caller's thread does all). No allocation; one call at a time per pool. */
+int em_matvec(em_pool *pool, int wtype, const void *w, int64_t n_rows, int64_t n_cols,
+              const void *act, float *y, em_err *err);
+/* As em_matvec with the dot kernel of a given ISA (em_dot_kernel); EM_EUNSUPPORTED when the
+ * CPU cannot run that ISA. */
+int em_matvec_isa(em_pool *pool, int isa, int wtype, const void *w, int64_t n_rows,
+                  int64_t n_cols, const void *act, float *y, em_err *err);
+
+
+/* ---- matrices and multi-row products (matmul.c) ------------------------------------------
+ * A weight matrix as stored in a GGUF tensor: `rows` rows of `cols` values of `type`, row r at
+ * data + r * row_bytes (a torch Linear [out, in] is rows = out, cols = in). Views into a
+ * mapped file; nothing is owned. */
+typedef struct em_mat {
+    int type;
+    int64_t rows, cols;
+    uint64_t row_bytes;
+    const void *data;
+} em_mat;
+
+/* Fills m for rows x cols values of type at data (row_bytes from the type; checked). */
+int em_mat_init(em_mat *m, int type, int64_t rows, int64_t cols, const void *data, em_err *err);
+/* Rows [r0, r0 + n) of m as a matrix of their own (a slice of stacked experts or heads). */
+em_mat em_mat_rows(const em_mat *m, int64_t r0, int64_t n);
+
+/* Activation rows prepared for one dot-kernel activation type: n rows of `cols` values of
+ * `type` (em_dot_act_type of the weights they meet), row j at data + j * stride. For F32 the
+ * rows may be the caller's floats in place (no copy). */
+typedef struct em_act {
+    int type;
+    int64_t n, cols;
+    uint64_t stride;
+    const void *data;
+} em_act;
+
+/* Scratch bytes em_act_prepare needs to convert n rows of cols values for weights of type
+ * wtype (0 when the rows are used in place: F32 activations). */
+int em_act_bytes(int wtype, int64_t cols, int64_t n, uint64_t *bytes, em_err *err);
+/* Converts n rows of cols floats (row j at x + j * ldx, ldx >= cols) to the activation type
+ * of wtype, once, so that every matrix of that activation type can use them. buf holds
+ * em_act_bytes bytes (may be NULL when that is 0), 64-byte aligned is best. Rows are
+ * converted on the pool's threads. */
+int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_t cols, int64_t n,
+                   void *buf, em_act *out, em_err *err);
+
+/* y[j][r] = W[r, :] . act[j] for j in [0, act->n), r in [0, W->rows); row j of y at
+ * y + j * ldy (ldy >= W->rows). The act type must be em_dot_act_type(W->type) and
+ * act->cols == W->cols. Weight rows are split into contiguous tasks over the pool; each
+ * weight row meets all activation rows while it is in cache (in tiles of activation rows).
+ * No allocation. With act->n == 1 this is em_matvec. */
+int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, int64_t ldy,
+                  em_err *err);
+/* em_act_prepare into buf, then em_matmul_act. */
+int em_matmul(em_pool *pool, const em_mat *w, const float *x, int64_t ldx, int64_t n, float *y,
+              int64_t ldy, void *buf, em_err *err);
+
+/* ---- element-wise and row ops (ops.c) -----------------------------------------------------
+ * fp32 in and out; sums of squares and softmax denominators accumulate in double. Outputs may
+ * alias inputs. */
+
+static inline float em_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float em_siluf(float x) { return x / (1.0f + expf(-x)); }
+/* log(1 + e^x), and x itself above 20 (torch's and fla's threshold). */
+static inline float em_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* y = x * rsqrt(mean(x^2) + eps) * w (w NULL: no weight), over n values. */
+void em_rmsnorm(const float *x, const float *w, float eps, int64_t n, float *y);
+/* y = x * rsqrt(sum(x^2) + eps). */
+void em_l2norm(const float *x, float eps, int64_t n, float *y);
+void em_sigmoid(const float *x, int64_t n, float *y);
+void em_silu(const float *x, int64_t n, float *y);
+/* y = silu(gate) * up. */
+void em_swiglu(const float *gate, const float *up, int64_t n, float *y);
+/* In place: x = softmax(x) (max-subtracted). n >= 1. */
+void em_softmax(float *x, int64_t n);
+/* y += a * x. */
+void em_axpy(float a, const float *x, int64_t n, float *y);
+
+#endif

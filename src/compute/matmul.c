@@ -1,0 +1,187 @@
+/* Multi-row matrix products over quant types: Y = X W^T for n activation rows at once.
+ * Owns the conversion of activation rows to the dot kernels' activation type (once per row,
+ * shared by every matrix of that type) and the split of weight rows into tasks. Each task is
+ * a contiguous run of weight rows (long sequential reads of W); inside it, activation rows are
+ * taken in tiles so a tile stays in L1/L2 while the task's weight rows stream past it again,
+ * and every weight row is read from memory once per call. No allocation, no state between
+ * calls; y is written only at [j * ldy + r] for j < n, r < rows. */
+#include "compute/compute.h"
+
+#include <limits.h>
+
+/* Weight bytes per task (as matvec: long prefetch streams, cheap hand-out). */
+#define TASK_BYTES (256u * 1024u)
+#define TASKS_PER_THREAD 4
+/* Activation rows per tile: 16 rows of a 4096-wide Q8_0 row are 70 KB. */
+#define ACT_TILE 16
+/* Rows converted per task when preparing activations. */
+#define PREP_ROWS 8
+
+int em_mat_init(em_mat *m, int type, int64_t rows, int64_t cols, const void *data, em_err *err) {
+    if (rows < 0 || cols < 0)
+        return em_err_set(err, EM_EINVAL, "matrix %s: bad shape %lld x %lld", em_type_name(type),
+                          (long long)rows, (long long)cols);
+    uint64_t rb, total;
+    int rc = em_type_row_bytes(type, (uint64_t)cols, &rb, err);
+    if (rc) return rc;
+    if (em_mul_overflow(rb, (uint64_t)rows, &total) || total > (uint64_t)PTRDIFF_MAX)
+        return em_err_set(err, EM_EOVERFLOW, "matrix %s: %lld rows of %llu bytes overflow",
+                          em_type_name(type), (long long)rows, (unsigned long long)rb);
+    *m = (em_mat){ .type = type, .rows = rows, .cols = cols, .row_bytes = rb, .data = data };
+    return EM_OK;
+}
+
+em_mat em_mat_rows(const em_mat *m, int64_t r0, int64_t n) {
+    em_mat s = *m;
+    s.rows = n;
+    s.data = (const uint8_t *)m->data + (uint64_t)r0 * m->row_bytes;
+    return s;
+}
+
+/* ---- activations ---------------------------------------------------------------------- */
+
+int em_act_bytes(int wtype, int64_t cols, int64_t n, uint64_t *bytes, em_err *err) {
+    if (n < 0 || cols < 0)
+        return em_err_set(err, EM_EINVAL, "activations for %s: bad shape %lld x %lld",
+                          em_type_name(wtype), (long long)n, (long long)cols);
+    int at = em_dot_act_type(wtype);
+    if (at < 0)
+        return em_err_set(err, EM_EUNSUPPORTED, "no dot product for weight type %s (%d)",
+                          em_type_name(wtype), wtype);
+    if (at == EM_TYPE_F32) {
+        *bytes = 0;
+        return EM_OK;
+    }
+    uint64_t rb;
+    int rc = em_dot_act_bytes(wtype, cols, &rb, err);
+    if (rc) return rc;
+    if (em_mul_overflow(rb, (uint64_t)n, bytes))
+        return em_err_set(err, EM_EOVERFLOW, "activations for %s: %lld rows overflow",
+                          em_type_name(wtype), (long long)n);
+    return EM_OK;
+}
+
+typedef struct prep_job {
+    int wtype;
+    const float *x;
+    int64_t ldx, cols, n;
+    uint8_t *buf;
+    uint64_t stride;
+} prep_job;
+
+static void prep_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const prep_job *job = ctx;
+    int64_t j0 = (int64_t)task * PREP_ROWS;
+    int64_t j1 = j0 + PREP_ROWS < job->n ? j0 + PREP_ROWS : job->n;
+    for (int64_t j = j0; j < j1; j++) /* shapes were checked by the caller: cannot fail */
+        (void)em_dot_quantize_act(job->wtype, job->x + j * job->ldx, job->buf + (uint64_t)j * job->stride,
+                                  job->cols, NULL);
+}
+
+int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_t cols, int64_t n,
+                   void *buf, em_act *out, em_err *err) {
+    uint64_t bytes;
+    int rc = em_act_bytes(wtype, cols, n, &bytes, err);
+    if (rc) return rc;
+    int blk = em_dot_block_elems(wtype);
+    if (cols % blk != 0)
+        return em_err_set(err, EM_EINVAL, "activations for %s: %lld columns are not a multiple of %d",
+                          em_type_name(wtype), (long long)cols, blk);
+    if (ldx < cols || (n > 0 && !x) || (bytes > 0 && !buf))
+        return em_err_set(err, EM_EINVAL, "activations for %s: bad stride or NULL buffer", em_type_name(wtype));
+    int at = em_dot_act_type(wtype);
+    if (at == EM_TYPE_F32) {
+        *out = (em_act){ .type = at, .n = n, .cols = cols, .stride = (uint64_t)ldx * sizeof(float), .data = x };
+        return EM_OK;
+    }
+    uint64_t stride;
+    rc = em_dot_act_bytes(wtype, cols, &stride, err);
+    if (rc) return rc;
+    prep_job job = { .wtype = wtype, .x = x, .ldx = ldx, .cols = cols, .n = n, .buf = buf, .stride = stride };
+    if (n > (int64_t)INT_MAX * PREP_ROWS)
+        return em_err_set(err, EM_EOVERFLOW, "activations: %lld rows", (long long)n);
+    em_pool_run(pool, (int)((n + PREP_ROWS - 1) / PREP_ROWS), prep_task, &job);
+    *out = (em_act){ .type = at, .n = n, .cols = cols, .stride = stride, .data = buf };
+    return EM_OK;
+}
+
+/* ---- the product ---------------------------------------------------------------------- */
+
+typedef struct mm_job {
+    em_dot_fn dot;
+    const uint8_t *w;
+    uint64_t row_bytes;
+    int64_t rows, cols, rows_per_task;
+    const uint8_t *act;
+    uint64_t stride;
+    int64_t n;
+    float *y;
+    int64_t ldy;
+} mm_job;
+
+static void mm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const mm_job *job = ctx;
+    int64_t r0 = (int64_t)task * job->rows_per_task;
+    int64_t r1 = r0 + job->rows_per_task < job->rows ? r0 + job->rows_per_task : job->rows;
+    for (int64_t j0 = 0; j0 < job->n; j0 += ACT_TILE) {
+        int64_t j1 = j0 + ACT_TILE < job->n ? j0 + ACT_TILE : job->n;
+        const uint8_t *wrow = job->w + (uint64_t)r0 * job->row_bytes;
+        for (int64_t r = r0; r < r1; r++, wrow += job->row_bytes) {
+            const uint8_t *a = job->act + (uint64_t)j0 * job->stride;
+            for (int64_t j = j0; j < j1; j++, a += job->stride)
+                job->y[j * job->ldy + r] = job->dot(wrow, a, job->cols);
+        }
+    }
+}
+
+static int64_t rows_per_task(int64_t rows, uint64_t task_bytes, int n_threads) {
+    int64_t per = task_bytes >= TASK_BYTES ? 1 : (int64_t)(TASK_BYTES / (task_bytes ? task_bytes : 1));
+    int64_t for_balance = (rows + (int64_t)n_threads * TASKS_PER_THREAD - 1) /
+                          ((int64_t)n_threads * TASKS_PER_THREAD);
+    if (per > for_balance) per = for_balance;
+    if (per < 1) per = 1;
+    int64_t for_int_tasks = (rows + INT_MAX - 1) / INT_MAX;
+    return per > for_int_tasks ? per : for_int_tasks;
+}
+
+int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, int64_t ldy,
+                  em_err *err) {
+    int blk = em_dot_block_elems(w->type);
+    if (blk == 0)
+        return em_err_set(err, EM_EUNSUPPORTED, "matmul: no dot product for weight type %s (%d)",
+                          em_type_name(w->type), w->type);
+    if (act->type != em_dot_act_type(w->type) || act->cols != w->cols)
+        return em_err_set(err, EM_EINVAL, "matmul %s [%lld x %lld]: activations are %s x %lld",
+                          em_type_name(w->type), (long long)w->rows, (long long)w->cols,
+                          em_type_name(act->type), (long long)act->cols);
+    if (w->rows < 0 || act->n < 0 || w->cols % blk != 0 || (act->n > 1 && ldy < w->rows))
+        return em_err_set(err, EM_EINVAL, "matmul %s: bad shape %lld x %lld, %lld rows, ldy %lld",
+                          em_type_name(w->type), (long long)w->rows, (long long)w->cols,
+                          (long long)act->n, (long long)ldy);
+    if (w->rows == 0 || act->n == 0) return EM_OK;
+    if (!w->data || !y || !act->data) return em_err_set(err, EM_EINVAL, "matmul: NULL buffer");
+    if (w->cols == 0) {
+        for (int64_t j = 0; j < act->n; j++)
+            for (int64_t r = 0; r < w->rows; r++) y[j * ldy + r] = 0.0f;
+        return EM_OK;
+    }
+    mm_job job = {
+        .dot = em_dot_get(w->type), .w = w->data, .row_bytes = w->row_bytes, .rows = w->rows,
+        .cols = w->cols, .act = act->data, .stride = act->stride, .n = act->n, .y = y, .ldy = ldy,
+    };
+    /* a task's cost grows with the activation rows it serves, so fewer weight rows each */
+    uint64_t per_row = w->row_bytes * (uint64_t)(act->n < ACT_TILE ? act->n : ACT_TILE);
+    job.rows_per_task = rows_per_task(w->rows, per_row, em_pool_threads(pool));
+    em_pool_run(pool, (int)((w->rows + job.rows_per_task - 1) / job.rows_per_task), mm_task, &job);
+    return EM_OK;
+}
+
+int em_matmul(em_pool *pool, const em_mat *w, const float *x, int64_t ldx, int64_t n, float *y,
+              int64_t ldy, void *buf, em_err *err) {
+    em_act act;
+    int rc = em_act_prepare(pool, w->type, x, ldx, w->cols, n, buf, &act, err);
+    if (rc) return rc;
+    return em_matmul_act(pool, w, &act, y, ldy, err);
+}

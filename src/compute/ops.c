@@ -1,0 +1,57 @@
+/* Row and element-wise ops in fp32: RMSNorm, L2 norm, sigmoid, SiLU, SwiGLU, softmax, axpy.
+ * Sums of squares and the softmax denominator accumulate in double, so results do not depend
+ * on the order of the sum (they are the exact value rounded once, up to libm's expf). Outputs
+ * may alias inputs; nothing is allocated. */
+#include "compute/compute.h"
+
+static double sum_squares(const float *x, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+void em_rmsnorm(const float *x, const float *w, float eps, int64_t n, float *y) {
+    if (n <= 0) return;
+    /* the scale is rounded to fp32 once, as torch's x * rsqrt(mean + eps) does */
+    float scale = (float)(1.0 / sqrt(sum_squares(x, n) / (double)n + (double)eps));
+    if (w)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
+}
+
+void em_l2norm(const float *x, float eps, int64_t n, float *y) {
+    if (n <= 0) return;
+    float scale = (float)(1.0 / sqrt(sum_squares(x, n) + (double)eps));
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
+}
+
+void em_sigmoid(const float *x, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = em_sigmoidf(x[i]);
+}
+
+void em_silu(const float *x, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = em_siluf(x[i]);
+}
+
+void em_swiglu(const float *gate, const float *up, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = em_siluf(gate[i]) * up[i];
+}
+
+void em_softmax(float *x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void em_axpy(float a, const float *x, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}

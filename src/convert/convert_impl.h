@@ -1,0 +1,205 @@
+/* Internal to convert/: the shape of a mapping table and of the model description the
+ * engine (convert.c) works from. An architecture is data: a table of tensor rules (source
+ * name pattern, GGUF name pattern, the layers it applies to, expected source shape, GGUF
+ * shape, transform, type class) and a table of metadata keys; plus one setup function that
+ * turns config.json into symbolic dimensions, condition flags and key values. The engine
+ * knows no model: it instantiates the rules, checks every source tensor against them, and
+ * streams the data. */
+#ifndef EM_CONVERT_IMPL_H
+#define EM_CONVERT_IMPL_H
+
+#include "convert/convert.h"
+#include "format/gguf.h"
+#include "format/hfconfig.h"
+#include "format/safetensors.h"
+
+/* ---- symbolic dimensions (values come from config.json through the setup function) ---- */
+
+enum cv_dim {
+    CV_D_ONE = 0, /* always 1 */
+    CV_D_EMBD,    /* hidden_size */
+    CV_D_VOCAB,   /* vocab_size */
+    CV_D_FF,      /* intermediate_size (dense FFN) */
+    /* Kimi MoE */
+    CV_D_FF_EXP,  /* moe_intermediate_size */
+    CV_D_SHEXP,   /* moe_intermediate_size * num_shared_experts */
+    CV_D_NEXP,    /* num_experts */
+    /* Kimi KDA */
+    CV_D_KDA_HEADS, CV_D_KDA_HD, CV_D_KDA_INNER, CV_D_CONV,
+    /* Kimi MLA */
+    CV_D_HEADS,   /* num_attention_heads */
+    CV_D_Q_OUT,   /* heads * (nope + rope) */
+    CV_D_NOPE, CV_D_V, CV_D_KV_LORA,
+    CV_D_KV_A,    /* kv_lora + rope */
+    CV_D_KV_B,    /* heads * (nope + v) */
+    CV_D_O_IN,    /* heads * v */
+    CV_D_Q_LORA,
+    /* drafter (Qwen3 backbone, heads) */
+    CV_D_DVOCAB,  /* draft_vocab_size */
+    CV_D_HEAD_DIM,
+    CV_D_QH_OUT,  /* heads * head_dim */
+    CV_D_KV_OUT,  /* kv_heads * head_dim */
+    CV_D_FC_IN,   /* taps * hidden_size */
+    CV_D_RANK,    /* markov_rank */
+    CV_D_RANK3,   /* 3 * markov_rank (rnn joint_proj rows) */
+    CV_D_CONF_IN, /* hidden (+ rank when the confidence head reads the Markov embedding) */
+    CV_D_GATE_IN, /* hidden + rank */
+    CV_D_JOINT_IN, /* 2 * rank + hidden */
+    CV_D_COUNT
+};
+
+/* ---- conditions: a rule applies where all of its condition bits hold ------------------- */
+
+enum {
+    CV_C_KDA = 1u << 0,     /* layer: Kimi Delta Attention */
+    CV_C_MLA = 1u << 1,     /* layer: multi-head latent attention */
+    CV_C_DENSE = 1u << 2,   /* layer: dense FFN */
+    CV_C_MOE = 1u << 3,     /* layer: routed experts */
+    CV_C_QLORA = 1u << 4,   /* model: q_lora_rank set */
+    CV_C_NOQLORA = 1u << 5, /* model: direct q_proj */
+    CV_C_SHEXP = 1u << 6,   /* model: shared experts */
+    CV_C_TIED = 1u << 7,    /* model: lm head tied to the embedding */
+    CV_C_UNTIED = 1u << 8,
+    CV_C_MARKOV = 1u << 9,  /* drafter: Markov head (DSpark) */
+    CV_C_GATED = 1u << 10,  /* drafter: gated Markov head */
+    CV_C_RNN = 1u << 11,    /* drafter: rnn Markov head */
+    CV_C_CONF = 1u << 12,   /* drafter: confidence head */
+    CV_C_BIAS = 1u << 13,   /* drafter: attention_bias */
+};
+
+/* ---- tensor rules ---------------------------------------------------------------------- */
+
+/* Where a rule's tensor goes: before the layers, in each layer, after the layers. */
+enum cv_scope { CV_PRE = 0, CV_LAYER = 1, CV_POST = 2 };
+
+enum cv_need {
+    CV_REQUIRED = 0, /* missing source: the conversion fails naming it */
+    CV_OPTIONAL = 1, /* written when the source exists */
+    CV_DROP = 2,     /* a known training-only tensor: consumed, not written */
+};
+
+enum cv_xf {
+    CV_X_COPY = 0, /* same elements, same order (ggml ne = reversed torch shape) */
+    CV_X_NEG_EXP,  /* y = -exp(x) (A_log -> ssm_a) */
+    CV_X_STACK,    /* NEXP sources ({E} = 0..NEXP-1) [out, in] -> ne [in, out, NEXP] */
+    CV_X_KV_B_K,   /* kv_b [heads, nope+v, kv_lora]: the k part, transposed -> [nope, kv_lora, heads] */
+    CV_X_KV_B_V,   /* the v part -> ne [kv_lora, v, heads] */
+    CV_X_D2T,      /* draft->target offsets (int) -> absolute target ids, I64 */
+};
+
+/* Type classes of the policy (em_convert_policy). */
+enum cv_class {
+    CV_K_MATRIX = 0, /* weight matrix: the requested type (q8_0 when rows are a multiple of 32) */
+    CV_K_F32,        /* norms, biases, ssm_a, dt bias, conv weights, confidence head */
+    CV_K_ROUTER,     /* MoE router weights: F32 (selection is sensitive to near ties) */
+    CV_K_I64,        /* integer maps (d2t) */
+};
+
+typedef struct cv_rule {
+    uint8_t scope;     /* enum cv_scope */
+    uint8_t need;      /* enum cv_need */
+    uint8_t xf;        /* enum cv_xf */
+    uint8_t cls;       /* enum cv_class */
+    uint32_t when;     /* CV_C_* bits that must all hold */
+    const char *src;   /* source name; "{L}" layer, "{E}" expert */
+    const char *alt;   /* another spelling of the source, or NULL */
+    const char *dst;   /* GGUF name; "{L}" layer (NULL for CV_DROP) */
+    uint8_t src_n;     /* expected source shape, outermost first (one expert for STACK) */
+    uint8_t src_dims[4];
+    uint8_t dst_n;     /* GGUF ne, fastest first */
+    uint8_t dst_ne[4];
+} cv_rule;
+
+/* ---- metadata keys --------------------------------------------------------------------- */
+
+enum cv_ktype {
+    CV_T_U32 = 0,
+    CV_T_F32,
+    CV_T_BOOL,
+    CV_T_STR,
+    CV_T_ARR_I32,
+};
+
+/* Values the setup function provides; a key is written only when its value is set. */
+enum cv_vid {
+    CV_V_CTX = 0, CV_V_EMBD, CV_V_BLOCKS, CV_V_FF, CV_V_HEADS, CV_V_HEADS_KV, CV_V_HEADS_KV_ARR,
+    CV_V_ROPE_BASE, CV_V_RMS_EPS, CV_V_N_EXPERT, CV_V_N_EXPERT_USED, CV_V_EXPERT_GROUPS,
+    CV_V_EXPERT_GROUPS_USED, CV_V_GATING, CV_V_KEY_LEN, CV_V_VALUE_LEN, CV_V_VOCAB,
+    CV_V_CONV_KERNEL, CV_V_KDA_HEAD_DIM, CV_V_Q_LORA, CV_V_KV_LORA, CV_V_ROPE_DIMS,
+    CV_V_KEY_LEN_MLA, CV_V_VALUE_LEN_MLA, CV_V_FF_EXP, CV_V_SHARED, CV_V_DENSE_LEAD,
+    CV_V_EXPERT_SCALE, CV_V_EXPERT_NORM,
+    /* RoPE scaling */
+    CV_V_ROPE_SCALING, CV_V_ROPE_FACTOR, CV_V_ROPE_ORIG_CTX, CV_V_YARN_BETA_FAST,
+    CV_V_YARN_BETA_SLOW, CV_V_YARN_ATTN_FACTOR, CV_V_YARN_LOG_MUL,
+    /* drafters */
+    CV_V_CAUSAL, CV_V_TARGET_LAYERS, CV_V_BLOCK_SIZE, CV_V_SAMPLE_FROM_ANCHOR, CV_V_HAS_CONF,
+    CV_V_MARKOV_RANK, CV_V_MARKOV_TYPE, CV_V_CONF_WITH_MARKOV, CV_V_MASK_TOKEN,
+    CV_V_SOFTCAP, CV_V_LOGIT_SCALE,
+    CV_V_COUNT
+};
+
+typedef struct cv_key {
+    const char *key; /* "{A}" = the architecture name */
+    uint8_t type;    /* enum cv_ktype */
+    uint8_t val;     /* enum cv_vid */
+} cv_key;
+
+typedef struct cv_val {
+    bool set;
+    uint64_t u;
+    double f;
+    bool b;
+    char s[32];
+    int32_t *arr; /* CV_T_ARR_I32: n_arr elements, owned by the model */
+    int n_arr;
+} cv_val;
+
+/* ---- the model as the engine sees it ------------------------------------------------------ */
+
+typedef struct cv_model {
+    em_hf_config *cfg; /* the setup may complete it (drafters: em_hf_draft_check_tensors) */
+    const em_safetensors *st;
+    const char *cfg_path;
+    int64_t dims[CV_D_COUNT];
+    uint32_t flags;                      /* model-wide CV_C_* bits */
+    int n_layers;
+    uint32_t layer_flags[EM_HF_MAX_LAYERS]; /* per layer, ORed with flags */
+    cv_val vals[CV_V_COUNT];
+    char mode[16], layout[32], markov[16];
+    const char *vocab_arch;              /* the arch the tokenizer loader is told */
+} cv_model;
+
+typedef struct cv_arch {
+    const char *name;            /* general.architecture */
+    const cv_rule *rules;
+    size_t n_rules;
+    const cv_key *keys;
+    size_t n_keys;
+    const char *optional_prefix; /* a source may also carry this prefix ("model.") */
+    int (*setup)(cv_model *m, em_err *err);
+} cv_arch;
+
+extern const cv_arch em_cv_arch_kimi_linear;
+extern const cv_arch em_cv_arch_dflash;
+
+/* The architecture of a parsed config; EM_EUNSUPPORTED for what the converter cannot write. */
+int em_cv_arch_for(const em_hf_config *cfg, const char *cfg_path, const cv_arch **out,
+                   em_err *err);
+
+/* Sets a key value (helpers for the setup functions). */
+void em_cv_set_u(cv_model *m, enum cv_vid v, uint64_t u);
+void em_cv_set_f(cv_model *m, enum cv_vid v, double f);
+void em_cv_set_b(cv_model *m, enum cv_vid v, bool b);
+void em_cv_set_s(cv_model *m, enum cv_vid v, const char *s);
+/* Takes ownership of arr (malloc'ed). */
+void em_cv_set_arr(cv_model *m, enum cv_vid v, int32_t *arr, int n);
+
+/* ---- tokenizer keys (vocab.c) ------------------------------------------------------------ */
+
+/* Writes the tokenizer.* keys: from the tokenizer files in dir (NULL or a folder without
+ * them: tokenizer.ggml.model = "none"), padded to vocab_size. Fills the report's tokenizer
+ * fields. */
+int em_cv_write_vocab(em_gguf_writer *w, const char *dir, int64_t vocab_size, const char *arch,
+                      const cv_model *m, em_convert_report *rep, em_err *err);
+
+#endif

@@ -1,0 +1,12 @@
+/* Internal to model/: the architectures target.c dispatches to. Each constructor takes the
+ * opened GGUF (ownership passes to it: it is closed on failure too) and the options with every
+ * field already resolved (no zeros left), and returns a target with ops, info set. */
+#ifndef EM_MODEL_ARCH_H
+#define EM_MODEL_ARCH_H
+
+#include "format/gguf.h"
+#include "model/model.h"
+
+int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, em_err *err);
+
+#endif

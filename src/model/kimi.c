@@ -1,0 +1,465 @@
+/* The kimi-linear target: the forward pass over a batch of rows (embedding, per layer
+ * RMSNorm -> KDA or MLA -> residual -> RMSNorm -> dense MLP or MoE -> residual, final norm,
+ * lm head), the KDA layer's projections around the recurrent core of kda.c, and the target
+ * ops of model.h (verify / commit / prefill / cost / reset).
+ *
+ * State: per KDA layer a committed em_kda_state and a transition log; per MLA layer a latent
+ * cache of n_ctx rows, where rows < pos are committed and rows >= pos are scratch that a
+ * verify writes and a commit keeps by advancing pos. A verify never writes a committed
+ * state or a cache row < pos. Scratch comes from one arena reset per step; it is re-made
+ * larger only when a step needed more than any before (no allocation in steady decoding).
+ * Weights are only read. */
+#include "model/kimi_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rough machine rates for cost estimates before any verify was timed. */
+#define COST_BYTES_PER_S 20e9
+#define COST_FLOPS_PER_THREAD 20e9
+
+enum step_mode {
+    STEP_LOGGED,   /* verify: KDA transitions into the logs, committed state untouched */
+    STEP_UNLOGGED, /* verify wider than the logs: commit will replay the tokens */
+    STEP_COMMIT,   /* prefill / replay: KDA states updated in place */
+};
+
+typedef struct kimi {
+    em_target base;
+    em_gguf *g;
+    kimi_hparams hp;
+    kimi_weights w;
+    em_pool *pool;
+    int ubatch;
+    int feature_layer[EM_MODEL_MAX_FEATURE_LAYERS];
+    int n_feature_layers;
+    em_kda_dims kda_dims;
+    em_kda_state *kda_state; /* [n_kda] committed */
+    em_kda_log **kda_log;    /* [n_kda] transitions of the last logged verify */
+    float **mla_cache;       /* [n_mla][n_ctx][kv_lora + rope] */
+    int32_t *replay_tok;     /* [n_ctx] tokens of the last unlogged verify */
+    bool replay;             /* the pending verify was unlogged */
+    em_arena *arena;
+    size_t arena_cap;
+    /* cost model: bytes read per verify besides routed experts, per-expert bytes per MoE layer */
+    uint64_t dense_bytes, expert_bytes;
+    int n_moe;
+    double cost_scale;       /* measured / estimated seconds, smoothed */
+} kimi;
+
+/* ---- step helpers --------------------------------------------------------------------- */
+
+float *kimi_falloc(em_arena *arena, uint64_t count, const char *what, em_err *err) {
+    float *p = count <= SIZE_MAX / sizeof(float) ? em_arena_alloc(arena, (size_t)count * sizeof(float)) : NULL;
+    if (!p) em_err_set(err, EM_ENOMEM, "out of memory for %s (%llu floats)", what, (unsigned long long)count);
+    return p;
+}
+
+void kimi_acts_init(kimi_acts *a, const float *x, int64_t ldx, int64_t cols, int64_t n) {
+    *a = (kimi_acts){ .x = x, .ldx = ldx, .cols = cols, .n = n };
+}
+
+static int act_slot(int act_type) {
+    switch (act_type) {
+    case EM_TYPE_F32: return 0;
+    case EM_TYPE_Q8_0: return 1;
+    case EM_TYPE_Q8_K: return 2;
+    default: return -1;
+    }
+}
+
+int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
+            em_err *err) {
+    int slot = act_slot(em_dot_act_type(w->type));
+    if (slot < 0)
+        return em_err_set(err, EM_EUNSUPPORTED, "no activation type for weights of type %s", em_type_name(w->type));
+    if (!a->have[slot]) {
+        uint64_t bytes;
+        int rc = em_act_bytes(w->type, a->cols, a->n, &bytes, err);
+        if (rc) return rc;
+        void *buf = bytes ? em_arena_alloc(arena, (size_t)bytes) : NULL;
+        if (bytes && !buf) return em_err_set(err, EM_ENOMEM, "out of memory for %llu activation bytes", (unsigned long long)bytes);
+        rc = em_act_prepare(pool, w->type, a->x, a->ldx, a->cols, a->n, buf, &a->act[slot], err);
+        if (rc) return rc;
+        a->have[slot] = true;
+    }
+    return em_matmul_act(pool, w, &a->act[slot], y, ldy, err);
+}
+
+/* Resets the step arena, re-making it in one block when the last step outgrew it. */
+static int arena_begin(kimi *k, em_err *err) {
+    size_t used = em_arena_used(k->arena);
+    if (used <= k->arena_cap) {
+        em_arena_reset(k->arena);
+        return EM_OK;
+    }
+    size_t cap = used + used / 4;
+    em_arena *a;
+    int rc = em_arena_create(&a, cap, err);
+    if (rc) return rc;
+    em_arena_free(k->arena);
+    k->arena = a;
+    k->arena_cap = cap;
+    return EM_OK;
+}
+
+static void rmsnorm_rows(const float *x, const float *w, float eps, int n, int64_t width, float *y) {
+    for (int t = 0; t < n; t++) em_rmsnorm(x + t * width, w, eps, width, y + t * width);
+}
+
+/* ---- KDA layer: projections around the recurrent core ---------------------------------- */
+
+static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float *h, float *y,
+                     em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const kimi_kda_w *w = &ly->kda;
+    const int64_t D = hp->d_inner, hd = hp->kda_head_dim;
+    em_arena *a = k->arena;
+    em_pool *pool = k->pool;
+    float *qkv = kimi_falloc(a, (uint64_t)n * 3 * D, "KDA q/k/v rows", err);
+    float *f = kimi_falloc(a, (uint64_t)n * D, "KDA gate rows", err);
+    float *g2 = kimi_falloc(a, (uint64_t)n * D, "KDA output gate rows", err);
+    float *o = kimi_falloc(a, (uint64_t)n * D, "KDA output rows", err);
+    float *b = kimi_falloc(a, (uint64_t)n * hp->kda_heads, "KDA beta rows", err);
+    float *low = kimi_falloc(a, (uint64_t)n * hd, "KDA low-rank rows", err);
+    if (!qkv || !f || !g2 || !o || !b || !low) return EM_ENOMEM;
+    kimi_acts xa, la;
+    kimi_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
+    int rc;
+    if ((rc = kimi_mm(&xa, &w->q, qkv, 3 * D, pool, a, err)) ||
+        (rc = kimi_mm(&xa, &w->k, qkv + D, 3 * D, pool, a, err)) ||
+        (rc = kimi_mm(&xa, &w->v, qkv + 2 * D, 3 * D, pool, a, err)) ||
+        (rc = kimi_mm(&xa, &w->beta, b, hp->kda_heads, pool, a, err)) ||
+        (rc = kimi_mm(&xa, &w->f_a, low, hd, pool, a, err)))
+        return rc;
+    kimi_acts_init(&la, low, hd, hd, n);
+    if ((rc = kimi_mm(&la, &w->f_b, f, D, pool, a, err)) ||
+        (rc = kimi_mm(&xa, &w->g_a, low, hd, pool, a, err)))
+        return rc;
+    kimi_acts_init(&la, low, hd, hd, n);
+    if ((rc = kimi_mm(&la, &w->g_b, g2, D, pool, a, err))) return rc;
+
+    em_kda_state *st = &k->kda_state[ly->slot];
+    if (mode == STEP_COMMIT)
+        rc = em_kda_forward_commit(&k->kda_dims, &w->p, st, n, qkv, f, b, g2, o, pool, a, err);
+    else
+        rc = em_kda_forward(&k->kda_dims, &w->p, st, n, qkv, f, b, g2, o,
+                            mode == STEP_LOGGED ? k->kda_log[ly->slot] : NULL, pool, a, err);
+    if (rc) return rc;
+    kimi_acts oa;
+    kimi_acts_init(&oa, o, D, D, n);
+    return kimi_mm(&oa, &w->out, y, hp->n_embd, pool, a, err);
+}
+
+/* ---- one forward step over n rows at positions pos.. ------------------------------------ */
+
+typedef struct step_out {
+    float *logits;   /* NULL, or rows [first_logit, n) */
+    int first_logit;
+    float *features; /* NULL or [n][n_feat] */
+    int32_t *routes; /* NULL or [n][n_route] */
+    float *margins;  /* NULL or [n][n_moe_layers] */
+} step_out;
+
+static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const step_out *so,
+                em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const int64_t E = hp->n_embd;
+    int rc = arena_begin(k, err);
+    if (rc) return rc;
+    em_arena *a = k->arena;
+    float *x = kimi_falloc(a, (uint64_t)n * E, "residual rows", err);
+    float *h = kimi_falloc(a, (uint64_t)n * E, "normed rows", err);
+    float *y = kimi_falloc(a, (uint64_t)n * E, "layer output rows", err);
+    if (!x || !h || !y) return EM_ENOMEM;
+    int moe_index = 0;
+    for (int t = 0; t < n; t++) {
+        const uint8_t *row = (const uint8_t *)k->w.tok_embd.data + (uint64_t)tok[t] * k->w.tok_embd.row_bytes;
+        if ((rc = em_dequantize(k->w.tok_embd.type, row, x + t * E, E, err))) return rc;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kimi_layer *ly = &k->w.layers[l];
+        rmsnorm_rows(x, ly->attn_norm, hp->rms_eps, n, E, h);
+        if (ly->kind == KIMI_KDA)
+            rc = kda_layer(k, ly, n, mode, h, y, err);
+        else
+            rc = kimi_mla_forward(hp, &ly->mla, k->mla_cache[ly->slot], pos, n, h, y, k->pool, a, err);
+        if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->kind == KIMI_KDA ? "KDA" : "MLA");
+        for (int64_t i = 0; i < n * E; i++) x[i] += y[i];
+        rmsnorm_rows(x, ly->ffn_norm, hp->rms_eps, n, E, h);
+        const em_target_info *info = &k->base.info;
+        kimi_route_out ro = {
+            .ids = so->routes ? so->routes + (int64_t)moe_index * hp->n_expert_used : NULL,
+            .ld_ids = info->n_route,
+            .margins = so->margins ? so->margins + moe_index : NULL,
+            .ld_margins = info->n_moe_layers,
+        };
+        if (ly->ffn.moe) moe_index++;
+        if ((rc = kimi_ffn_forward(hp, &ly->ffn, n, h, y, &ro, k->pool, a, err)))
+            return em_err_prefix(err, "layer %d (%s)", l, ly->ffn.moe ? "MoE" : "MLP");
+        for (int64_t i = 0; i < n * E; i++) x[i] += y[i];
+        for (int f = 0; f < k->n_feature_layers && so->features; f++)
+            if (k->feature_layer[f] == l)
+                for (int t = 0; t < n; t++)
+                    memcpy(so->features + (int64_t)t * k->base.info.n_feat + f * E, x + t * E, (size_t)E * sizeof(float));
+    }
+    if (!so->logits || so->first_logit >= n) return EM_OK;
+    int r0 = so->first_logit, m = n - r0;
+    rmsnorm_rows(x + r0 * E, k->w.output_norm, hp->rms_eps, m, E, h);
+    kimi_acts ha;
+    kimi_acts_init(&ha, h, E, E, m);
+    return kimi_mm(&ha, &k->w.output, so->logits, hp->n_vocab, k->pool, a, err);
+}
+
+/* ---- cost model --------------------------------------------------------------------------- */
+
+static double raw_cost(const kimi *k, int n, int64_t pos, uint64_t *bytes_out) {
+    const kimi_hparams *hp = &k->hp;
+    double experts = 0.0;
+    if (k->n_moe > 0) { /* expected distinct experts chosen by n rows */
+        double p_miss = 1.0 - (double)hp->n_expert_used / hp->n_expert;
+        experts = hp->n_expert * (1.0 - pow(p_miss, n));
+    }
+    double bytes = (double)k->dense_bytes + experts * k->n_moe * (double)k->expert_bytes;
+    /* each weight byte is about one multiply-add per row; MLA attention reads the cache */
+    double attn = 2.0 * n * (double)(pos + n) * hp->mla_heads * (2.0 * hp->kv_lora + hp->rope) * hp->n_mla;
+    double flops = 2.0 * n * ((double)k->dense_bytes + (double)hp->n_expert_used * k->n_moe * k->expert_bytes) + attn;
+    if (bytes_out) *bytes_out = (uint64_t)bytes;
+    return bytes / COST_BYTES_PER_S + flops / (COST_FLOPS_PER_THREAD * em_pool_threads(k->pool));
+}
+
+static em_cost kimi_cost(const em_target *t, int n) {
+    const kimi *k = (const kimi *)t;
+    double s = raw_cost(k, n, t->pos, NULL) * k->cost_scale;
+    return (em_cost){ .seconds = s, .bytes_read = 0 }; /* every weight is mapped: no storage reads */
+}
+
+static void cost_learn(kimi *k, int n, int64_t pos, double seconds) {
+    double est = raw_cost(k, n, pos, NULL);
+    if (est > 0 && seconds > 0) k->cost_scale = 0.8 * k->cost_scale + 0.2 * (seconds / est);
+}
+
+/* ---- target ops --------------------------------------------------------------------------- */
+
+static void kimi_reset(em_target *t) {
+    kimi *k = (kimi *)t;
+    for (int i = 0; i < k->hp.n_kda; i++) em_kda_state_reset(&k->kda_state[i], &k->kda_dims);
+    t->pos = 0;
+    t->pending = -1;
+    k->replay = false;
+}
+
+static int kimi_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
+    kimi *k = (kimi *)t;
+    bool logged = n <= t->info.max_verify;
+    step_out so = {
+        .logits = out->logits, .first_logit = out->last_only ? n - 1 : 0, .features = out->features,
+        .routes = out->routes, .margins = out->route_margins,
+    };
+    t->pending = -1;
+    double t0 = em_time_now();
+    int rc = step(k, tok, n, t->pos, logged ? STEP_LOGGED : STEP_UNLOGGED, &so, err);
+    if (rc) return em_err_prefix(err, "verify of %d rows at position %lld", n, (long long)t->pos);
+    cost_learn(k, n, t->pos, em_time_now() - t0);
+    k->replay = !logged;
+    if (!logged) memcpy(k->replay_tok, tok, (size_t)n * sizeof *tok);
+    t->pending = n;
+    t->stats.verifies++;
+    t->stats.rows_verified += (uint64_t)n;
+    return EM_OK;
+}
+
+/* n rows folded into the state in ubatch steps; logits/features of rows as asked. */
+static int run_commit(kimi *k, const int32_t *tok, int n, const em_rows *out, em_err *err) {
+    em_target *t = &k->base;
+    for (int r0 = 0; r0 < n; r0 += k->ubatch) {
+        int m = n - r0 < k->ubatch ? n - r0 : k->ubatch;
+        step_out so = { 0 };
+        if (out && out->logits) {
+            if (!out->last_only) so.logits = out->logits + (int64_t)r0 * t->info.n_vocab;
+            else if (r0 + m == n) so.logits = out->logits, so.first_logit = m - 1;
+        }
+        if (out && out->features) so.features = out->features + (int64_t)r0 * t->info.n_feat;
+        if (out && out->routes) so.routes = out->routes + (int64_t)r0 * t->info.n_route;
+        if (out && out->route_margins) so.margins = out->route_margins + (int64_t)r0 * t->info.n_moe_layers;
+        int rc = step(k, tok + r0, m, t->pos, STEP_COMMIT, &so, err);
+        if (rc) return rc;
+        t->pos += m;
+    }
+    return EM_OK;
+}
+
+static int kimi_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
+    kimi *k = (kimi *)t;
+    t->pending = -1;
+    int64_t pos0 = t->pos;
+    int rc = run_commit(k, tok, n, out, err);
+    if (rc) {
+        em_err_prefix(err, "prefill of %d rows at position %lld (sequence reset)", n, (long long)pos0);
+        kimi_reset(t);
+        return rc;
+    }
+    t->stats.prefills++;
+    t->stats.rows_prefilled += (uint64_t)n;
+    return EM_OK;
+}
+
+static int kimi_commit(em_target *t, int n_keep, em_err *err) {
+    kimi *k = (kimi *)t;
+    int rc = EM_OK;
+    if (k->replay) { /* the verify was wider than the logs: re-run the accepted tokens */
+        t->stats.full_replays++;
+        rc = run_commit(k, k->replay_tok, n_keep, NULL, err);
+        if (rc) {
+            t->stats.failed_fallbacks++;
+            em_err_prefix(err, "commit of %d rows by replay (sequence reset)", n_keep);
+            kimi_reset(t);
+            return rc;
+        }
+    } else {
+        for (int i = 0; i < k->hp.n_kda && !rc; i++)
+            rc = em_kda_commit(&k->kda_dims, &k->kda_state[i], k->kda_log[i], n_keep, k->pool, err);
+        if (rc) {
+            em_err_prefix(err, "commit of %d rows (sequence reset)", n_keep);
+            kimi_reset(t);
+            return rc;
+        }
+        t->pos += n_keep;
+        t->stats.fast_commits++;
+    }
+    t->pending = -1;
+    k->replay = false;
+    return EM_OK;
+}
+
+static void kimi_close(em_target *t) {
+    kimi *k = (kimi *)t;
+    for (int i = 0; k->kda_state && i < k->hp.n_kda; i++) em_kda_state_free(&k->kda_state[i]);
+    for (int i = 0; k->kda_log && i < k->hp.n_kda; i++) em_kda_log_free(k->kda_log[i]);
+    for (int i = 0; k->mla_cache && i < k->hp.n_mla; i++) free(k->mla_cache[i]);
+    free(k->kda_state);
+    free(k->kda_log);
+    free(k->mla_cache);
+    free(k->replay_tok);
+    if (k->arena) em_arena_free(k->arena);
+    em_pool_free(k->pool);
+    kimi_unload(&k->hp, &k->w);
+    em_gguf_close(k->g);
+    free(k);
+}
+
+static const em_target_ops kimi_ops = {
+    .verify = kimi_verify,
+    .commit = kimi_commit,
+    .prefill = kimi_prefill,
+    .cost = kimi_cost,
+    .reset = kimi_reset,
+    .close = kimi_close,
+};
+
+/* ---- open --------------------------------------------------------------------------------- */
+
+static uint64_t mat_bytes(const em_mat *m) { return m->row_bytes * (uint64_t)m->rows; }
+
+static void cost_setup(kimi *k) {
+    const kimi_hparams *hp = &k->hp;
+    uint64_t b = mat_bytes(&k->w.output);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kimi_layer *ly = &k->w.layers[l];
+        const kimi_kda_w *d = &ly->kda;
+        const kimi_mla_w *m = &ly->mla;
+        const kimi_ffn_w *f = &ly->ffn;
+        if (ly->kind == KIMI_KDA)
+            b += mat_bytes(&d->q) + mat_bytes(&d->k) + mat_bytes(&d->v) + mat_bytes(&d->f_a) + mat_bytes(&d->f_b) +
+                 mat_bytes(&d->beta) + mat_bytes(&d->g_a) + mat_bytes(&d->g_b) + mat_bytes(&d->out);
+        else
+            b += mat_bytes(&m->q) + mat_bytes(&m->q_a) + mat_bytes(&m->q_b) + mat_bytes(&m->kv_a) +
+                 mat_bytes(&m->k_b) + mat_bytes(&m->v_b) + mat_bytes(&m->out);
+        if (f->moe) {
+            b += mat_bytes(&f->router) + mat_bytes(&f->gate_sh) + mat_bytes(&f->up_sh) + mat_bytes(&f->down_sh);
+            k->expert_bytes = (mat_bytes(&f->gate_exps) + mat_bytes(&f->up_exps) + mat_bytes(&f->down_exps)) /
+                              (uint64_t)hp->n_expert;
+            k->n_moe++;
+        } else {
+            b += mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
+        }
+    }
+    k->dense_bytes = b;
+    k->cost_scale = 1.0;
+}
+
+static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const char *path = em_gguf_path(k->g);
+    int64_t n_ctx = opts->n_ctx;
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < EM_MODEL_DEFAULT_CTX ? hp->n_ctx_train : EM_MODEL_DEFAULT_CTX;
+    k->base.info = (em_target_info){
+        .arch = "kimi-linear", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+        .n_ctx = (int)n_ctx, .max_verify = opts->max_verify, .n_feat = opts->n_feature_layers * hp->n_embd,
+    };
+    if (opts->max_verify > n_ctx) k->base.info.max_verify = (int)n_ctx;
+    for (int l = 0; l < hp->n_layer; l++) k->base.info.n_moe_layers += k->w.layers[l].ffn.moe;
+    k->base.info.n_route = k->base.info.n_moe_layers * hp->n_expert_used;
+    k->ubatch = opts->ubatch;
+    for (int i = 0; i < opts->n_feature_layers; i++) {
+        if (opts->feature_layers[i] < 0 || opts->feature_layers[i] >= hp->n_layer)
+            return em_err_set(err, EM_EINVAL, "%s: feature layer %d is not a layer of this model (0..%d)", path,
+                              opts->feature_layers[i], hp->n_layer - 1);
+        k->feature_layer[i] = opts->feature_layers[i];
+    }
+    k->n_feature_layers = opts->n_feature_layers;
+    int rc = em_pool_create(&k->pool, opts->n_threads, err);
+    if (rc) return rc;
+
+    k->kda_dims = (em_kda_dims){
+        .n_head = hp->kda_heads, .head_dim = hp->kda_head_dim, .d_conv = hp->d_conv,
+        .norm_eps = hp->rms_eps, .l2_eps = KIMI_L2_EPS,
+    };
+    k->kda_state = em_calloc((size_t)hp->n_kda + 1, sizeof *k->kda_state, "KDA states", err);
+    k->kda_log = em_calloc((size_t)hp->n_kda + 1, sizeof *k->kda_log, "KDA logs", err);
+    k->mla_cache = em_calloc((size_t)hp->n_mla + 1, sizeof *k->mla_cache, "MLA caches", err);
+    k->replay_tok = em_calloc((size_t)n_ctx, sizeof *k->replay_tok, "replay tokens", err);
+    if (!k->kda_state || !k->kda_log || !k->mla_cache || !k->replay_tok) return EM_ENOMEM;
+    if (hp->n_kda > 0 && (rc = em_kda_dims_check(&k->kda_dims, err))) return em_err_prefix(err, "%s", path);
+    for (int i = 0; i < hp->n_kda; i++) {
+        if ((rc = em_kda_state_init(&k->kda_state[i], &k->kda_dims, err)) ||
+            (rc = em_kda_log_create(&k->kda_log[i], &k->kda_dims, k->base.info.max_verify, true, err)))
+            return rc;
+    }
+    uint64_t row = (uint64_t)hp->kv_lora + (uint64_t)hp->rope, bytes;
+    if (em_mul_overflow(row * sizeof(float), (uint64_t)n_ctx, &bytes) || bytes > SIZE_MAX)
+        return em_err_set(err, EM_EOVERFLOW, "MLA cache of %lld positions is too large", (long long)n_ctx);
+    for (int i = 0; i < hp->n_mla; i++) {
+        k->mla_cache[i] = em_malloc((size_t)bytes, "MLA latent cache", err);
+        if (!k->mla_cache[i]) return EM_ENOMEM;
+    }
+    k->arena_cap = 4u << 20;
+    return em_arena_create(&k->arena, k->arena_cap, err);
+}
+
+int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, em_err *err) {
+    *out = NULL;
+    kimi *k = em_calloc(1, sizeof *k, "kimi-linear target", err);
+    if (!k) {
+        em_gguf_close(g);
+        return EM_ENOMEM;
+    }
+    k->g = g;
+    k->base.ops = &kimi_ops;
+    int rc = kimi_load(g, &k->hp, &k->w, err);
+    if (rc) {
+        em_gguf_close(g);
+        free(k);
+        return rc;
+    }
+    rc = make_state(k, opts, err);
+    if (rc) {
+        kimi_close(&k->base);
+        return rc;
+    }
+    cost_setup(k);
+    kimi_reset(&k->base);
+    *out = &k->base;
+    return EM_OK;
+}

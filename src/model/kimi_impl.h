@@ -1,0 +1,134 @@
+/* Internal to model/: the kimi-linear target's hyperparameters, weights and state, shared by
+ * kimi_load.c (reading and checking the GGUF), kimi.c (the forward pass, KDA projections and
+ * the target ops), mla.c (MLA attention) and moe.c (router, experts, dense MLP).
+ *
+ * Weights are views into the mapped GGUF (em_mat), used in place through the dot kernels;
+ * vectors (norms, biases, conv taps, ssm_a) and a non-float router are dequantized to f32 at
+ * load into w.store. Hyperparameters are checked at load, so the forward code may assume
+ * positive, consistent sizes (every product of two of them fits in int64). */
+#ifndef EM_MODEL_KIMI_IMPL_H
+#define EM_MODEL_KIMI_IMPL_H
+
+#include "compute/compute.h"
+#include "format/gguf.h"
+#include "model/kda.h"
+#include "model/model.h"
+
+enum { KIMI_KDA = 0, KIMI_MLA = 1 };
+
+/* eps of the MLA latent norms (kv_a_layernorm, q_a_layernorm): transformers and Moonshot
+ * build them without rms_norm_eps, i.e. torch's default 1e-6 (llama.cpp uses rms_norm_eps). */
+#define KIMI_MLA_NORM_EPS 1e-6f
+/* eps added to the sum of squares in the KDA q/k L2 norm (transformers, fla). */
+#define KIMI_L2_EPS 1e-6f
+
+typedef struct kimi_hparams {
+    int n_layer, n_embd, n_vocab;
+    int64_t n_ctx_train; /* context_length, 0 when absent */
+    float rms_eps;
+    int *kind;           /* [n_layer] KIMI_KDA / KIMI_MLA */
+    int n_kda, n_mla;
+    /* KDA */
+    int kda_heads, kda_head_dim, d_inner, d_conv;
+    /* MLA */
+    int mla_heads, nope, rope, v_head, kv_lora, q_lora; /* q_lora 0: direct attn_q */
+    /* FFN */
+    int n_ff;            /* dense layers */
+    int n_lead_dense;    /* layers [0, n_lead_dense) are dense, the rest MoE (if n_expert > 0) */
+    int n_expert, n_expert_used, n_ff_exp, n_shared;
+    int n_group, n_group_used; /* group-limited routing; 1, 1: off */
+    float expert_scale;
+    bool expert_norm;    /* renormalize the chosen weights */
+} kimi_hparams;
+
+typedef struct kimi_kda_w {
+    em_mat q, k, v, f_a, f_b, beta, g_a, g_b, out;
+    em_kda_params p; /* conv taps, ssm_a, dt_bias, o_norm (f32, in w.store) */
+} kimi_kda_w;
+
+typedef struct kimi_mla_w {
+    em_mat q;                 /* q_lora == 0 */
+    em_mat q_a, q_b;          /* q_lora > 0 */
+    const float *q_a_norm;
+    em_mat kv_a;              /* rows kv_lora + rope */
+    const float *kv_a_norm;
+    em_mat k_b;               /* [n_head * kv_lora] rows of nope: W_UK^T per head */
+    em_mat v_b;               /* [n_head * v_head] rows of kv_lora: W_UV per head */
+    em_mat out;
+} kimi_mla_w;
+
+typedef struct kimi_ffn_w {
+    bool moe;
+    em_mat gate, up, down;            /* dense SwiGLU */
+    em_mat router;                    /* [n_expert] rows, f32/f16/bf16 (exact fp32 dots) */
+    const float *router_bias;         /* [n_expert] selection bias */
+    em_mat gate_exps, up_exps;        /* [n_expert * n_ff_exp] rows of n_embd */
+    em_mat down_exps;                 /* [n_expert * n_embd] rows of n_ff_exp */
+    em_mat gate_sh, up_sh, down_sh;   /* shared expert (rows == 0: none) */
+} kimi_ffn_w;
+
+typedef struct kimi_layer {
+    int kind, slot;                   /* slot: index among the KDA or the MLA layers */
+    const float *attn_norm, *ffn_norm;
+    kimi_kda_w kda;
+    kimi_mla_w mla;
+    kimi_ffn_w ffn;
+} kimi_layer;
+
+typedef struct kimi_weights {
+    em_mat tok_embd;                  /* [n_vocab] rows of n_embd */
+    const float *output_norm;
+    em_mat output;                    /* [n_vocab] rows of n_embd */
+    kimi_layer *layers;               /* [n_layer] */
+    em_arena *store;                  /* f32 vectors made at load */
+} kimi_weights;
+
+/* Reads and checks hyperparameters and weights; on failure everything is released. */
+int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err);
+void kimi_unload(kimi_hparams *hp, kimi_weights *w);
+
+/* ---- per-step helpers (kimi.c) -------------------------------------------------------- */
+
+/* Activation rows of one input, converted on demand once per activation type. */
+typedef struct kimi_acts {
+    const float *x;
+    int64_t ldx, cols, n;
+    em_act act[3];
+    bool have[3];
+} kimi_acts;
+
+void kimi_acts_init(kimi_acts *a, const float *x, int64_t ldx, int64_t cols, int64_t n);
+/* y[j][r] = w[r] . x[j] through the activation cache (scratch from arena). */
+int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
+            em_err *err);
+/* count floats from the arena, or EM_ENOMEM with `what` in the message. */
+float *kimi_falloc(em_arena *arena, uint64_t count, const char *what, em_err *err);
+
+/* ---- layers --------------------------------------------------------------------------- */
+
+/* MLA on n rows at positions pos..pos+n-1: h [n][n_embd] normed input; writes the latent cache
+ * rows pos..pos+n-1 ([kv_lora normed c | rope k_pe] each) and y [n][n_embd]. */
+int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, int64_t pos, int n,
+                     const float *h, float *y, em_pool *pool, em_arena *arena, em_err *err);
+
+/* Where an MoE layer reports its choices (all NULL: nowhere): row t's experts at
+ * ids + t * ld_ids, its margin at margins + t * ld_margins. */
+typedef struct kimi_route_out {
+    int32_t *ids;
+    int64_t ld_ids;
+    float *margins;
+    int64_t ld_margins;
+} kimi_route_out;
+
+/* FFN (dense SwiGLU or MoE + shared expert) on n rows: h normed input, y output; ro may be
+ * NULL. */
+int kimi_ffn_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
+                     const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_err *err);
+
+/* The router for one row of router logits [n_expert]: the chosen experts (best first), their
+ * final weights, and the margin (selection score of the last chosen minus the best left out;
+ * +inf when nothing is left). */
+void kimi_route(const kimi_hparams *hp, const float *logits, const float *bias, int *ids,
+                float *weights, float *margin, float *scratch /* [3 * n_expert + n_group] */);
+
+#endif

@@ -1,0 +1,129 @@
+/* MLA attention of kimi-linear (NoPE: the rope slice is never rotated), in the absorbed form
+ * over a latent cache. Per token the cache keeps [c | k_pe]: c = RMSNorm(kv_a(x)[0:kv_lora])
+ * (eps 1e-6) and the shared k_pe. Per head h and query row t at position p:
+ *   qa_h  = [W_UK_h^T q_nope_h | q_pe_h]                        (attn_k_b, width kv_lora+rope)
+ *   s(u)  = qa_h . cache[u] / sqrt(nope + rope)    for u <= p   (causal)
+ *   ctx_h = sum_u softmax(s)(u) c_u;   o_h = W_UV_h ctx_h        (attn_v_b)
+ *   y     = W_o [o_0 | ... | o_{H-1}]
+ * which equals the expanded form (k = [W_UK c | k_pe], v = W_UV c) of transformers.
+ * Heads run in parallel on the pool; each head has its own scratch, so the result does not
+ * depend on the thread count. Writes only cache rows [pos, pos + n). */
+#include "model/kimi_impl.h"
+
+#include <string.h>
+
+typedef struct head_job {
+    const kimi_hparams *hp;
+    const kimi_mla_w *w;
+    const float *cache;
+    int64_t pos;
+    int n;
+    const float *q; /* [n][H * (nope + rope)] */
+    float *o;       /* [n][H * v_head] */
+    float scale;
+    /* per head scratch, laid out head after head */
+    float *qa, *ctx, *scores;
+    uint8_t *act_q, *act_c;
+    uint64_t act_q_bytes, act_c_bytes;
+    int rc[]; /* per head status */
+} head_job;
+
+static void head_task(void *vctx, int h, int thread) {
+    (void)thread;
+    head_job *job = vctx;
+    const kimi_hparams *hp = job->hp;
+    const int n = job->n, R = hp->kv_lora, C = hp->kv_lora + hp->rope, qk = hp->nope + hp->rope;
+    const int64_t ldq = (int64_t)hp->mla_heads * qk;
+    float *qa = job->qa + (int64_t)h * n * C;
+    float *ctx = job->ctx + (int64_t)h * n * R;
+    float *scores = job->scores + (int64_t)h * (job->pos + n);
+    em_dot_fn dot = em_dot_get(EM_TYPE_F32);
+
+    /* absorbed query: W_UK_h^T q_nope (rows h*R.. of attn_k_b), then the unrotated q_pe */
+    em_mat kb = em_mat_rows(&job->w->k_b, (int64_t)h * R, R);
+    int rc = em_matmul(NULL, &kb, job->q + (int64_t)h * qk, ldq, n, qa, C,
+                       job->act_q + (uint64_t)h * job->act_q_bytes, NULL);
+    for (int t = 0; t < n && !rc; t++)
+        memcpy(qa + (int64_t)t * C + R, job->q + t * ldq + (int64_t)h * qk + hp->nope, (size_t)hp->rope * sizeof(float));
+
+    for (int t = 0; t < n && !rc; t++) {
+        int64_t len = job->pos + t + 1;
+        const float *qt = qa + (int64_t)t * C;
+        for (int64_t u = 0; u < len; u++) scores[u] = dot(job->cache + u * C, qt, C) * job->scale;
+        em_softmax(scores, len);
+        float *ct = ctx + (int64_t)t * R;
+        memset(ct, 0, (size_t)R * sizeof(float));
+        for (int64_t u = 0; u < len; u++) em_axpy(scores[u], job->cache + u * C, R, ct);
+    }
+
+    em_mat vb = em_mat_rows(&job->w->v_b, (int64_t)h * hp->v_head, hp->v_head);
+    if (!rc)
+        rc = em_matmul(NULL, &vb, ctx, R, n, job->o + (int64_t)h * hp->v_head, (int64_t)hp->mla_heads * hp->v_head,
+                       job->act_c + (uint64_t)h * job->act_c_bytes, NULL);
+    job->rc[h] = rc;
+}
+
+/* q [n][H*(nope+rope)] from the normed input, directly or through the q LoRA. */
+static int mla_query(const kimi_hparams *hp, const kimi_mla_w *w, kimi_acts *xa, int n, float *q,
+                     em_pool *pool, em_arena *arena, em_err *err) {
+    const int64_t ldq = (int64_t)hp->mla_heads * (hp->nope + hp->rope);
+    if (hp->q_lora == 0) return kimi_mm(xa, &w->q, q, ldq, pool, arena, err);
+    float *qa = kimi_falloc(arena, (uint64_t)n * hp->q_lora, "MLA q LoRA rows", err);
+    if (!qa) return EM_ENOMEM;
+    int rc = kimi_mm(xa, &w->q_a, qa, hp->q_lora, pool, arena, err);
+    if (rc) return rc;
+    for (int t = 0; t < n; t++)
+        em_rmsnorm(qa + (int64_t)t * hp->q_lora, w->q_a_norm, KIMI_MLA_NORM_EPS, hp->q_lora, qa + (int64_t)t * hp->q_lora);
+    kimi_acts qacts;
+    kimi_acts_init(&qacts, qa, hp->q_lora, hp->q_lora, n);
+    return kimi_mm(&qacts, &w->q_b, q, ldq, pool, arena, err);
+}
+
+int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, int64_t pos, int n,
+                     const float *h, float *y, em_pool *pool, em_arena *arena, em_err *err) {
+    const int H = hp->mla_heads, R = hp->kv_lora, C = hp->kv_lora + hp->rope;
+    const int64_t ldq = (int64_t)H * (hp->nope + hp->rope), ldo = (int64_t)H * hp->v_head;
+    kimi_acts xa;
+    kimi_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
+
+    float *q = kimi_falloc(arena, (uint64_t)n * ldq, "MLA queries", err);
+    float *kv = kimi_falloc(arena, (uint64_t)n * C, "MLA latents", err);
+    float *o = kimi_falloc(arena, (uint64_t)n * ldo, "MLA head outputs", err);
+    if (!q || !kv || !o) return EM_ENOMEM;
+    int rc = mla_query(hp, w, &xa, n, q, pool, arena, err);
+    if (!rc) rc = kimi_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
+    if (rc) return rc;
+    for (int t = 0; t < n; t++) { /* the new rows of the latent cache */
+        float *row = cache + (pos + t) * C;
+        em_rmsnorm(kv + (int64_t)t * C, w->kv_a_norm, KIMI_MLA_NORM_EPS, R, row);
+        memcpy(row + R, kv + (int64_t)t * C + R, (size_t)hp->rope * sizeof(float));
+    }
+
+    uint64_t act_q_bytes, act_c_bytes;
+    if ((rc = em_act_bytes(w->k_b.type, hp->nope, n, &act_q_bytes, err)) ||
+        (rc = em_act_bytes(w->v_b.type, R, n, &act_c_bytes, err)))
+        return rc;
+    act_q_bytes = em_align_up(act_q_bytes, 64);
+    act_c_bytes = em_align_up(act_c_bytes, 64);
+    head_job *job = em_arena_alloc(arena, sizeof *job + (size_t)H * sizeof(int));
+    float *qa = kimi_falloc(arena, (uint64_t)H * n * C, "MLA absorbed queries", err);
+    float *ctx = kimi_falloc(arena, (uint64_t)H * n * R, "MLA contexts", err);
+    float *scores = kimi_falloc(arena, (uint64_t)H * (uint64_t)(pos + n), "MLA scores", err);
+    uint8_t *act_q = em_arena_alloc(arena, (size_t)(H * act_q_bytes));
+    uint8_t *act_c = em_arena_alloc(arena, (size_t)(H * act_c_bytes));
+    if (!job || !qa || !ctx || !scores || !act_q || !act_c)
+        return em_err_set(err, EM_ENOMEM, "out of memory for MLA attention scratch (%d rows)", n);
+    *job = (head_job){
+        .hp = hp, .w = w, .cache = cache, .pos = pos, .n = n, .q = q, .o = o,
+        .scale = (float)(1.0 / sqrt((double)(hp->nope + hp->rope))),
+        .qa = qa, .ctx = ctx, .scores = scores, .act_q = act_q, .act_c = act_c,
+        .act_q_bytes = act_q_bytes, .act_c_bytes = act_c_bytes,
+    };
+    em_pool_run(pool, H, head_task, job);
+    for (int i = 0; i < H; i++)
+        if (job->rc[i]) return em_err_set(err, job->rc[i], "MLA head %d failed", i);
+
+    kimi_acts oa;
+    kimi_acts_init(&oa, o, ldo, ldo, n);
+    return kimi_mm(&oa, &w->out, y, hp->n_embd, pool, arena, err);
+}

@@ -1,0 +1,116 @@
+/* model/: target models behind one small interface, the seam that keeps speculative decoding
+ * model-neutral. A target holds weights (mapped from a GGUF file, used in place), the
+ * committed sequence state (recurrent states, attention caches) and scratch. Rows are tokens
+ * at consecutive positions after the committed ones.
+ *
+ *   verify(tok, n)  run n rows on top of the committed state, fill logits [n][n_vocab] (and
+ *                   captured features [n][n_feat]); the committed state is NOT modified
+ *   commit(k)       make the first k rows of the last verify permanent (k <= n): recurrent
+ *                   layers fold in only k transitions (ReplaySSM), attention layers keep
+ *                   positions < pos + k (their rows past that are scratch)
+ *   prefill(tok, n) verify(n) + commit(n) fused, for prompts: any n, state updated in place
+ *   cost(n)         what a verify of n rows would cost now
+ *
+ * Plain decoding is verify(1) + commit(1). A verify of more than max_verify rows still works:
+ * its commit then replays the accepted tokens (counted in stats.full_replays).
+ *
+ * Errors: bad arguments (token id out of range, rows past the context, commit without a
+ * verify or of more rows than verified) are EM_EINVAL with a message and leave the target as it
+ * was. A failure inside a computation (out of memory) leaves the committed state undefined
+ * only for prefill/commit; call reset then.
+ *
+ * Not thread-safe: one call at a time per target. */
+#ifndef EM_MODEL_H
+#define EM_MODEL_H
+
+#include "base/base.h"
+
+typedef struct em_target em_target;
+
+/* Where a verify/prefill puts its results (caller memory). */
+typedef struct em_rows {
+    float *logits;     /* [n][n_vocab]; NULL: logits are not computed */
+    bool last_only;    /* logits holds only the last row's [n_vocab] values */
+    float *features;   /* [n][n_feat] (residual stream after the feature layers, concatenated
+                          in the order given at open); NULL: not captured */
+    int32_t *routes;   /* [n][n_route]: per MoE layer (in layer order) the experts chosen for
+                          the row, best first; NULL: not reported */
+    float *route_margins; /* [n][n_moe_layers]: per MoE layer the selection score of the last
+                          chosen expert minus the best one left out (how near a tie the choice
+                          was); NULL: not reported */
+} em_rows;
+
+/* An estimate of one verify: seconds of compute and bytes it would read from storage (0 when
+ * every weight is resident). */
+typedef struct em_cost {
+    double seconds;
+    uint64_t bytes_read;
+} em_cost;
+
+typedef struct em_target_ops {
+    int (*verify)(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err);
+    int (*commit)(em_target *t, int k, em_err *err);
+    int (*prefill)(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err);
+    em_cost (*cost)(const em_target *t, int n);
+    void (*reset)(em_target *t);
+    void (*close)(em_target *t);
+} em_target_ops;
+
+typedef struct em_target_info {
+    const char *arch;    /* general.architecture */
+    int n_vocab, n_embd, n_layer;
+    int n_ctx;           /* positions the target holds */
+    int max_verify;      /* verify widths with a fast (logged) commit */
+    int n_feat;          /* floats per row of em_rows.features (0: no feature layers) */
+    int n_moe_layers;    /* layers with routed experts */
+    int n_route;         /* ids per row of em_rows.routes (n_moe_layers * experts per token) */
+} em_target_info;
+
+typedef struct em_target_stats {
+    uint64_t verifies, rows_verified, prefills, rows_prefilled;
+    uint64_t fast_commits;     /* commits from the transition log */
+    uint64_t full_replays;     /* commits that re-ran the accepted tokens */
+    uint64_t failed_fallbacks; /* replays that failed (state reset) */
+} em_target_stats;
+
+/* The common part of every target; architectures embed it first. Read-only for callers. */
+struct em_target {
+    const em_target_ops *ops;
+    em_target_info info;
+    int64_t pos;       /* committed positions */
+    int pending;       /* rows of the last verify that commit may still take; -1: none */
+    em_target_stats stats;
+};
+
+#define EM_MODEL_DEFAULT_CTX 4096
+#define EM_MODEL_DEFAULT_MAX_VERIFY 16
+#define EM_MODEL_DEFAULT_UBATCH 128
+#define EM_MODEL_MAX_FEATURE_LAYERS 16
+
+typedef struct em_model_opts {
+    int n_threads;      /* 0: em_cpu_count() */
+    int n_ctx;          /* 0: the file's context length, at most EM_MODEL_DEFAULT_CTX */
+    int max_verify;     /* 0: EM_MODEL_DEFAULT_MAX_VERIFY */
+    int ubatch;         /* rows per step of a prefill; 0: EM_MODEL_DEFAULT_UBATCH */
+    const int *feature_layers; /* capture the residual stream after these layers (0-based) */
+    int n_feature_layers;
+} em_model_opts;
+
+/* Opens the model at path (a GGUF file; split shards are found from any shard's name) as a
+ * target, choosing the architecture from general.architecture (kimi-linear). opts may be NULL.
+ * Errors name the file and the key or tensor: a missing or misshapen tensor, a key of the wrong
+ * type, an unsupported architecture or tensor type. */
+int em_model_open(em_target **out, const char *path, const em_model_opts *opts, em_err *err);
+void em_target_close(em_target *t); /* NULL-safe */
+
+/* The operations, with their arguments checked (see the top of this file). */
+int em_target_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err);
+int em_target_commit(em_target *t, int k, em_err *err);
+int em_target_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err);
+em_cost em_target_cost(const em_target *t, int n);
+/* Back to an empty sequence. */
+void em_target_reset(em_target *t);
+int64_t em_target_position(const em_target *t);
+const em_target_info *em_target_get_info(const em_target *t);
+
+#endif

@@ -1,0 +1,234 @@
+/* server/ internals shared by http.c, openai.c, stop.c, worker.c and metrics.c (and
+ * tests/test_server.c); not an interface for other layers (they use server.h). */
+#ifndef EM_SERVER_IMPL_H
+#define EM_SERVER_IMPL_H
+
+#include "server/server.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- errors: OpenAI's error object {"error": {message, type, param, code}} --------------- */
+
+typedef struct em_srv_error {
+    int status;       /* HTTP status */
+    const char *type; /* "invalid_request_error", "authentication_error", "not_found_error",
+                         "server_error", "unavailable_error" */
+    const char *code; /* OpenAI's code ("model_not_found", "context_length_exceeded", ...) or NULL */
+    char param[64];   /* the offending request field; "" when none */
+    char message[512];
+} em_srv_error;
+
+/* Fills e (status, type, param may be NULL, message) and returns -1. */
+int em_srv_fail(em_srv_error *e, int status, const char *type, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* {"error": {...}} as a new string (free()); NULL when memory runs out. */
+char *em_srv_error_json(const em_srv_error *e);
+
+/* ---- requests (openai.c) --------------------------------------------------------------- */
+
+enum em_srv_kind { EM_SRV_CHAT = 0, EM_SRV_COMPLETION };
+
+/* What request parsing needs to know of the model. */
+typedef struct em_srv_model_ctx {
+    const em_tok *tok;
+    const char *id;   /* model id clients see */
+    const char *path; /* model file, also accepted as a name (as is its base name) */
+    int n_ctx;        /* positions the target holds */
+} em_srv_model_ctx;
+
+#define EM_SRV_MAX_STOP 16       /* stop strings per request */
+#define EM_SRV_MAX_STOP_LEN 1024 /* bytes per stop string */
+#define EM_SRV_MAX_DEPTH 64      /* JSON nesting accepted (checked before parsing) */
+
+/* A parsed, validated generation request. */
+typedef struct em_srv_req {
+    int kind;          /* enum em_srv_kind */
+    int32_t *prompt;   /* token ids (malloc'd), n_prompt >= 1, n_prompt < n_ctx */
+    int n_prompt;
+    int n_max;         /* tokens to generate at most: 1 <= n_max <= n_ctx - n_prompt */
+    em_sampler_params sampling;
+    bool stream, include_usage, ignore_eos, return_tokens;
+    char *stop[EM_SRV_MAX_STOP]; /* non-empty strings (malloc'd) */
+    int n_stop;
+} em_srv_req;
+
+/* Parses and validates a chat (messages, Kimi's chat format) or completion (prompt) request
+ * body of len bytes, tokenizing its prompt. seed: used when the request gives none. On error
+ * fills e (4xx) and returns -1; *out is then empty. */
+int em_srv_parse_generate(const em_srv_model_ctx *m, int kind, const char *body, size_t len, uint64_t seed,
+                          em_srv_req *out, em_srv_error *e);
+void em_srv_req_free(em_srv_req *r);
+
+/* POST /tokenize and /detokenize: the response body (free()), or NULL with e filled. */
+char *em_srv_tokenize(const em_srv_model_ctx *m, const char *body, size_t len, em_srv_error *e);
+char *em_srv_detokenize(const em_srv_model_ctx *m, const char *body, size_t len, em_srv_error *e);
+
+/* ---- responses (openai.c) -------------------------------------------------------------- */
+
+/* What every response object of one request repeats. */
+typedef struct em_srv_meta {
+    int kind;
+    const char *id;    /* "chatcmpl-..." or "cmpl-..." */
+    int64_t created;   /* Unix seconds */
+    const char *model;
+} em_srv_meta;
+
+/* Counters of one finished generation: usage and llama-server's timings. */
+typedef struct em_srv_stats {
+    int n_prompt, n_gen;
+    double prompt_s, gen_s;
+    uint64_t drafted, accepted;
+} em_srv_stats;
+
+/* Finish reasons clients see. */
+#define EM_SRV_FINISH_STOP "stop"
+#define EM_SRV_FINISH_LENGTH "length"
+
+/* The non-streaming response; tokens may be NULL (then no "tokens" field). text is valid UTF-8. */
+char *em_srv_response_json(const em_srv_meta *mt, const char *text, size_t len, const char *finish,
+                           const em_srv_stats *st, const int32_t *tokens, size_t n_tokens);
+/* One streamed chunk: role (chat: the first chunk's {"role":"assistant"}), text (may be
+ * empty), finish (NULL but in the last chunk, which also carries timings from st),
+ * usage_null (stream_options.include_usage: every chunk has "usage": null). */
+char *em_srv_chunk_json(const em_srv_meta *mt, bool role, const char *text, size_t len, const char *finish,
+                        const em_srv_stats *st, bool usage_null);
+/* The chunk that carries usage after the last one (choices: []). */
+char *em_srv_usage_chunk_json(const em_srv_meta *mt, const em_srv_stats *st);
+/* Appends {"prompt_tokens", ...} usage and timings objects (for tests and the responses). */
+int em_srv_usage_timings(const em_srv_stats *st, void *json_usage, void *json_timings);
+
+/* ---- stop strings (stop.c) ------------------------------------------------------------- */
+
+/* Generated text with stop strings: text is appended as it comes; once a stop string shows
+ * up the text is cut right before it (llama-server: the stop string is not part of the
+ * output) and matched is set. Bytes that could still be the beginning of a stop string are
+ * held back from streaming until they are not (or generation ends). */
+typedef struct em_srv_text {
+    char *buf;
+    size_t len, cap;
+    size_t sent;             /* bytes handed out so far */
+    char *const *stop;       /* borrowed */
+    int n_stop;
+    bool matched;
+} em_srv_text;
+
+void em_srv_text_init(em_srv_text *t, char *const *stop, int n_stop);
+void em_srv_text_free(em_srv_text *t);
+/* Appends n bytes (ignored once matched); EM_ENOMEM when memory runs out. */
+int em_srv_text_push(em_srv_text *t, const char *bytes, size_t n, em_err *err);
+/* End of the bytes that may be handed out now ([sent, end) are new); final: generation is
+ * over, nothing is held back. */
+size_t em_srv_text_ready(const em_srv_text *t, bool final);
+
+/* ---- metrics (metrics.c) --------------------------------------------------------------- */
+
+enum em_srv_route {
+    EM_ROUTE_NONE = 0, /* unknown path */
+    EM_ROUTE_HEALTH,
+    EM_ROUTE_MODELS,
+    EM_ROUTE_CHAT,
+    EM_ROUTE_COMPLETIONS,
+    EM_ROUTE_TOKENIZE,
+    EM_ROUTE_DETOKENIZE,
+    EM_ROUTE_PROPS,
+    EM_ROUTE_METRICS,
+    EM_ROUTE_COUNT,
+};
+const char *em_srv_route_name(int route);
+
+typedef struct em_srv_metrics {
+    pthread_mutex_t mu;
+    uint64_t http[EM_ROUTE_COUNT][3]; /* responses per route: 2xx/3xx, 4xx, 5xx */
+    uint64_t rejected;                /* 503 because the queue was full */
+    uint64_t cancelled;               /* generations stopped because the client went away */
+    uint64_t gen_requests;            /* generations finished (any reason) */
+    uint64_t prompt_tokens, gen_tokens;
+    double prompt_seconds, gen_seconds;
+    uint64_t passes, drafted, accepted;
+    uint64_t expert_bytes_read, expert_hits, expert_misses;
+} em_srv_metrics;
+
+void em_srv_metrics_init(em_srv_metrics *m);
+void em_srv_metrics_destroy(em_srv_metrics *m);
+void em_srv_metrics_response(em_srv_metrics *m, int route, int status);
+void em_srv_metrics_rejected(em_srv_metrics *m);
+/* One finished generation's counters. */
+void em_srv_metrics_generation(em_srv_metrics *m, const em_spec_result *r, int n_gen, bool cancelled);
+/* The Prometheus text exposition (free()); queued/processing are gauges read by the caller. */
+char *em_srv_metrics_render(em_srv_metrics *m, int queued, int processing, bool ready);
+
+/* ---- the server: queue and decode worker (worker.c), HTTP (http.c) ---------------------- */
+
+enum em_srv_job_state { EM_JOB_QUEUED = 0, EM_JOB_RUNNING, EM_JOB_DONE };
+
+/* One generation request between its connection and the worker. Shared by the connection
+ * (request context, streaming response) and the worker: refcounted under the server mutex,
+ * which also guards state, out and the result. */
+typedef struct em_srv_job em_srv_job;
+struct em_srv_job {
+    em_server *srv;
+    int refs;
+    em_srv_req req;
+    em_srv_meta meta;
+    char id[48];
+    int client_fd;          /* the connection's socket, polled for hang-ups; -1: none */
+    atomic_bool cancel;     /* the client went away */
+    int state;              /* enum em_srv_job_state */
+    pthread_cond_t cv;      /* signalled on state changes and new output */
+    em_srv_job *next;       /* queue link */
+    /* streaming: SSE bytes not yet taken by the connection */
+    char *out;
+    size_t out_len, out_pos, out_cap;
+    bool out_failed;        /* memory ran out: the stream ends */
+    /* when DONE: the status and body of a non-streaming response (body malloc'd) */
+    int status;
+    char *body;
+};
+
+struct em_server {
+    em_server_opts opts;      /* strings point into the copies below */
+    char *host, *api_key, *build_info;
+    struct MHD_Daemon *mhd;
+    int port;
+    int64_t started;          /* Unix seconds */
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;   /* the worker waits here for jobs */
+    atomic_bool ready;        /* a model is set */
+    bool stopping;            /* under mu */
+    bool stopped;             /* em_server_stop ran */
+    em_server_model model;    /* strings are the copies below */
+    char *model_id, *model_path, *chat_template, *draft;
+    em_srv_model_ctx mctx;
+    em_srv_job *head, *tail;  /* queued jobs */
+    int n_queued;
+    em_srv_job *running;
+    bool worker_started;
+    pthread_t worker;
+    uint64_t id_state;        /* response ids, under mu */
+    em_srv_metrics metrics;
+};
+
+/* worker.c */
+int em_srv_worker_start(em_server *s, em_err *err);
+/* Fails every queued job with 503 and cancels the running one; the worker then exits. */
+void em_srv_worker_stop(em_server *s);
+/* A new job for req (taken over: req is left empty), one reference held by the caller. */
+em_srv_job *em_srv_job_create(em_server *s, em_srv_req *req, int client_fd);
+void em_srv_job_unref(em_srv_job *j);
+/* Queues j (taking a reference for the worker); -1 when the queue is full or stopping. */
+int em_srv_job_submit(em_srv_job *j, em_srv_error *e);
+/* Waits until the job is DONE (non-streaming); returns with s->mu unlocked. */
+void em_srv_job_wait(em_srv_job *j);
+/* Streaming: copies up to max pending bytes into buf, waiting for some; 0 when the stream
+ * is over and drained. */
+size_t em_srv_job_read(em_srv_job *j, char *buf, size_t max);
+/* A fresh random-looking id with prefix into out[cap] (under the server mutex). */
+void em_srv_make_id(em_server *s, const char *prefix, char *out, size_t cap);
+
+/* http.c */
+int em_srv_http_start(em_server *s, em_err *err);
+void em_srv_http_stop(em_server *s);
+
+#endif

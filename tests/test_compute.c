@@ -1,0 +1,255 @@
+/* Tests for compute/: the multi-row matmul over quant types and the row ops.
+ *
+ * References, independent of the code under test:
+ *  - matmul: each output equals the dot kernel of that weight row with that activation row
+ *    converted on its own (em_dot_quantize_act + em_dot_get), bit for bit (the product only
+ *    organizes the work); and, through dequantized weights and activations in double, agrees
+ *    to float rounding (so the strides and the row/column roles are right);
+ *  - row ops: the formulas evaluated in double. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compute/compute.h"
+#include "quant/quant.h"
+
+static uint64_t rng = 0x1234567887654321ULL;
+
+static float *rand_floats(int64_t n, float scale) {
+    float *p = malloc((size_t)n * sizeof *p);
+    assert_non_null(p);
+    for (int64_t i = 0; i < n; i++) p[i] = scale * em_test_randf(&rng);
+    return p;
+}
+
+/* rows x cols weights of type t made by quantizing random floats. */
+static void *rand_weights(int t, int64_t rows, int64_t cols, uint64_t *row_bytes) {
+    assert_int_equal(em_type_row_bytes(t, (uint64_t)cols, row_bytes, NULL), 0);
+    uint8_t *w = malloc((size_t)(*row_bytes * (uint64_t)rows));
+    float *f = rand_floats(rows * cols, 1.0f);
+    assert_non_null(w);
+    assert_int_equal(em_quantize(t, f, w, rows * cols, NULL), 0);
+    free(f);
+    return w;
+}
+
+static const int mm_types[] = { EM_TYPE_F32, EM_TYPE_F16, EM_TYPE_BF16, EM_TYPE_Q8_0,
+                                EM_TYPE_Q4_0, EM_TYPE_Q4_K, EM_TYPE_Q6_K };
+
+static void check_matmul(em_pool *pool, int t, int64_t rows, int64_t cols, int64_t n) {
+    uint64_t rb;
+    void *w = rand_weights(t, rows, cols, &rb);
+    const int64_t ldx = cols + 7, ldy = rows + 3;
+    float *x = rand_floats(n * ldx, 2.0f);
+    float *y = malloc((size_t)(n * ldy) * sizeof *y);
+    assert_non_null(y);
+    for (int64_t i = 0; i < n * ldy; i++) y[i] = NAN;
+    em_mat m;
+    assert_int_equal(em_mat_init(&m, t, rows, cols, w, NULL), 0);
+    assert_int_equal(m.row_bytes, rb);
+    uint64_t bytes;
+    assert_int_equal(em_act_bytes(t, cols, n, &bytes, NULL), 0);
+    void *buf = bytes ? malloc((size_t)bytes) : NULL;
+    em_err err = { 0 };
+    if (em_matmul(pool, &m, x, ldx, n, y, ldy, buf, &err)) fail_msg("matmul %s: %s", em_type_name(t), err.msg);
+
+    uint64_t ab;
+    assert_int_equal(em_dot_act_bytes(t, cols, &ab, NULL), 0);
+    void *act = malloc((size_t)ab + 64);
+    float *wf = malloc((size_t)cols * sizeof *wf), *af = malloc((size_t)cols * sizeof *af);
+    assert_true(act && wf && af);
+    em_dot_fn dot = em_dot_get(t);
+    int at = em_dot_act_type(t);
+    for (int64_t j = 0; j < n; j++) {
+        assert_int_equal(em_dot_quantize_act(t, x + j * ldx, act, cols, NULL), 0);
+        assert_int_equal(em_dequantize(at, act, af, cols, NULL), 0);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *wr = (const uint8_t *)w + (uint64_t)r * rb;
+            float want = dot(wr, act, cols), got = y[j * ldy + r];
+            if (!(got == want))
+                fail_msg("%s %lldx%lld n=%lld: y[%lld][%lld] = %g, its dot %g", em_type_name(t), (long long)rows,
+                         (long long)cols, (long long)n, (long long)j, (long long)r, got, want);
+            assert_int_equal(em_dequantize(t, wr, wf, cols, NULL), 0);
+            double ref = 0, mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                ref += (double)wf[c] * af[c];
+                mag += fabs((double)wf[c] * af[c]);
+            }
+            if (fabs(got - ref) > 1e-5 * mag + 1e-6)
+                fail_msg("%s: y[%lld][%lld] = %g, reference %g", em_type_name(t), (long long)j, (long long)r, got, ref);
+        }
+        for (int64_t r = rows; r < ldy; r++) assert_true(isnan(y[j * ldy + r])); /* padding untouched */
+    }
+    free(act);
+    free(wf);
+    free(af);
+    free(buf);
+    free(w);
+    free(x);
+    free(y);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    em_pool *pools[3] = { NULL, NULL, NULL };
+    assert_int_equal(em_pool_create(&pools[1], 1, NULL), 0);
+    assert_int_equal(em_pool_create(&pools[2], 2, NULL), 0);
+    static const int64_t shapes[][3] = { { 1, 256, 1 }, { 37, 512, 3 }, { 130, 256, 17 }, { 64, 768, 40 } };
+    for (size_t ti = 0; ti < sizeof mm_types / sizeof mm_types[0]; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            check_matmul(pools[s % 3], mm_types[ti], shapes[s][0], shapes[s][1], shapes[s][2]);
+    em_pool_free(pools[1]);
+    em_pool_free(pools[2]);
+}
+
+/* A prepared activation set is reusable across matrices of the same activation type, and
+ * a slice of rows (em_mat_rows) is the matrix of those rows. */
+static void test_act_reuse_and_slices(void **state) {
+    (void)state;
+    const int64_t rows = 48, cols = 64, n = 5;
+    uint64_t rb;
+    void *w = rand_weights(EM_TYPE_Q8_0, rows, cols, &rb);
+    float *x = rand_floats(n * cols, 1.0f);
+    float *full = malloc((size_t)(n * rows) * sizeof *full), *part = malloc((size_t)(n * 16) * sizeof *part);
+    uint64_t bytes;
+    assert_int_equal(em_act_bytes(EM_TYPE_Q8_0, cols, n, &bytes, NULL), 0);
+    void *buf = malloc((size_t)bytes);
+    em_mat m, s;
+    em_act act;
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, rows, cols, w, NULL), 0);
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_Q8_0, x, cols, cols, n, buf, &act, NULL), 0);
+    assert_int_equal(em_matmul_act(NULL, &m, &act, full, rows, NULL), 0);
+    s = em_mat_rows(&m, 16, 16);
+    assert_int_equal(em_matmul_act(NULL, &s, &act, part, 16, NULL), 0);
+    for (int64_t j = 0; j < n; j++)
+        assert_memory_equal(part + j * 16, full + j * rows + 16, 16 * sizeof(float));
+    /* F32 weights use the rows in place: no scratch */
+    assert_int_equal(em_act_bytes(EM_TYPE_F32, cols, n, &bytes, NULL), 0);
+    assert_int_equal(bytes, 0);
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_F32, x, cols, cols, n, NULL, &act, NULL), 0);
+    assert_ptr_equal(act.data, x);
+    free(buf);
+    free(w);
+    free(x);
+    free(full);
+    free(part);
+}
+
+static void test_matmul_errors(void **state) {
+    (void)state;
+    em_err err = { 0 };
+    uint8_t w[4096] = { 0 };
+    float x[256] = { 0 }, y[64];
+    em_mat m;
+    em_act act;
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, 2, 48, w, &err), EM_EFORMAT); /* not a block multiple */
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, -1, 32, w, &err), EM_EINVAL);
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, INT64_MAX / 2, 32, w, &err), EM_EOVERFLOW);
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, 2, 64, w, NULL), 0);
+    /* activations prepared for F32 weights do not meet Q8_0 weights */
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_F32, x, 64, 64, 1, NULL, &act, NULL), 0);
+    assert_int_equal(em_matmul_act(NULL, &m, &act, y, 2, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "q8_0"));
+    /* wrong width */
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_Q8_0, x, 32, 32, 1, w + 2048, &act, NULL), 0);
+    assert_int_equal(em_matmul_act(NULL, &m, &act, y, 2, &err), EM_EINVAL);
+    /* a weight type without a dot kernel */
+    uint64_t bytes;
+    assert_int_equal(em_act_bytes(EM_TYPE_I32, 32, 1, &bytes, &err), EM_EUNSUPPORTED);
+    /* stride shorter than a row */
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_Q8_0, x, 16, 32, 2, w, &act, &err), EM_EINVAL);
+}
+
+/* ---- row ops ---------------------------------------------------------------------------- */
+
+static void test_norms(void **state) {
+    (void)state;
+    const int64_t n = 96;
+    float *x = rand_floats(n, 3.0f), *w = rand_floats(n, 1.0f), y[96], z[96];
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    em_rmsnorm(x, w, 1e-5f, n, y);
+    em_rmsnorm(x, NULL, 1e-6f, n, z);
+    for (int64_t i = 0; i < n; i++) {
+        double r = x[i] / sqrt(ss / n + 1e-5) * w[i], r0 = x[i] / sqrt(ss / n + 1e-6);
+        assert_true(fabs(y[i] - r) <= 2e-7 * fabs(r) + 1e-12);
+        assert_true(fabs(z[i] - r0) <= 2e-7 * fabs(r0) + 1e-12);
+    }
+    em_l2norm(x, 1e-6f, n, y);
+    double s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double r = x[i] / sqrt(ss + 1e-6);
+        assert_true(fabs(y[i] - r) <= 2e-7 * fabs(r) + 1e-12);
+        s2 += (double)y[i] * y[i];
+    }
+    assert_true(fabs(s2 - 1.0) < 1e-6);
+    /* the eps matters for tiny inputs: all zeros stay zero, no NaN */
+    float zero[4] = { 0 }, out[4];
+    em_rmsnorm(zero, NULL, 1e-6f, 4, out);
+    em_l2norm(zero, 1e-6f, 4, out);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == 0.0f);
+    /* in place */
+    memcpy(z, x, sizeof z);
+    em_rmsnorm(z, w, 1e-5f, n, z);
+    em_rmsnorm(x, w, 1e-5f, n, y);
+    assert_memory_equal(z, y, sizeof y);
+    free(x);
+    free(w);
+}
+
+static void test_activations(void **state) {
+    (void)state;
+    static const float xs[] = { -30.0f, -5.0f, -0.5f, 0.0f, 0.25f, 3.0f, 19.9f, 20.0f, 20.5f, 60.0f };
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+        double x = xs[i];
+        double sig = 1.0 / (1.0 + exp(-x));
+        assert_true(fabs(em_sigmoidf(xs[i]) - sig) <= 2e-7 * sig + 1e-30);
+        assert_true(fabs(em_siluf(xs[i]) - x * sig) <= 2e-7 * fabs(x * sig) + 1e-30);
+        double sp = x > 20.0 ? x : log1p(exp(x));
+        assert_true(fabs(em_softplusf(xs[i]) - sp) <= 2e-7 * fabs(sp) + 1e-30);
+    }
+    assert_true(em_softplusf(20.5f) == 20.5f); /* identity above the threshold */
+    assert_true(em_softplusf(-30.0f) > 0.0f);  /* never rounds to a log of 1 too early */
+    float x[5] = { -2, -1, 0, 1, 2 }, u[5] = { 1, 2, 3, 4, 5 }, y[5];
+    em_sigmoid(x, 5, y);
+    for (int i = 0; i < 5; i++) assert_true(y[i] == em_sigmoidf(x[i]));
+    em_silu(x, 5, y);
+    for (int i = 0; i < 5; i++) assert_true(y[i] == em_siluf(x[i]));
+    em_swiglu(x, u, 5, y);
+    for (int i = 0; i < 5; i++) assert_true(fabs(y[i] - em_siluf(x[i]) * u[i]) <= 1e-6f * fabs(y[i]));
+    em_axpy(2.0f, u, 5, y);
+    for (int i = 0; i < 5; i++) assert_true(fabs(y[i] - (em_siluf(x[i]) * u[i] + 2 * u[i])) < 1e-5f);
+}
+
+static void test_softmax(void **state) {
+    (void)state;
+    float x[7] = { 1.0f, -3.0f, 0.5f, 80.0f, 79.0f, -100.0f, 2.0f }, ref_in[7];
+    memcpy(ref_in, x, sizeof x);
+    em_softmax(x, 7);
+    double mx = 80, sum = 0;
+    for (int i = 0; i < 7; i++) sum += exp(ref_in[i] - mx);
+    double total = 0;
+    for (int i = 0; i < 7; i++) {
+        double r = exp(ref_in[i] - mx) / sum;
+        assert_true(fabs(x[i] - r) <= 1e-6 * r + 1e-30);
+        total += x[i];
+    }
+    assert_true(fabs(total - 1.0) < 1e-6); /* no overflow at 80, sums to 1 */
+    float one = -5.0f;
+    em_softmax(&one, 1);
+    assert_true(one == 1.0f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_act_reuse_and_slices),
+        cmocka_unit_test(test_matmul_errors),
+        cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_softmax),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,344 @@
+/* `ember run` as a program ($EMBER_BIN) on the kimi_a fixture converted to F32:
+ *  - usage errors exit 2 (no model: the message says there is no default model yet; no or two
+ *    prompts; unknown flags; bad values), flags of features still to come exit 2 saying they
+ *    are not available yet, and their accepted values (--draft none, --device cpu, ...) run;
+ *  - --json: the last line of stdout is one JSON object with every field, of the right type
+ *    and consistent (n_gen = tokens, passes = n_gen - 1 at length, tau 1, zero experts), and
+ *    the text before it is exactly the decode of the tokens;
+ *  - greedy tokens equal the argmax chain of fresh full-sequence verifies computed here
+ *    through the library (plain prompt and --chat, -p and -f);
+ *  - failures exit 1: a prompt longer than --ctx-size, a missing model file. */
+#include "testutil.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/gguf.h"
+#include "model/model.h"
+#include "sample/sample.h"
+#include "text/text.h"
+
+#define OK(call)                                                                               \
+    do {                                                                                       \
+        em_err err_ = { 0 };                                                                   \
+        int rc_ = (call);                                                                      \
+        if (rc_) fail_msg("%s: %d %s", #call, rc_, err_.msg);                                  \
+    } while (0)
+#define E (&err_)
+
+static const char *g_bin;
+static char g_model[600];
+static em_tok *g_tok;
+static em_target *g_ref;
+static bool g_have;
+
+static int setup(void **state) {
+    (void)state;
+    g_bin = getenv("EMBER_BIN");
+    if (!g_bin || !*g_bin) {
+        fprintf(stderr, "EMBER_BIN is not set: run tests are skipped\n");
+        return 0;
+    }
+    snprintf(g_model, sizeof g_model, "%s", em_test_path("kimi_a_f32.gguf"));
+    int rc = em_test_sh(1, "'%s' convert '%s' -o '%s' --type f32", g_bin, em_test_src("tests/fixtures/kimi_a"),
+                        g_model);
+    if (rc != 0) {
+        fprintf(stderr, "ember convert kimi_a failed (%d)\n", rc);
+        return -1;
+    }
+    em_err err = { 0 };
+    em_gguf *g = NULL;
+    if (em_gguf_open(&g, g_model, &err) || em_tok_create(&g_tok, g, NULL, &err) ||
+        em_model_open(&g_ref, g_model, &(em_model_opts){ .n_threads = 2 }, &err)) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        em_gguf_close(g);
+        return -1;
+    }
+    em_gguf_close(g);
+    g_have = true;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    em_target_close(g_ref);
+    em_tok_free(g_tok);
+    return 0;
+}
+
+#define NEED_MODEL()                                                                           \
+    do {                                                                                       \
+        if (!g_have) skip();                                                                   \
+    } while (0)
+
+/* Runs `ember run -m MODEL ARGS`, capturing stdout/stderr; returns the exit status. */
+static int run(const char *args) { return em_test_sh(1, "'%s' run -m '%s' %s", g_bin, g_model, args); }
+
+static char *read_text(const char *name) {
+    size_t n;
+    char *raw = em_test_read(em_test_path(name), &n);
+    char *s = malloc(n + 1);
+    assert_non_null(s);
+    memcpy(s, raw, n);
+    s[n] = 0;
+    free(raw);
+    return s;
+}
+
+static void expect_stderr(const char *needle) {
+    char *err = read_text("err.txt");
+    if (!strstr(err, needle)) fail_msg("stderr lacks '%s': %s", needle, err);
+    free(err);
+}
+
+/* The greedy chain of n tokens after prompt, from a fresh full-sequence verify per token. */
+static void argmax_chain(const int32_t *prompt, int n_prompt, int32_t *out, int n) {
+    int vocab = em_target_get_info(g_ref)->n_vocab;
+    int32_t *seq = malloc((size_t)(n_prompt + n) * sizeof *seq);
+    float *logits = malloc((size_t)(n_prompt + n) * (size_t)vocab * sizeof *logits);
+    assert_non_null(seq);
+    assert_non_null(logits);
+    memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+    for (int i = 0; i < n; i++) {
+        em_target_reset(g_ref);
+        em_rows rows = { .logits = logits };
+        OK(em_target_verify(g_ref, seq, n_prompt + i, &rows, E));
+        out[i] = seq[n_prompt + i] = em_argmax(logits + (size_t)(n_prompt + i - 1) * (size_t)vocab, vocab);
+    }
+    free(seq);
+    free(logits);
+}
+
+/* Splits stdout into the text before the last line and the JSON object of the last line. */
+static json_t *split_json(char **text, size_t *text_len) {
+    char *out = read_text("out.txt");
+    size_t n = strlen(out);
+    assert_true(n > 0 && out[n - 1] == '\n');
+    out[n - 1] = 0;
+    char *nl = strrchr(out, '\n');
+    const char *line = nl ? nl + 1 : out;
+    json_error_t jerr;
+    json_t *j = json_loads(line, 0, &jerr);
+    if (!j) fail_msg("last line is not JSON (%s): %s", jerr.text, line);
+    assert_true(json_is_object(j));
+    *text_len = nl ? (size_t)(nl - out) + 1 : 0; /* the text keeps its newline */
+    *text = out;
+    return j;
+}
+
+static json_int_t get_int(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) fail_msg("'%s' is missing or not an integer", key);
+    return json_integer_value(v);
+}
+
+static double get_num(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v)) fail_msg("'%s' is missing or not a number", key);
+    return json_number_value(v);
+}
+
+/* Checks every field; returns the tokens (malloc'd) and their count. */
+static int32_t *check_json(json_t *j, int *n_tokens) {
+    static const char *const top[] = { "tokens", "n_prompt", "n_gen", "tok_per_s", "prompt_tok_per_s",
+                                       "finish", "spec", "experts" };
+    assert_int_equal(json_object_size(j), sizeof top / sizeof top[0]);
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (!json_object_get(j, top[i])) fail_msg("no '%s'", top[i]);
+    json_t *tokens = json_object_get(j, "tokens");
+    assert_true(json_is_array(tokens));
+    int n = (int)json_array_size(tokens);
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    assert_non_null(ids);
+    for (int i = 0; i < n; i++) {
+        json_t *t = json_array_get(tokens, (size_t)i);
+        assert_true(json_is_integer(t));
+        assert_true(json_integer_value(t) >= 0 && json_integer_value(t) < 512);
+        ids[i] = (int32_t)json_integer_value(t);
+    }
+    assert_int_equal(get_int(j, "n_gen"), n);
+    assert_true(get_int(j, "n_prompt") > 0);
+    assert_true(get_num(j, "tok_per_s") >= 0);
+    assert_true(get_num(j, "prompt_tok_per_s") > 0);
+    const char *finish = json_string_value(json_object_get(j, "finish"));
+    assert_non_null(finish);
+    assert_true(!strcmp(finish, "stop") || !strcmp(finish, "length"));
+
+    json_t *spec = json_object_get(j, "spec");
+    static const char *const spec_keys[] = { "passes", "drafted", "accepted", "tau", "fast_commits",
+                                             "full_replays", "failed_fallbacks" };
+    assert_int_equal(json_object_size(spec), sizeof spec_keys / sizeof spec_keys[0]);
+    json_int_t passes = get_int(spec, "passes");
+    assert_int_equal(passes, !strcmp(finish, "length") ? n - 1 : n);
+    assert_int_equal(get_int(spec, "drafted"), 0);
+    assert_int_equal(get_int(spec, "accepted"), 0);
+    assert_true(fabs(get_num(spec, "tau") - (passes ? 1.0 : 0.0)) < 1e-12);
+    assert_int_equal(get_int(spec, "fast_commits"), passes);
+    assert_int_equal(get_int(spec, "full_replays"), 0);
+    assert_int_equal(get_int(spec, "failed_fallbacks"), 0);
+
+    json_t *ex = json_object_get(j, "experts");
+    static const char *const ex_keys[] = { "bytes_read", "hits", "misses", "cache_bytes" };
+    assert_int_equal(json_object_size(ex), 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(get_int(ex, ex_keys[i]), 0);
+    *n_tokens = n;
+    return ids;
+}
+
+/* Runs greedy with --json, checks the output against the chain after prompt. */
+static void check_greedy_run(const char *args, const int32_t *prompt, int n_prompt, int n) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s -n %d --temp 0 --json", args, n);
+    assert_int_equal(run(cmd), 0);
+    char *text;
+    size_t text_len;
+    json_t *j = split_json(&text, &text_len);
+    int n_tokens;
+    int32_t *ids = check_json(j, &n_tokens);
+    assert_int_equal(get_int(j, "n_prompt"), n_prompt);
+    int32_t *want = malloc((size_t)n * sizeof *want);
+    assert_non_null(want);
+    argmax_chain(prompt, n_prompt, want, n);
+    /* a chain may end early at an end-of-generation id */
+    int n_want = n;
+    for (int i = 0; i < n; i++)
+        if (em_tok_is_eog(g_tok, want[i])) {
+            n_want = i;
+            break;
+        }
+    assert_int_equal(n_tokens, n_want);
+    assert_memory_equal(ids, want, (size_t)n_want * sizeof *ids);
+    assert_string_equal(json_string_value(json_object_get(j, "finish")), n_want < n ? "stop" : "length");
+    /* the text before the JSON line: the decode of the tokens, then a newline if it had none */
+    char *dec;
+    size_t dec_len;
+    OK(em_tok_decode(g_tok, ids, (size_t)n_tokens, EM_TOK_SKIP_SPECIAL, &dec, &dec_len, E));
+    size_t expect_len = dec_len + (dec_len && dec[dec_len - 1] != '\n');
+    assert_int_equal(text_len, expect_len);
+    assert_memory_equal(text, dec, dec_len);
+    expect_stderr("tok/s");
+    free(dec);
+    free(want);
+    free(ids);
+    free(text);
+    json_decref(j);
+}
+
+static void test_greedy_json(void **state) {
+    (void)state;
+    NEED_MODEL();
+    const char *text = "Hello there, general";
+    int32_t *ids;
+    size_t n;
+    OK(em_tok_encode(g_tok, text, strlen(text), EM_TOK_PARSE_SPECIAL | EM_TOK_ADD_SPECIAL, &ids, &n, E));
+    check_greedy_run("-p 'Hello there, general'", ids, (int)n, 16);
+    /* the same prompt from a file */
+    char args[800];
+    em_test_write(em_test_path("prompt.txt"), text, strlen(text));
+    snprintf(args, sizeof args, "-f '%s'", em_test_path("prompt.txt"));
+    check_greedy_run(args, ids, (int)n, 16);
+    free(ids);
+
+    em_chat_msg m = { .role = "user", .content = "Who are you?" };
+    OK(em_chat_encode_kimi(g_tok, &m, 1, true, &ids, &n, E));
+    check_greedy_run("--chat -p 'Who are you?' --threads 1 --draft none --device cpu --draft-device cpu "
+                     "--moe-storage resident --verify-width 1",
+                     ids, (int)n, 20);
+    free(ids);
+}
+
+static void test_sampled_json(void **state) {
+    (void)state;
+    NEED_MODEL();
+    assert_int_equal(run("-p 'Once upon' -n 12 --temp 1.2 --top-k 20 --top-p 0.9 --min-p 0.01 --seed 5 --json"), 0);
+    char *text;
+    size_t len;
+    json_t *a = split_json(&text, &len);
+    int na;
+    int32_t *ia = check_json(a, &na);
+    free(text);
+    assert_int_equal(run("-p 'Once upon' -n 12 --temp 1.2 --top-k 20 --top-p 0.9 --min-p 0.01 --seed 5 --json "
+                         "--moe-storage auto"),
+                     0);
+    json_t *b = split_json(&text, &len);
+    int nb;
+    int32_t *ib = check_json(b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ia, ib, (size_t)na * sizeof *ia);
+    free(text);
+    free(ia);
+    free(ib);
+    json_decref(a);
+    json_decref(b);
+}
+
+static void test_usage_errors(void **state) {
+    (void)state;
+    NEED_MODEL();
+    assert_int_equal(em_test_sh(1, "'%s' run -p hello", g_bin), 2);
+    expect_stderr("no default model yet");
+    assert_int_equal(run(""), 2);
+    expect_stderr("exactly one of -p");
+    assert_int_equal(run("-p a -f b"), 2);
+    assert_int_equal(run("-p a --bogus"), 2);
+    expect_stderr("unknown flag '--bogus'");
+    assert_int_equal(run("-p a stray"), 2);
+    assert_int_equal(run("-p a -n"), 2);
+    expect_stderr("-n needs a value");
+    assert_int_equal(run("-p a -n 0"), 2);
+    assert_int_equal(run("-p a --temp -1"), 2);
+    assert_int_equal(run("-p a --temp nan"), 2);
+    assert_int_equal(run("-p a --top-p 1.5"), 2);
+    assert_int_equal(run("-p a --min-p x"), 2);
+    assert_int_equal(run("-p a --seed -1"), 2);
+    assert_int_equal(run("-p a --threads 0"), 2);
+    assert_int_equal(run("-p a --ctx-size 0"), 2);
+    assert_int_equal(run("-p a --device tpu"), 2);
+    expect_stderr("not cpu or cuda:N");
+    assert_int_equal(run("-p a --moe-storage disk"), 2);
+    assert_int_equal(run("-p a --expert-cache 12XB"), 2);
+    assert_int_equal(em_test_sh(1, "'%s' run --help", g_bin), 0);
+}
+
+static void test_not_yet(void **state) {
+    (void)state;
+    NEED_MODEL();
+    static const char *const flags[] = {
+        "--draft d.gguf",        "--device cuda:0", "--device cuda",          "--draft-device cuda:1",
+        "--moe-storage ssd",     "--expert-cache 8GiB", "--feature-dtype bf16", "--verify-width 4",
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        char args[200];
+        snprintf(args, sizeof args, "-p a -n 2 %s", flags[i]);
+        int rc = run(args);
+        if (rc != 2) fail_msg("'%s' exits %d, not 2", flags[i], rc);
+        expect_stderr("not available yet");
+        char *out = read_text("out.txt");
+        assert_string_equal(out, ""); /* nothing generated */
+        free(out);
+    }
+}
+
+static void test_failures(void **state) {
+    (void)state;
+    NEED_MODEL();
+    assert_int_equal(run("-p 'Hello there, general' --ctx-size 3"), 1);
+    expect_stderr("does not fit in the context of 3 positions");
+    assert_int_equal(em_test_sh(1, "'%s' run -m '%s' -p a", g_bin, em_test_path("missing.gguf")), 1);
+    expect_stderr("missing.gguf");
+    assert_int_equal(run("-f /nonexistent/prompt.txt"), 1);
+    expect_stderr("/nonexistent/prompt.txt");
+    assert_int_equal(run("-p ''"), 1);
+    expect_stderr("empty");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_json),  cmocka_unit_test(test_sampled_json), cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_not_yet),      cmocka_unit_test(test_failures),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

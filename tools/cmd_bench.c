@@ -1,0 +1,250 @@
+/* `ember bench -m MODEL.gguf [-p 512] [-n 64] [--threads N] [--reps R] [--json]`: prompt and
+ * decode speed of a target. Each repetition starts from an empty sequence (reset), prefills
+ * P token ids (pseudo-random from --seed, the same every repetition; timed), then runs N
+ * decode steps of verify(W) + commit(W) (W = --verify-width, default 1: plain decoding;
+ * timed), each step's first token the greedy pick of the previous step's last row and the
+ * other W-1 pseudo-random. Prints min / median / max over the repetitions of prompt tok/s
+ * and decode tok/s (W > 1: verified rows/s). Untimed warm-up repetitions first fault the
+ * mapped weights in. tests/compat/llama_ref.c `bench` runs the same protocol through
+ * llama.cpp (the token ids come from the same generator). Owns only the protocol, timing
+ * and output. */
+#include "cli.h"
+
+#include "model/model.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char bench_usage[] =
+    "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--json]\n"
+    "\n"
+    "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
+    "pseudo-random token ids (timed: prompt tok/s), then runs N decode steps, each a\n"
+    "verify of W rows and a commit of all W (timed: decode tok/s, or rows/s when W > 1).\n"
+    "Prints min, median and max over the repetitions.\n"
+    "\n"
+    "  -m, --model FILE       the model (GGUF)\n"
+    "  -p, --n-prompt P       prompt tokens (default 512)\n"
+    "  -n, --n-gen N          decode steps (default 64; 0: prompt only)\n"
+    "      --threads T        compute threads (default: all CPUs)\n"
+    "      --reps R           timed repetitions (default 3)\n"
+    "      --warmup K         untimed repetitions first (default 1)\n"
+    "      --verify-width W   rows per decode step (default 1)\n"
+    "      --ubatch U         rows per prefill step (default: the model's, 128)\n"
+    "      --seed S           seed of the prompt's token ids (default 1)\n"
+    "      --json             one JSON object on stdout instead of the table\n";
+
+#define MAX_REPS 1000
+
+typedef struct bench_opts {
+    const char *model;
+    int n_prompt, n_gen, n_threads, reps, warmup, width, ubatch;
+    unsigned long long seed;
+    bool json;
+} bench_opts;
+
+/* One repetition's rates. */
+typedef struct bench_rep {
+    double prompt_s, decode_s;
+} bench_rep;
+
+/* The prompt generator shared with llama_ref.c's bench (xorshift64*, ids in [0, n_vocab)):
+ * both engines see the same ids. */
+static int32_t next_token(uint64_t *s, int n_vocab) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return (int32_t)(((*s * 2685821657736338717ull) >> 33) % (uint64_t)n_vocab);
+}
+
+static int32_t argmax(const float *row, int n) {
+    int best = 0;
+    for (int j = 1; j < n; j++)
+        if (row[j] > row[best]) best = j;
+    return best;
+}
+
+/* Reset, timed prefill, timed decode steps. logits holds [width][n_vocab]. */
+static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, float *logits,
+                      bench_rep *r, em_err *err) {
+    const int V = em_target_get_info(t)->n_vocab, W = o->width;
+    em_target_reset(t);
+    em_rows last = { .logits = logits, .last_only = true };
+    double t0 = em_time_now();
+    int rc = em_target_prefill(t, prompt, o->n_prompt, &last, err);
+    if (rc) return rc;
+    double t1 = em_time_now();
+    uint64_t s = o->seed ^ 0x9E3779B97F4A7C15ull; /* the extra rows of a wide verify */
+    int32_t block[256];
+    block[0] = argmax(logits, V);
+    em_rows all = { .logits = logits };
+    for (int i = 0; i < o->n_gen; i++) {
+        for (int j = 1; j < W; j++) block[j] = next_token(&s, V);
+        if ((rc = em_target_verify(t, block, W, &all, err)) || (rc = em_target_commit(t, W, err)))
+            return em_err_prefix(err, "decode step %d", i);
+        block[0] = argmax(logits + (int64_t)(W - 1) * V, V);
+    }
+    double t2 = em_time_now();
+    r->prompt_s = t1 - t0;
+    r->decode_s = t2 - t1;
+    return EM_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct summary {
+    double min, median, max;
+} summary;
+
+static summary summarize(const double *v, int n) {
+    double *s = malloc((size_t)n * sizeof *s);
+    summary out = { 0 };
+    if (!s) return out;
+    memcpy(s, v, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    out.min = s[0];
+    out.max = s[n - 1];
+    out.median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    free(s);
+    return out;
+}
+
+static json_t *json_metric(const char *unit, const double *v, int n) {
+    summary s = summarize(v, n);
+    json_t *runs = json_array();
+    for (int i = 0; runs && i < n; i++) json_array_append_new(runs, json_real(v[i]));
+    return json_pack("{s:s, s:f, s:f, s:f, s:o}", "unit", unit, "min", s.min, "median", s.median, "max",
+                     s.max, "runs", runs);
+}
+
+static void print_metric(const char *name, int count, const char *what, const char *unit,
+                         const double *v, int n) {
+    summary s = summarize(v, n);
+    printf("%-9s %5d %-7s %-7s min %9.2f  median %9.2f  max %9.2f\n", name, count, what, unit, s.min,
+           s.median, s.max);
+}
+
+static int report(const bench_opts *o, const em_target *t, const double *pp, const double *tg) {
+    const em_target_info *info = em_target_get_info(t);
+    const char *unit = o->width == 1 ? "tok/s" : "rows/s";
+    if (o->json) {
+        json_t *root = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:o}", "engine",
+                                 "ember", "model", o->model, "arch", info->arch, "threads", o->n_threads,
+                                 "n_prompt", o->n_prompt, "n_gen", o->n_gen, "verify_width", o->width,
+                                 "reps", o->reps, "warmup", o->warmup, "n_vocab", info->n_vocab, "seed",
+                                 (json_int_t)o->seed, "prompt", json_metric("tok/s", pp, o->reps));
+        if (root && o->n_gen > 0) json_object_set_new(root, "decode", json_metric(unit, tg, o->reps));
+        char *text = root ? json_dumps(root, JSON_COMPACT) : NULL;
+        json_decref(root);
+        if (!text) {
+            fprintf(stderr, "ember bench: out of memory for the JSON report\n");
+            return EM_EXIT_FAIL;
+        }
+        printf("%s\n", text);
+        free(text);
+        return EM_EXIT_OK;
+    }
+    printf("ember bench: %s (%s, %d layers, vocab %d), %d threads, %d reps after %d warm-up\n", o->model,
+           info->arch, info->n_layer, info->n_vocab, o->n_threads, o->reps, o->warmup);
+    print_metric("prompt", o->n_prompt, "tokens", "tok/s", pp, o->reps);
+    if (o->n_gen > 0) {
+        char name[32];
+        snprintf(name, sizeof name, o->width == 1 ? "decode" : "verify%d", o->width);
+        print_metric(name, o->n_gen, "steps", unit, tg, o->reps);
+    }
+    return EM_EXIT_OK;
+}
+
+static int run_bench(bench_opts *o, em_err *err) {
+    int64_t positions = (int64_t)o->n_prompt + (int64_t)o->n_gen * o->width;
+    if (positions > (1 << 24))
+        return em_err_set(err, EM_EINVAL, "%d prompt tokens + %d steps x %d rows exceed %d positions", o->n_prompt,
+                          o->n_gen, o->width, 1 << 24);
+    em_model_opts mo = {
+        .n_threads = o->n_threads, .n_ctx = (int)positions, .ubatch = o->ubatch,
+        .max_verify = o->width > EM_MODEL_DEFAULT_MAX_VERIFY ? o->width : 0,
+    };
+    em_target *t;
+    int rc = em_model_open(&t, o->model, &mo, err);
+    if (rc) return rc;
+    if (o->n_threads == 0) o->n_threads = em_cpu_count();
+    const int V = em_target_get_info(t)->n_vocab;
+    int32_t *prompt = em_malloc((size_t)o->n_prompt * sizeof *prompt, "prompt ids", err);
+    float *logits = em_malloc((size_t)o->width * (size_t)V * sizeof *logits, "logits", err);
+    double *pp = em_malloc((size_t)o->reps * sizeof *pp, "results", err);
+    double *tg = em_malloc((size_t)o->reps * sizeof *tg, "results", err);
+    rc = prompt && logits && pp && tg ? EM_OK : EM_ENOMEM;
+    uint64_t s = o->seed ? o->seed : 1;
+    for (int i = 0; !rc && i < o->n_prompt; i++) prompt[i] = next_token(&s, V);
+    for (int i = 0; !rc && i < o->warmup + o->reps; i++) {
+        bench_rep r = { 0 };
+        rc = bench_once(t, o, prompt, logits, &r, err);
+        if (rc) em_err_prefix(err, "repetition %d", i);
+        else if (i >= o->warmup) {
+            pp[i - o->warmup] = o->n_prompt / r.prompt_s;
+            tg[i - o->warmup] = r.decode_s > 0 ? (double)o->n_gen * o->width / r.decode_s : 0.0;
+        }
+    }
+    int status = rc ? -1 : report(o, t, pp, tg);
+    free(prompt);
+    free(logits);
+    free(pp);
+    free(tg);
+    em_target_close(t);
+    if (status > 0) return em_err_set(err, EM_ENOMEM, "out of memory for the report");
+    return rc;
+}
+
+static int bench_main(int argc, char **argv) {
+    bench_opts o = { .n_prompt = 512, .n_gen = 64, .reps = 3, .warmup = 1, .width = 1, .seed = 1 };
+    em_err err = { 0 };
+    const em_cmd *cmd = &em_cmd_bench;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) {
+            o.json = true;
+            continue;
+        }
+        struct { const char *flag, *alt; int *dst; long long lo, hi; } ints[] = {
+            { "-p", "--n-prompt", &o.n_prompt, 1, 1 << 24 }, { "-n", "--n-gen", &o.n_gen, 0, 1 << 24 },
+            { "--threads", NULL, &o.n_threads, 1, 1024 },     { "--reps", NULL, &o.reps, 1, MAX_REPS },
+            { "--warmup", NULL, &o.warmup, 0, MAX_REPS },     { "--verify-width", NULL, &o.width, 1, 256 },
+            { "--ubatch", NULL, &o.ubatch, 1, 1 << 16 },
+        };
+        bool is_model = !strcmp(a, "-m") || !strcmp(a, "--model"), is_seed = !strcmp(a, "--seed");
+        int which = -1;
+        for (int k = 0; k < (int)(sizeof ints / sizeof ints[0]); k++)
+            if (!strcmp(a, ints[k].flag) || (ints[k].alt && !strcmp(a, ints[k].alt))) which = k;
+        if (!is_model && !is_seed && which < 0) {
+            if (a[0] == '-') return em_cli_usage_error(cmd, "unknown flag '%s'", a);
+            return em_cli_usage_error(cmd, "unexpected argument '%s'", a);
+        }
+        if (i + 1 >= argc) return em_cli_usage_error(cmd, "%s needs a value", a);
+        const char *val = argv[++i];
+        long long v;
+        if (is_model) {
+            o.model = val;
+        } else if (is_seed) {
+            if (em_parse_int(val, 0, INT64_MAX, &v, a, &err)) return em_cli_usage_error(cmd, "%s", err.msg);
+            o.seed = (unsigned long long)v;
+        } else {
+            if (em_parse_int(val, ints[which].lo, ints[which].hi, &v, a, &err))
+                return em_cli_usage_error(cmd, "%s", err.msg);
+            *ints[which].dst = (int)v;
+        }
+    }
+    if (!o.model) return em_cli_usage_error(cmd, "missing -m MODEL.gguf");
+    return run_bench(&o, &err) ? em_cli_fail(cmd, &err) : EM_EXIT_OK;
+}
+
+const em_cmd em_cmd_bench = {
+    .name = "bench",
+    .summary = "prompt and decode speed (tok/s, min/median/max over repetitions)",
+    .usage = bench_usage,
+    .main = bench_main,
+};

@@ -10,6 +10,9 @@ packages=(
   libjansson-dev                     # JSON (safetensors headers, config.json)
   libssl-dev                         # SHA-256 through OpenSSL EVP
   libpcre2-dev                       # pre-tokenizer regular expressions (text/)
+  libmicrohttpd-dev                  # HTTP server (server/, `ember serve`)
+  liburing-dev                       # batched expert reads (experts/, io_uring)
+  curl jq wrk                        # server tests (curl, jq) and bench/bench_server.sh (wrk)
   nodejs npm                         # the ggml reference test installs its npm prebuilt
 )
 

@@ -23,7 +23,7 @@ for target in "${targets[@]}"; do
       >"$work.log" 2>&1; then
     echo "fuzz: $name FOUND A PROBLEM"; tail -n 40 "$work.log"; status=1
   else
-    grep -E "stat::number_of_executed_units|cov:" "$work.log" | tail -n 2
+    grep -E "^Done [0-9]+ runs" "$work.log" | tail -n 1
   fi
   rm -rf "$work" "$work.log"
 done

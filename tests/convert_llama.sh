@@ -23,24 +23,11 @@ REF="$BUILD/compat_llama_ref"
 FX="$SRC/tests/fixtures"
 
 . "$SRC/tests/lib/npm_ggml.sh"
+. "$SRC/tests/lib/check.sh"
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-val() { sed -n "s/^$1=//p" "$2" | head -n 1; }
-
-for f in "$EMBER" "$REF"; do
-    if [ ! -x "$f" ]; then
-        echo "convert_llama: $f is missing (build first)"
-        exit 1
-    fi
-done
+em_need_exes convert_llama "$EMBER" "$REF"
 BINS=$(em_npm_ggml_bins "$SRC") || exit $?
-# see tests/llama_ref_smoke.sh: clang's ASan runtime needs libstdc++ loaded at start-up
-if nm "$REF" 2>/dev/null | grep -q ' T __asan_init$'; then
-    export LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
-fi
+em_preload_stdcxx_for_asan "$REF"
 
 W="$BUILD/testtmp/convert_llama"
 rm -rf "$W"
@@ -134,5 +121,4 @@ for name in dspark_deepspec_gated dspark_specforge_rnn; do
         load_refused $name.gguf "wrong number of tensors"
 done
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

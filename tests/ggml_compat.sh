@@ -24,22 +24,8 @@ PROBE="$BUILD/compat_gguf_probe"
 JSONDIFF="$BUILD/compat_json_diff"
 QUANT="$BUILD/compat_quant_vs_ggml"
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit $?
-}
-
-for f in "$EMBER" "$PROBE" "$JSONDIFF"; do
-    if [ ! -x "$f" ]; then
-        echo "ggml_compat: $f is missing (build first)"
-        exit 1
-    fi
-done
+. "$SRC/tests/lib/check.sh"
+em_need_exes ggml_compat "$EMBER" "$PROBE" "$JSONDIFF"
 
 # ---- the reference library ---------------------------------------------------------------
 . "$SRC/tests/lib/npm_ggml.sh"

@@ -39,21 +39,11 @@ V=512
 THREADS=(--threads 2)
 
 . "$SRC/tests/lib/npm_ggml.sh"
+. "$SRC/tests/lib/check.sh"
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-val() { sed -n "s/^$1=//p" "$2" | head -n 1; }
-
-for f in "$REF" "$EMBER"; do
-    if [ ! -x "$f" ]; then echo "kimi_llama: $f is missing (build first)"; exit 1; fi
-done
+em_need_exes kimi_llama "$REF" "$EMBER"
 BINS=$(em_npm_ggml_bins "$SRC") || exit $?
-# see tests/llama_ref_smoke.sh: clang's ASan runtime needs libstdc++ preloaded for llama.cpp
-if nm "$REF" 2>/dev/null | grep -q ' T __asan_init$'; then
-    export LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
-fi
+em_preload_stdcxx_for_asan "$REF"
 
 W="$BUILD/testtmp/kimi_llama"
 rm -rf "$W"
@@ -156,5 +146,4 @@ else
     fail "ember convert kimi_b"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

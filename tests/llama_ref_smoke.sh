@@ -26,33 +26,11 @@ V=273            # the tiny model's vocabulary
 THREADS=(--threads 2)
 
 . "$SRC/tests/lib/npm_ggml.sh"
+. "$SRC/tests/lib/check.sh"
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit $?
-}
-# check NAME WANT GOT
-check() { if [ "$2" = "$3" ]; then pass; else fail "$1: want '$2', got '$3'"; fi; }
-# the value of key=value line KEY in file FILE
-val() { sed -n "s/^$1=//p" "$2" | head -n 1; }
-
-if [ ! -x "$REF" ]; then
-    echo "llama_ref_smoke: $REF is missing (build first)"
-    exit 1
-fi
+em_need_exes llama_ref_smoke "$REF"
 BINS=$(em_npm_ggml_bins "$SRC") || exit $?
-# clang's ASan runtime (linked statically) can intercept C++ exceptions only when libstdc++
-# is there at start-up, but llama.cpp's libraries bring it in later through dlopen, and the
-# first exception they throw (a model that fails to load) would trip an ASan CHECK. gcc's
-# libasan depends on libstdc++ itself and must come first, so only the clang case preloads.
-if nm "$REF" 2>/dev/null | grep -q ' T __asan_init$'; then
-    export LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
-fi
+em_preload_stdcxx_for_asan "$REF"
 
 W="$BUILD/testtmp/llama_ref_smoke"
 rm -rf "$W"

@@ -13,14 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        em_err err_ = { 0 };                                                                   \
-        int rc_ = (call);                                                                      \
-        if (rc_) fail_msg("%s: %d %s", #call, rc_, err_.msg);                                  \
-    } while (0)
-#define E (&err_)
-
 static const char *g_bin;
 
 /* em_test_path's buffers rotate: keep paths that must live across calls in a local copy. */
@@ -246,9 +238,7 @@ static void test_inspect_json_edges(void **state) {
 }
 
 static void check_f32_file(const char *path, const float *want, size_t n) {
-    size_t got_n;
-    float *got = em_test_read(path, &got_n);
-    assert_int_equal(got_n, n * sizeof(float));
+    float *got = em_test_read_f32(path, n);
     for (size_t i = 0; i < n; i++)
         if (memcmp(&got[i], &want[i], 4)) fail_msg("%s[%zu] = %g, want %g", path, i, got[i], want[i]);
     free(got);

@@ -104,6 +104,66 @@ static void test_matmul(void **state) {
     em_pool_free(pools[2]);
 }
 
+/* Q8_0 shapes for the register-tiled path (AVX-512 CPUs): row counts that leave a single
+ * weight row after the pairs, activation counts that leave 1..3 after the fours, and widths
+ * whose block count is not a multiple of 4 (the tail goes to the AVX2 dot kernel: 96 is
+ * only tail, 160 one step and a block, 416 three steps and a block). The outputs must equal
+ * the dot kernel pair by pair, bit for bit (check_matmul). */
+static void test_matmul_q8_0_tiles(void **state) {
+    (void)state;
+    em_pool *pool;
+    assert_int_equal(em_pool_create(&pool, 2, NULL), 0);
+    static const int64_t shapes[][3] = { { 5, 96, 6 },  { 9, 160, 5 },  { 3, 32, 9 },  { 33, 416, 19 },
+                                         { 2, 128, 2 }, { 1, 128, 7 }, { 67, 2048, 33 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        check_matmul(NULL, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
+        check_matmul(pool, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
+        check_matmul(pool, EM_TYPE_Q4_0, shapes[s][0], shapes[s][1], shapes[s][2]); /* Q8_0 acts */
+    }
+    em_pool_free(pool);
+}
+
+/* em_act_prepare's Q8_0 activations (a vector quantizer on AVX-512 CPUs) are byte for byte
+ * em_dot_quantize_act's (the reference quantizer): random rows at several magnitudes, exact
+ * halves (x * id = k + 0.5 must round away from zero), zero blocks, fp16-subnormal and
+ * fp16-overflowing scales, and blocks holding NaN or infinities. */
+static void test_act_q8_0_bytes(void **state) {
+    (void)state;
+    enum { COLS = 32 * 24, ROWS = 12 };
+    float *x = rand_floats((int64_t)COLS * ROWS, 1.0f);
+    static const float mags[ROWS] = { 1.0f, 1e-3f, 100.0f, 1e-7f, 3e-9f, 1e6f, 1e9f, 1e38f, 1.0f, 1.0f, 1.0f, 1e-40f };
+    for (int j = 0; j < ROWS; j++)
+        for (int c = 0; c < COLS; c++) x[j * COLS + c] *= mags[j];
+    float *h = x + 8 * COLS; /* amax 127: d = 1, id = 1, so x * id is x itself */
+    for (int c = 0; c < COLS; c++) h[c] = (float)((c % 255) - 127) + ((c & 1) ? 0.5f : 0.0f);
+    for (int b = 0; b < COLS / 32; b++) h[b * 32] = b % 2 ? 127.0f : -127.0f;
+    float *z = x + 9 * COLS; /* zero blocks, signed zeros */
+    for (int c = 0; c < 64; c++) z[c] = (c & 1) ? -0.0f : 0.0f;
+    float *e = x + 10 * COLS; /* specials in some blocks, at different places */
+    e[3] = NAN;
+    e[32 + 31] = INFINITY;
+    e[64 + 5] = -INFINITY;
+    e[96] = NAN, e[96 + 17] = 2.0f;
+    e[128 + 16] = -NAN;
+    uint64_t ab, bytes;
+    assert_int_equal(em_dot_act_bytes(EM_TYPE_Q8_0, COLS, &ab, NULL), 0);
+    assert_int_equal(em_act_bytes(EM_TYPE_Q8_0, COLS, ROWS, &bytes, NULL), 0);
+    uint8_t *got = malloc((size_t)bytes), *want = malloc((size_t)ab);
+    assert_true(got && want);
+    em_act act;
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_Q8_0, x, COLS, COLS, ROWS, got, &act, NULL), 0);
+    for (int j = 0; j < ROWS; j++) {
+        assert_int_equal(em_dot_quantize_act(EM_TYPE_Q8_0, x + j * COLS, want, COLS, NULL), 0);
+        for (uint64_t i = 0; i < ab; i++)
+            if (got[(uint64_t)j * act.stride + i] != want[i])
+                fail_msg("row %d byte %llu (block %llu): %u, reference %u", j, (unsigned long long)i,
+                         (unsigned long long)(i / 34), got[(uint64_t)j * act.stride + i], want[i]);
+    }
+    free(got);
+    free(want);
+    free(x);
+}
+
 /* A prepared activation set is reusable across matrices of the same activation type, and
  * a slice of rows (em_mat_rows) is the matrix of those rows. */
 static void test_act_reuse_and_slices(void **state) {
@@ -242,14 +302,54 @@ static void test_softmax(void **state) {
     assert_true(one == 1.0f);
 }
 
+/* em_axpy (an AVX-512 loop on such CPUs) gives the scalar loop's floats exactly: a product
+ * rounded, then a sum rounded, element by element, also in place (x == y) and when x and y
+ * overlap (where the loop's order shows: later elements see earlier updates). */
+static void scalar_axpy(float a, const float *x, int64_t n, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        volatile float p = a * x[i]; /* no contraction into an fma */
+        y[i] = y[i] + p;
+    }
+}
+
+static void test_axpy(void **state) {
+    (void)state;
+    static const int64_t lens[] = { 0, 1, 15, 16, 17, 100, 515 };
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        const int64_t n = lens[k];
+        float *x = rand_floats(n + 8, 3.0f), *y = rand_floats(n + 8, 5.0f);
+        float *want = malloc((size_t)(n + 8) * sizeof *want), *x2 = malloc((size_t)(n + 8) * sizeof *x2);
+        assert_true(want && x2);
+        const float a = 0.3183099f;
+        memcpy(want, y, (size_t)(n + 8) * sizeof *y);
+        scalar_axpy(a, x, n, want);
+        em_axpy(a, x, n, y);
+        assert_memory_equal(y, want, (size_t)(n + 8) * sizeof *y); /* and nothing past n */
+        memcpy(x2, x, (size_t)(n + 8) * sizeof *x);
+        scalar_axpy(a, x2, n, x2); /* in place */
+        em_axpy(a, x, n, x);
+        assert_memory_equal(x, x2, (size_t)(n + 8) * sizeof *x);
+        if (n > 2) { /* overlapping: y starts one element after x */
+            memcpy(x2, x, (size_t)(n + 8) * sizeof *x);
+            scalar_axpy(a, x2, n - 1, x2 + 1);
+            em_axpy(a, x, n - 1, x + 1);
+            assert_memory_equal(x, x2, (size_t)(n + 8) * sizeof *x);
+        }
+        free(x), free(y), free(want), free(x2);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_q8_0_tiles),
+        cmocka_unit_test(test_act_q8_0_bytes),
         cmocka_unit_test(test_act_reuse_and_slices),
         cmocka_unit_test(test_matmul_errors),
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_axpy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -71,6 +71,18 @@ static void fb_kv_u32(fb *b, const char *key, uint32_t v) {
     fb_u32(b, v);
 }
 
+static void fb_kv_u16(fb *b, const char *key, uint16_t v) {
+    fb_str(b, key);
+    fb_u32(b, EM_GGUF_U16);
+    fb_u16(b, v);
+}
+
+static void fb_kv_i32(fb *b, const char *key, int32_t v) {
+    fb_str(b, key);
+    fb_u32(b, EM_GGUF_I32);
+    fb_u32(b, (uint32_t)v);
+}
+
 static void fb_tensor(fb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type,
                       uint64_t offset) {
     fb_str(b, name);
@@ -113,16 +125,22 @@ static em_gguf *open_ok(const char *path) {
 
 /* ---- writer helpers -------------------------------------------------------------------- */
 
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        em_err err_ = { 0 };                                                                   \
-        int rc_ = (call);                                                                      \
-        if (rc_) fail_msg("%s: %d %s", #call, rc_, err_.msg);                                  \
-    } while (0)
-#define E (&err_)
-
 static const float k_f32_data[6] = { 1.0f, -2.5f, 3.25f, 1e-3f, -0.0f, 65504.0f };
 static const uint16_t k_f16_data[4] = { 0x3c00, 0xc000, 0x7bff, 0x0001 };
+
+/* The array values the metadata test writes and reads back. */
+static const uint8_t au8[] = { 1, 2, 255 };
+static const int8_t ai8[] = { -128, 0, 127 };
+static const uint16_t au16[] = { 0, 65535 };
+static const int16_t ai16[] = { -32768, 32767 };
+static const uint32_t au32[] = { 7, 0, 4294967295u };
+static const int32_t ai32[] = { -1, 2147483647, -2147483647 - 1 };
+static const uint64_t au64[] = { UINT64_MAX, 1 };
+static const int64_t ai64[] = { INT64_MIN, INT64_MAX, 0 };
+static const float af32[] = { 1.5f, -2.0f, 1e-30f };
+static const double af64[] = { 0.1, -1e-300 };
+static const bool abool[] = { true, false, true };
+static const char *const astr[] = { "a", "", "ccc", "\xe4\xb8\xad" };
 
 static void q8_block(uint8_t *blk, float d, int seed) {
     uint16_t h = em_fp32_to_fp16(d);
@@ -151,18 +169,6 @@ static void write_full_model(const char *path, const em_gguf_write_opts *opts, u
     OK(em_gguf_writer_set_str(w, "t.str", "h\xc3\xa9llo \"q\"\n", E));
     OK(em_gguf_writer_set_strn(w, "t.nul", "a\0\xff", 3, E));
     OK(em_gguf_writer_set_str(w, "t.empty", "", E));
-    static const uint8_t au8[] = { 1, 2, 255 };
-    static const int8_t ai8[] = { -128, 0, 127 };
-    static const uint16_t au16[] = { 0, 65535 };
-    static const int16_t ai16[] = { -32768, 32767 };
-    static const uint32_t au32[] = { 7, 0, 4294967295u };
-    static const int32_t ai32[] = { -1, 2147483647, -2147483647 - 1 };
-    static const uint64_t au64[] = { UINT64_MAX, 1 };
-    static const int64_t ai64[] = { INT64_MIN, INT64_MAX, 0 };
-    static const float af32[] = { 1.5f, -2.0f, 1e-30f };
-    static const double af64[] = { 0.1, -1e-300 };
-    static const bool abool[] = { true, false, true };
-    static const char *const astr[] = { "a", "", "ccc", "\xe4\xb8\xad" };
     OK(em_gguf_writer_set_arr(w, "a.u8", EM_GGUF_U8, au8, 3, E));
     OK(em_gguf_writer_set_arr(w, "a.i8", EM_GGUF_I8, ai8, 3, E));
     OK(em_gguf_writer_set_arr(w, "a.u16", EM_GGUF_U16, au16, 2, E));
@@ -275,17 +281,6 @@ static void check_full_model(em_gguf *g, uint32_t alignment) {
     v = get(g, "t.empty");
     assert_int_equal(v.str.len, 0);
 
-    static const uint8_t au8[] = { 1, 2, 255 };
-    static const int8_t ai8[] = { -128, 0, 127 };
-    static const uint16_t au16[] = { 0, 65535 };
-    static const int16_t ai16[] = { -32768, 32767 };
-    static const uint32_t au32[] = { 7, 0, 4294967295u };
-    static const int32_t ai32[] = { -1, 2147483647, -2147483647 - 1 };
-    static const uint64_t au64[] = { UINT64_MAX, 1 };
-    static const int64_t ai64[] = { INT64_MIN, INT64_MAX, 0 };
-    static const float af32[] = { 1.5f, -2.0f, 1e-30f };
-    static const double af64[] = { 0.1, -1e-300 };
-    static const bool abool[] = { true, false, true };
     check_arr(g, "a.u8", EM_GGUF_U8, 3, au8);
     check_arr(g, "a.i8", EM_GGUF_I8, 3, ai8);
     check_arr(g, "a.u16", EM_GGUF_U16, 2, au16);
@@ -302,7 +297,6 @@ static void check_full_model(em_gguf *g, uint32_t alignment) {
     v = get(g, "a.str");
     assert_int_equal(em_gguf_arr_type(v.arr), EM_GGUF_STR);
     assert_int_equal(em_gguf_arr_count(v.arr), 4);
-    static const char *const astr[] = { "a", "", "ccc", "\xe4\xb8\xad" };
     for (int i = 0; i < 4; i++) {
         em_gguf_value e = em_gguf_arr_at(v.arr, (uint64_t)i);
         assert_int_equal(e.type, EM_GGUF_STR);
@@ -598,9 +592,7 @@ static void test_bad_metadata(void **state) {
 
     /* general.alignment: wrong type, not a power of two, zero */
     fb_header(&b, 3, 0, 1);
-    fb_str(&b, "general.alignment");
-    fb_u32(&b, EM_GGUF_I32);
-    fb_u32(&b, 32);
+    fb_kv_i32(&b, "general.alignment", 32);
     expect_fail(&b, EM_EFORMAT, "general.alignment", "i32");
     fb_header(&b, 3, 0, 1);
     fb_kv_u32(&b, "general.alignment", 48);
@@ -1078,9 +1070,7 @@ static void test_split_bad_keys(void **state) {
     char path[600];
     snprintf(path, sizeof path, "%s/h-00001-of-00002.gguf", em_test_dir());
     fb_header(&b, 3, 0, 2);
-    fb_str(&b, "split.no");
-    fb_u32(&b, EM_GGUF_U16);
-    fb_u16(&b, 0);
+    fb_kv_u16(&b, "split.no", 0);
     fb_kv_u32(&b, "split.count", 2);
     em_test_write(path, b.p, b.len);
     em_gguf *g;
@@ -1090,27 +1080,17 @@ static void test_split_bad_keys(void **state) {
     assert_non_null(strstr(err.msg, "u16"));
 
     fb_header(&b, 3, 0, 2);
-    fb_str(&b, "split.no");
-    fb_u32(&b, EM_GGUF_U16);
-    fb_u16(&b, 5);
-    fb_str(&b, "split.count");
-    fb_u32(&b, EM_GGUF_U16);
-    fb_u16(&b, 2);
+    fb_kv_u16(&b, "split.no", 5);
+    fb_kv_u16(&b, "split.count", 2);
     em_test_write(path, b.p, b.len);
     assert_int_equal(em_gguf_open(&g, path, &err), EM_EFORMAT);
     assert_non_null(strstr(err.msg, "split.no 5"));
 
     /* split.count 1 with a wrong total */
     fb_header(&b, 3, 0, 3);
-    fb_str(&b, "split.no");
-    fb_u32(&b, EM_GGUF_U16);
-    fb_u16(&b, 0);
-    fb_str(&b, "split.count");
-    fb_u32(&b, EM_GGUF_U16);
-    fb_u16(&b, 1);
-    fb_str(&b, "split.tensors.count");
-    fb_u32(&b, EM_GGUF_I32);
-    fb_u32(&b, 4);
+    fb_kv_u16(&b, "split.no", 0);
+    fb_kv_u16(&b, "split.count", 1);
+    fb_kv_i32(&b, "split.tensors.count", 4);
     em_test_write(path, b.p, b.len);
     assert_int_equal(em_gguf_open(&g, path, &err), EM_EFORMAT);
     assert_non_null(strstr(err.msg, "split.tensors.count"));

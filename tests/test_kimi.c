@@ -10,14 +10,12 @@
  *    the logit check (the tolerance itself never changes). A differing choice with a clear
  *    margin fails.
  *  - the BF16 checkpoint (kimi_b_bf16) converted to BF16: <= 1e-2 relative.
- *  - Q8_0 conversions: argmax agreement and mean KL(transformers || ember) are measured and
- *    printed for every sequence. The issue asks for argmax >= 98% and KL < 1e-3; these tiny
- *    random fixtures cannot meet that with 8-bit weights by any engine: llama.cpp's own run of
- *    the same Q8_0 files gives the same numbers as Ember to 1e-6 (tests/kimi_llama.sh), and
- *    F32 files holding the Q8_0 weights dequantized (no activation rounding) diverge as much
- *    (relative error ~1% after the first layer, growing through attention). So the test
- *    asserts only a sanity floor here (argmax >= 50%, KL < 1); Q8_0 arithmetic is checked
- *    strictly against llama.cpp in tests/kimi_llama.sh and kernel by kernel in test_compute.
+ *  - Q8_0 conversions: argmax agreement and mean KL(transformers || ember). The issue's
+ *    criterion (argmax >= 98% of positions, mean KL < 1e-3 per sequence) is asserted on kimi_c,
+ *    the fixture made with a trained model's conditioning (tools/fixtures/README.md): kimi_a/b
+ *    are chaotic random models whose ~1% weight error grows to KL 0.01-0.4 in any engine
+ *    (llama.cpp's run of the same Q8_0 files matches Ember's to 1e-6, tests/kimi_llama.sh), so
+ *    on them the numbers are printed and only a sanity floor is asserted.
  *  - features: the residual stream after layers 0..2 against transformers' hidden states.
  *  - decoding: prefill 32, then one token at a time, then a block of 8 through verify, gives
  *    the logits of the full forward (1e-4 relative).
@@ -70,17 +68,11 @@ static int setup(void **state) {
     }
     static const char *const convs[][2] = {
         { "kimi_a", "f32" }, { "kimi_a", "q8_0" }, { "kimi_b", "f32" }, { "kimi_b", "q8_0" },
-        { "kimi_b_bf16", "bf16" }, { "kimi_b_bf16", "q8_0" },
+        { "kimi_b_bf16", "bf16" }, { "kimi_b_bf16", "q8_0" }, { "kimi_c", "f32" }, { "kimi_c", "q8_0" },
     };
     for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) {
-        char dir[64];
-        snprintf(dir, sizeof dir, "tests/fixtures/%s", convs[i][0]);
-        int rc = em_test_sh(1, "'%s' convert '%s' -o '%s' --type %s", bin, em_test_src(dir),
-                            model_path(convs[i][0], convs[i][1]), convs[i][1]);
-        if (rc != 0) {
-            fprintf(stderr, "ember convert %s --type %s failed (%d)\n", convs[i][0], convs[i][1], rc);
-            return -1;
-        }
+        char path[600]; /* model_path(convs[i][0], convs[i][1]) */
+        if (em_test_convert_fixture(bin, convs[i][0], convs[i][1], path, sizeof path)) return -1;
     }
     have_models = true;
     return 0;
@@ -118,10 +110,7 @@ static int32_t *seq_tokens(json_t *seq, int *n) {
 static float *seq_logits(json_t *seq, int n, int vocab) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/fixtures/%s", json_string_value(json_object_get(seq, "logits_file")));
-    size_t bytes;
-    float *v = em_test_read(em_test_src(rel), &bytes);
-    assert_int_equal(bytes, (size_t)n * (size_t)vocab * sizeof(float));
-    return v;
+    return em_test_read_f32(em_test_src(rel), (size_t)n * (size_t)vocab);
 }
 
 static em_target *open_model(const char *path, const em_model_opts *opts) {
@@ -267,6 +256,7 @@ static void test_f32_vs_transformers(void **state) {
     NEED_MODELS();
     check_close("kimi_a", "f32", 1e-3);
     check_close("kimi_b", "f32", 1e-3);
+    check_close("kimi_c", "f32", 1e-3);
 }
 
 static void test_bf16_vs_transformers(void **state) {
@@ -275,9 +265,12 @@ static void test_bf16_vs_transformers(void **state) {
     check_close("kimi_b_bf16", "bf16", 1e-2);
 }
 
-static void check_q8(const char *cfg) {
+/* strict: the issue's criterion (argmax >= 98% over all positions, mean KL < 1e-3 for every
+ * sequence); else only a sanity floor (see the top of this file). */
+static void check_q8(const char *cfg, bool strict) {
     em_target *t = open_model(model_path(cfg, "q8_0"), NULL);
     json_t *seqs = sequences(cfg);
+    int agree_total = 0, n_total = 0;
     for (size_t s = 0; s < json_array_size(seqs); s++) {
         json_t *seq = json_array_get(seqs, s);
         int n;
@@ -304,6 +297,9 @@ static void check_q8(const char *cfg) {
         print_message("   %s: whole sequence: argmax %d/%d, mean KL %.3g; before the first routing flip "
                       "(%d positions): argmax %d/%d, mean KL %.3g\n",
                       what, agree_all, n, kl_all / n, flip, agree_pre, flip, flip ? kl_pre / flip : 0.0);
+        agree_total += agree_all;
+        n_total += n;
+        if (strict && kl_all / n >= 1e-3) fail_msg("%s: mean KL %.3g (limit 1e-3)", what, kl_all / n);
         if (agree_all < 0.5 * n) fail_msg("%s: argmax agrees at only %d of %d positions", what, agree_all, n);
         if (kl_all / n >= 1.0) fail_msg("%s: mean KL %.3g", what, kl_all / n);
         free(tok);
@@ -311,15 +307,20 @@ static void check_q8(const char *cfg) {
         free(r.logits);
         free(r.routes);
     }
+    print_message("   %s q8_0: argmax agrees at %d of %d positions (%.1f%%)\n", cfg, agree_total, n_total,
+                  100.0 * agree_total / n_total);
+    if (strict && agree_total < 0.98 * n_total)
+        fail_msg("%s q8_0: argmax agrees at %d of %d positions (< 98%%)", cfg, agree_total, n_total);
     em_target_close(t);
 }
 
 static void test_q8_0_vs_transformers(void **state) {
     (void)state;
     NEED_MODELS();
-    check_q8("kimi_a");
-    check_q8("kimi_b");
-    check_q8("kimi_b_bf16");
+    check_q8("kimi_c", true);
+    check_q8("kimi_a", false);
+    check_q8("kimi_b", false);
+    check_q8("kimi_b_bf16", false);
 }
 
 /* The residual stream after layers 0..2 (captured features) against transformers'
@@ -341,9 +342,7 @@ static void test_features(void **state) {
         int32_t *tok = seq_tokens(seq, &n);
         char rel[256];
         snprintf(rel, sizeof rel, "tests/fixtures/%s", json_string_value(hf));
-        size_t bytes;
-        float *ref = em_test_read(em_test_src(rel), &bytes);
-        assert_int_equal(bytes, (size_t)3 * n * 96 * sizeof(float));
+        float *ref = em_test_read_f32(em_test_src(rel), (size_t)3 * n * 96);
         float *feat = malloc((size_t)n * info->n_feat * sizeof(float));
         em_rows rows = { .features = feat, .logits = NULL };
         em_target_reset(t);
@@ -686,9 +685,7 @@ static void test_cli(void **state) {
     for (int i = 0; i < n; i++) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", tok[i]);
     const char *out = em_test_path("cli.f32");
     assert_int_equal(em_test_sh(1, "'%s' logits -m '%s' --tokens %s -o '%s' --threads 2", bin, model_path("kimi_a", "f32"), list, out), 0);
-    size_t bytes;
-    float *got = em_test_read(out, &bytes);
-    assert_int_equal(bytes, (size_t)n * 512 * sizeof(float));
+    float *got = em_test_read_f32(out, (size_t)n * 512);
     float *ref = seq_logits(seq, n, 512);
     expect_rows_close(got, ref, n, 512, 1e-3, "ember logits");
     free(got);
@@ -697,14 +694,11 @@ static void test_cli(void **state) {
     const char *lf = em_test_path("tokens.txt");
     em_test_write(lf, "1, 2\n3", 6);
     assert_int_equal(em_test_sh(1, "'%s' logits -m '%s' --tokens @%s -o '%s'", bin, model_path("kimi_a", "f32"), lf, out), 0);
-    free(em_test_read(out, &bytes));
-    assert_int_equal(bytes, (size_t)3 * 512 * sizeof(float));
+    free(em_test_read_f32(out, (size_t)3 * 512));
 
     assert_int_equal(em_test_sh(1, "'%s' logits -m '%s' --tokens 1,512 -o '%s'", bin, model_path("kimi_a", "f32"), out), 1);
     size_t elen;
-    char *e = em_test_read(em_test_path("err.txt"), &elen);
-    e = realloc(e, elen + 1);
-    e[elen] = 0;
+    char *e = em_test_read(em_test_path("err.txt"), &elen); /* NUL-terminated */
     assert_non_null(strstr(e, "out of range"));
     free(e);
     assert_int_equal(em_test_sh(1, "'%s' logits -m '%s' --tokens 1,x -o '%s'", bin, model_path("kimi_a", "f32"), out), 1);

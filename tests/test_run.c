@@ -21,14 +21,6 @@
 #include "sample/sample.h"
 #include "text/text.h"
 
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        em_err err_ = { 0 };                                                                   \
-        int rc_ = (call);                                                                      \
-        if (rc_) fail_msg("%s: %d %s", #call, rc_, err_.msg);                                  \
-    } while (0)
-#define E (&err_)
-
 static const char *g_bin;
 static char g_model[600];
 static em_tok *g_tok;
@@ -42,13 +34,7 @@ static int setup(void **state) {
         fprintf(stderr, "EMBER_BIN is not set: run tests are skipped\n");
         return 0;
     }
-    snprintf(g_model, sizeof g_model, "%s", em_test_path("kimi_a_f32.gguf"));
-    int rc = em_test_sh(1, "'%s' convert '%s' -o '%s' --type f32", g_bin, em_test_src("tests/fixtures/kimi_a"),
-                        g_model);
-    if (rc != 0) {
-        fprintf(stderr, "ember convert kimi_a failed (%d)\n", rc);
-        return -1;
-    }
+    if (em_test_convert_fixture(g_bin, "kimi_a", "f32", g_model, sizeof g_model)) return -1;
     em_err err = { 0 };
     em_gguf *g = NULL;
     if (em_gguf_open(&g, g_model, &err) || em_tok_create(&g_tok, g, NULL, &err) ||
@@ -79,13 +65,7 @@ static int run(const char *args) { return em_test_sh(1, "'%s' run -m '%s' %s", g
 
 static char *read_text(const char *name) {
     size_t n;
-    char *raw = em_test_read(em_test_path(name), &n);
-    char *s = malloc(n + 1);
-    assert_non_null(s);
-    memcpy(s, raw, n);
-    s[n] = 0;
-    free(raw);
-    return s;
+    return em_test_read(em_test_path(name), &n);
 }
 
 static void expect_stderr(const char *needle) {

@@ -25,14 +25,6 @@
 #include "spec/spec.h"
 #include "text/text.h"
 
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        em_err err_ = { 0 };                                                                   \
-        int rc_ = (call);                                                                      \
-        if (rc_) fail_msg("%s: %d %s", #call, rc_, err_.msg);                                  \
-    } while (0)
-#define E (&err_)
-
 #define MAX_GEN 64
 
 static char g_model[600];
@@ -48,13 +40,7 @@ static int setup(void **state) {
         fprintf(stderr, "EMBER_BIN is not set: spec tests are skipped\n");
         return 0;
     }
-    snprintf(g_model, sizeof g_model, "%s", em_test_path("kimi_a_f32.gguf"));
-    int rc = em_test_sh(1, "'%s' convert '%s' -o '%s' --type f32", bin, em_test_src("tests/fixtures/kimi_a"),
-                        g_model);
-    if (rc != 0) {
-        fprintf(stderr, "ember convert kimi_a failed (%d)\n", rc);
-        return -1;
-    }
+    if (em_test_convert_fixture(bin, "kimi_a", "f32", g_model, sizeof g_model)) return -1;
     em_err err = { 0 };
     em_gguf *g = NULL;
     em_model_opts mo = { .n_threads = 2 };

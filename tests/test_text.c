@@ -840,7 +840,7 @@ static const char *converted_kimi(bool probe) {
     if (probe && em_test_sh(1, "ln -sf '%s' '%s/tiktoken.model'", em_test_src("tests/data/text/probe.tiktoken"), dir) != 0)
         fail_msg("cannot link the probe vocabulary into %s", dir);
     const char *out = em_test_path(probe ? "probe.gguf" : "kimi_a.gguf");
-    if (em_test_sh(1, "'%s' convert '%s' -o '%s' --type f32", bin, dir, out) != 0) {
+    if (em_test_convert(bin, dir, out, "f32") != 0) {
         size_t n;
         char *msg = em_test_read(em_test_path("err.txt"), &n);
         fail_msg("ember convert failed: %s", msg);

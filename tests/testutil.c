@@ -69,6 +69,14 @@ void *em_test_read(const char *path, size_t *n) {
     return buf;
 }
 
+float *em_test_read_f32(const char *path, size_t n) {
+    size_t bytes;
+    float *v = em_test_read(path, &bytes);
+    if (bytes != n * sizeof(float))
+        fail_msg("%s: %zu bytes, want %zu f32 values (%zu bytes)", path, bytes, n, n * sizeof(float));
+    return v;
+}
+
 int em_test_sh(int capture, const char *fmt, ...) {
     char cmd[8192];
     va_list ap;
@@ -82,6 +90,23 @@ int em_test_sh(int capture, const char *fmt, ...) {
     int rc = system(cmd);
     if (rc == -1) return -1;
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+int em_test_convert(const char *bin, const char *src_dir, const char *out, const char *type) {
+    return em_test_sh(1, "'%s' convert '%s' -o '%s' --type %s", bin, src_dir, out, type);
+}
+
+int em_test_convert_fixture(const char *bin, const char *name, const char *type, char *out,
+                            size_t cap) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/fixtures/%s", name);
+    snprintf(out, cap, "%s/%s_%s.gguf", em_test_dir(), name, type);
+    int rc = em_test_convert(bin, em_test_src(rel), out, type);
+    if (rc != 0) {
+        fprintf(stderr, "ember convert %s --type %s failed (%d)\n", name, type, rc);
+        return -1;
+    }
+    return 0;
 }
 
 uint64_t em_test_rand(uint64_t *s) {

@@ -34,32 +34,15 @@ EMBER="${EMBER_BIN:-$BUILD/ember}"
 REF="$BUILD/compat_llama_ref"
 
 . "$SRC/tests/lib/npm_ggml.sh"
+. "$SRC/tests/lib/check.sh"
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-finish() {
-    echo "$passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit $?
-}
-
-for exe in "$REF" "$EMBER"; do
-    if [ ! -x "$exe" ]; then
-        echo "tokenizer_llama: $exe is missing (build first)"
-        exit 1
-    fi
-done
+em_need_exes tokenizer_llama "$REF" "$EMBER"
 BINS=$(em_npm_ggml_bins "$SRC") || exit $?
 if ! command -v node >/dev/null 2>&1; then
     echo "skipped: node is not installed (it reads the reference texts)"
     exit 77
 fi
-# clang's static ASan runtime needs libstdc++ at start-up (see llama_ref_smoke.sh)
-if nm "$REF" 2>/dev/null | grep -q ' T __asan_init$'; then
-    export LD_PRELOAD="libstdc++.so.6${LD_PRELOAD:+:$LD_PRELOAD}"
-fi
+em_preload_stdcxx_for_asan "$REF"
 
 W="$BUILD/testtmp/tokenizer_llama"
 rm -rf "$W"

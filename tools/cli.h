@@ -28,6 +28,7 @@ extern const em_cmd em_cmd_convert;
 extern const em_cmd em_cmd_logits;
 extern const em_cmd em_cmd_tokenize;
 extern const em_cmd em_cmd_run;
+extern const em_cmd em_cmd_serve;
 extern const em_cmd em_cmd_bench;
 
 #endif

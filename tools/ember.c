@@ -17,6 +17,7 @@ static const em_cmd *const commands[] = {
     &em_cmd_logits,
     &em_cmd_tokenize,
     &em_cmd_run,
+    &em_cmd_serve,
     &em_cmd_bench,
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

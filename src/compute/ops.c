@@ -4,6 +4,8 @@
  * may alias inputs; nothing is allocated. */
 #include "compute/compute.h"
 
+#include "compute/ops_kernels.h"
+
 static double sum_squares(const float *x, int64_t n) {
     double s = 0.0;
     for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
@@ -53,5 +55,16 @@ void em_softmax(float *x, int64_t n) {
 }
 
 void em_axpy(float a, const float *x, int64_t n, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    /* the vector form reads 16 values of x before writing 16 of y: the same result only when
+     * the arrays are one and the same or do not overlap */
+    const uintptr_t xa = (uintptr_t)x, ya = (uintptr_t)y, bytes = (uintptr_t)n * sizeof(float);
+    const bool apart = xa == ya || xa + bytes <= ya || ya + bytes <= xa;
+    if (n >= 16 && apart && em_isa_default() == EM_ISA_AVX512) {
+        em_axpy_avx512(a, x, n, y);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const float p = a * x[i]; /* its own statement: no compiler contracts it into an fma */
+        y[i] += p;
+    }
 }

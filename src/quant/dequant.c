@@ -23,67 +23,34 @@ void em_dequant_f32(const void *src, float *dst, int64_t n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
-void em_dequant_f16(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        dst[i] = em_fp16_to_fp32(h);
+/* One plain element type: load each element of type T from a possibly unaligned address
+ * and convert it with TO_F32. */
+#define EM_DEQUANT_PLAIN(name, T, TO_F32)                                       \
+    void em_dequant_##name(const void *src, float *dst, int64_t n) {            \
+        const uint8_t *p = src;                                                 \
+        for (int64_t i = 0; i < n; i++) {                                       \
+            T v;                                                                \
+            memcpy(&v, p + sizeof v * (size_t)i, sizeof v);                     \
+            dst[i] = TO_F32(v);                                                 \
+        }                                                                       \
     }
-}
 
-void em_dequant_bf16(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        dst[i] = em_bf16_to_fp32(h);
-    }
-}
+#define EM_AS_F32(v) ((float)(v))
+
+EM_DEQUANT_PLAIN(f16, uint16_t, em_fp16_to_fp32)
+EM_DEQUANT_PLAIN(bf16, uint16_t, em_bf16_to_fp32)
 
 /* The integer and f64 types have no to_float in ggml; these are plain C conversions
- * (f64 rounds to nearest, large integers round to the nearest float). */
-void em_dequant_f64(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) {
-        double v;
-        memcpy(&v, p + 8 * i, 8);
-        dst[i] = (float)v;
-    }
-}
+ * (f64 rounds to nearest, large integers round to the nearest float). i64 (llama.cpp's d2t
+ * token maps) is exact for |v| < 2^24, which covers token ids. */
+EM_DEQUANT_PLAIN(f64, double, EM_AS_F32)
+EM_DEQUANT_PLAIN(i8, int8_t, EM_AS_F32)
+EM_DEQUANT_PLAIN(i16, int16_t, EM_AS_F32)
+EM_DEQUANT_PLAIN(i32, int32_t, EM_AS_F32)
+EM_DEQUANT_PLAIN(i64, int64_t, EM_AS_F32)
 
-void em_dequant_i8(const void *src, float *dst, int64_t n) {
-    const int8_t *p = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = (float)p[i];
-}
-
-void em_dequant_i16(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) {
-        int16_t v;
-        memcpy(&v, p + 2 * i, 2);
-        dst[i] = (float)v;
-    }
-}
-
-void em_dequant_i32(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) {
-        int32_t v;
-        memcpy(&v, p + 4 * i, 4);
-        dst[i] = (float)v;
-    }
-}
-
-/* i64 (llama.cpp's d2t token maps): exact for |v| < 2^24, which covers token ids */
-void em_dequant_i64(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, p + 8 * i, 8);
-        dst[i] = (float)v;
-    }
-}
+#undef EM_AS_F32
+#undef EM_DEQUANT_PLAIN
 
 /* ---- 32-value blocks: value j of the first half sits in the low nibble of byte j, value
  * j + 16 in its high nibble ---------------------------------------------------------- */
@@ -234,44 +201,38 @@ static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     }
 }
 
-void em_dequant_q4_K(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n / EM_QK_K; i++, p += sizeof(em_block_q4_K)) {
-        em_block_q4_K blk, *b = &blk;
-        memcpy(b, p, sizeof blk);
-        const float d = em_fp16_to_fp32(b->d);
-        const float dmin = em_fp16_to_fp32(b->dmin);
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            k4_scale_min(b->scales, j, &sc, &m);
-            const float dl = d * (float)sc, ml = dmin * (float)m;
-            const uint8_t *q = b->qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            for (int l = 0; l < 32; l++) *dst++ = dl * (float)((q[l] >> shift) & 0xF) - ml;
-        }
-    }
+/* Code l (0..31) of sub-block j: nibble j%2 of qs[32*(j/2) + l]; Q5_K adds bit j of qh[l]
+ * as its fifth bit. */
+static inline int q4_K_code(const em_block_q4_K *b, int j, int l) {
+    return (b->qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
 }
 
-void em_dequant_q5_K(const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    for (int64_t i = 0; i < n / EM_QK_K; i++, p += sizeof(em_block_q5_K)) {
-        em_block_q5_K blk, *b = &blk;
-        memcpy(b, p, sizeof blk);
-        const float d = em_fp16_to_fp32(b->d);
-        const float dmin = em_fp16_to_fp32(b->dmin);
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            k4_scale_min(b->scales, j, &sc, &m);
-            const float dl = d * (float)sc, ml = dmin * (float)m;
-            const uint8_t *q = b->qs + 32 * (j / 2);
-            const int shift = 4 * (j % 2);
-            for (int l = 0; l < 32; l++) {
-                const int v = ((q[l] >> shift) & 0xF) + (((b->qh[l] >> j) & 1) ? 16 : 0);
-                *dst++ = dl * (float)v - ml;
-            }
-        }
-    }
+static inline int q5_K_code(const em_block_q5_K *b, int j, int l) {
+    return ((b->qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) + (((b->qh[l] >> j) & 1) ? 16 : 0);
 }
+
+/* y = (d * sc) * q - dmin * m, per sub-block of 32. */
+#define EM_DEQUANT_K4(fmt)                                                                  \
+    void em_dequant_##fmt(const void *src, float *dst, int64_t n) {                         \
+        const uint8_t *p = src;                                                             \
+        for (int64_t i = 0; i < n / EM_QK_K; i++, p += sizeof(em_block_##fmt)) {            \
+            em_block_##fmt blk, *b = &blk;                                                  \
+            memcpy(b, p, sizeof blk);                                                       \
+            const float d = em_fp16_to_fp32(b->d);                                          \
+            const float dmin = em_fp16_to_fp32(b->dmin);                                    \
+            for (int j = 0; j < 8; j++) {                                                   \
+                int sc, m;                                                                  \
+                k4_scale_min(b->scales, j, &sc, &m);                                        \
+                const float dl = d * (float)sc, ml = dmin * (float)m;                       \
+                for (int l = 0; l < 32; l++) *dst++ = dl * (float)fmt##_code(b, j, l) - ml; \
+            }                                                                               \
+        }                                                                                   \
+    }
+
+EM_DEQUANT_K4(q4_K)
+EM_DEQUANT_K4(q5_K)
+
+#undef EM_DEQUANT_K4
 
 /* Q6_K: per 128 values, ql[64] and qh[32]. Value 32*k + l (k = 0..3, l = 0..31) takes
  * its low nibble from ql[l + 32*(k%2)] (low nibble for k < 2, high for k >= 2) and its two

@@ -20,28 +20,24 @@ static inline float h2f(uint16_t h) { return em_fp16_to_fp32(h); }
 
 /* ---- float weights (f32 activations) ------------------------------------------------ */
 
-static float dot_f32_scalar(const void *vw, const void *va, int64_t n) {
-    const float *w = vw, *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += w[i] * a[i];
-    return sum;
-}
+#define AS_F32(v) (v)
 
-static float dot_f16_scalar(const void *vw, const void *va, int64_t n) {
-    const uint16_t *w = vw;
-    const float *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += h2f(w[i]) * a[i];
-    return sum;
-}
+/* sum_i w_i * a_i in index order, w_i converted with TO_F32. */
+#define DOT_FLOAT(name, T, TO_F32)                                                \
+    static float dot_##name##_scalar(const void *vw, const void *va, int64_t n) { \
+        const T *w = vw;                                                          \
+        const float *a = va;                                                      \
+        float sum = 0.0f;                                                         \
+        for (int64_t i = 0; i < n; i++) sum += TO_F32(w[i]) * a[i];               \
+        return sum;                                                               \
+    }
 
-static float dot_bf16_scalar(const void *vw, const void *va, int64_t n) {
-    const uint16_t *w = vw;
-    const float *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += em_bf16_to_fp32(w[i]) * a[i];
-    return sum;
-}
+DOT_FLOAT(f32, float, AS_F32)
+DOT_FLOAT(f16, uint16_t, h2f)
+DOT_FLOAT(bf16, uint16_t, em_bf16_to_fp32)
+
+#undef DOT_FLOAT
+#undef AS_F32
 
 /* ---- 32-value blocks with Q8_0 activations ------------------------------------------ */
 
@@ -53,90 +49,69 @@ static inline int nibble(const uint8_t *qs, int j) {
 /* Fifth bit of quant j of a 5-bit block (bit j of the little-endian qh word). */
 static inline int fifth_bit(const uint8_t qh[4], int j) { return (qh[j / 8] >> (j % 8)) & 1; }
 
-static float dot_q8_0_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q8_0 *w = vw, *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / QK8_0; b++) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK8_0; j++) isum += w[b].qs[j] * a[b].qs[j];
-        sum += h2f(w[b].d) * h2f(a[b].d) * (float)isum;
-    }
-    return sum;
+/* Quant j of each 32-value weight format, as the integer it stands for. */
+static const int8_t mxfp4_values[16] = { EM_DOT_MXFP4_VALUES };
+
+static inline int q8_0_quant(const em_block_q8_0 *x, int j) { return x->qs[j]; }
+static inline int q4_0_quant(const em_block_q4_0 *x, int j) { return nibble(x->qs, j) - 8; }
+static inline int q4_1_quant(const em_block_q4_1 *x, int j) { return nibble(x->qs, j); }
+static inline int q5_0_quant(const em_block_q5_0 *x, int j) {
+    return (nibble(x->qs, j) | (fifth_bit(x->qh, j) << 4)) - 16;
+}
+static inline int q5_1_quant(const em_block_q5_1 *x, int j) {
+    return nibble(x->qs, j) | (fifth_bit(x->qh, j) << 4);
+}
+static inline int mxfp4_quant(const em_block_mxfp4 *x, int j) {
+    return mxfp4_values[nibble(x->qs, j)];
 }
 
-static float dot_q4_0_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q4_0 *w = vw;
-    const em_block_q8_0 *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / QK4_0; b++) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK4_0; j++) isum += (nibble(w[b].qs, j) - 8) * a[b].qs[j];
-        sum += h2f(w[b].d) * h2f(a[b].d) * (float)isum;
+/* The weight block's scale: an fp16 d, or MXFP4's e8m0 exponent. */
+#define FP16_D(x) h2f((x)->d)
+#define E8M0_E(x) em_dot_e8m0_half((x)->e)
+
+/* Weights d*q: each block adds d_w * d_a * sum_j q_j a_j. */
+#define DOT_SCALED_32(fmt, SCALE)                                                       \
+    static float dot_##fmt##_scalar(const void *vw, const void *va, int64_t n) {        \
+        const em_block_##fmt *w = vw;                                                   \
+        const em_block_q8_0 *a = va;                                                    \
+        float sum = 0.0f;                                                               \
+        for (int64_t b = 0; b < n / QK8_0; b++) {                                       \
+            int32_t isum = 0;                                                           \
+            for (int j = 0; j < QK8_0; j++) isum += fmt##_quant(&w[b], j) * a[b].qs[j]; \
+            sum += SCALE(&w[b]) * h2f(a[b].d) * (float)isum;                            \
+        }                                                                               \
+        return sum;                                                                     \
     }
-    return sum;
-}
 
 /* Weights d*q + m: the m part multiplies the activation block's own sum. */
-static float dot_q4_1_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q4_1 *w = vw;
-    const em_block_q8_0 *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / QK4_1; b++) {
-        int32_t isum = 0, asum = 0;
-        for (int j = 0; j < QK4_1; j++) {
-            isum += nibble(w[b].qs, j) * a[b].qs[j];
-            asum += a[b].qs[j];
-        }
-        const float da = h2f(a[b].d);
-        sum += h2f(w[b].d) * da * (float)isum + h2f(w[b].m) * da * (float)asum;
+#define DOT_OFFSET_32(fmt)                                                          \
+    static float dot_##fmt##_scalar(const void *vw, const void *va, int64_t n) {    \
+        const em_block_##fmt *w = vw;                                               \
+        const em_block_q8_0 *a = va;                                                \
+        float sum = 0.0f;                                                           \
+        for (int64_t b = 0; b < n / QK8_0; b++) {                                   \
+            int32_t isum = 0, asum = 0;                                             \
+            for (int j = 0; j < QK8_0; j++) {                                       \
+                isum += fmt##_quant(&w[b], j) * a[b].qs[j];                         \
+                asum += a[b].qs[j];                                                 \
+            }                                                                       \
+            const float da = h2f(a[b].d);                                           \
+            sum += h2f(w[b].d) * da * (float)isum + h2f(w[b].m) * da * (float)asum; \
+        }                                                                           \
+        return sum;                                                                 \
     }
-    return sum;
-}
 
-static float dot_q5_0_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q5_0 *w = vw;
-    const em_block_q8_0 *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / QK5_0; b++) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK5_0; j++) {
-            int q = (nibble(w[b].qs, j) | (fifth_bit(w[b].qh, j) << 4)) - 16;
-            isum += q * a[b].qs[j];
-        }
-        sum += h2f(w[b].d) * h2f(a[b].d) * (float)isum;
-    }
-    return sum;
-}
+DOT_SCALED_32(q8_0, FP16_D)
+DOT_SCALED_32(q4_0, FP16_D)
+DOT_SCALED_32(q5_0, FP16_D)
+DOT_SCALED_32(mxfp4, E8M0_E)
+DOT_OFFSET_32(q4_1)
+DOT_OFFSET_32(q5_1)
 
-static float dot_q5_1_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q5_1 *w = vw;
-    const em_block_q8_0 *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / QK5_1; b++) {
-        int32_t isum = 0, asum = 0;
-        for (int j = 0; j < QK5_1; j++) {
-            int q = nibble(w[b].qs, j) | (fifth_bit(w[b].qh, j) << 4);
-            isum += q * a[b].qs[j];
-            asum += a[b].qs[j];
-        }
-        const float da = h2f(a[b].d);
-        sum += h2f(w[b].d) * da * (float)isum + h2f(w[b].m) * da * (float)asum;
-    }
-    return sum;
-}
-
-static float dot_mxfp4_scalar(const void *vw, const void *va, int64_t n) {
-    static const int8_t values[16] = { EM_DOT_MXFP4_VALUES };
-    const em_block_mxfp4 *w = vw;
-    const em_block_q8_0 *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / QK_MXFP4; b++) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK_MXFP4; j++) isum += values[nibble(w[b].qs, j)] * a[b].qs[j];
-        sum += em_dot_e8m0_half(w[b].e) * h2f(a[b].d) * (float)isum;
-    }
-    return sum;
-}
+#undef DOT_OFFSET_32
+#undef DOT_SCALED_32
+#undef E8M0_E
+#undef FP16_D
 
 /* ---- 256-value super-blocks with Q8_K activations ------------------------------------ */
 
@@ -194,50 +169,40 @@ static inline int k_nibble(const uint8_t *qs, int i) {
     return (i / 32) % 2 ? byte >> 4 : byte & 15;
 }
 
-static float dot_q4_K_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q4_K *w = vw;
-    const em_block_q8_K *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / EM_QK_K; b++) {
-        uint8_t sc[8], mn[8];
-        em_dot_k4_scales(w[b].scales, sc, mn);
-        int32_t isum = 0, msum = 0;
-        for (int s = 0; s < 8; s++) {
-            int32_t qsum = 0, asum = 0;
-            for (int i = 32 * s; i < 32 * s + 32; i++) {
-                qsum += k_nibble(w[b].qs, i) * a[b].qs[i];
-                asum += a[b].qs[i];
-            }
-            isum += sc[s] * qsum;
-            msum += mn[s] * asum;
-        }
-        sum += a[b].d * (h2f(w[b].d) * (float)isum - h2f(w[b].dmin) * (float)msum);
-    }
-    return sum;
+static inline int q4_K_quant(const em_block_q4_K *x, int i) { return k_nibble(x->qs, i); }
+/* Q5_K's fifth bit of value i is bit s = i/32 of qh[i%32]. */
+static inline int q5_K_quant(const em_block_q5_K *x, int i) {
+    return k_nibble(x->qs, i) | (((x->qh[i % 32] >> (i / 32)) & 1) << 4);
 }
 
-static float dot_q5_K_scalar(const void *vw, const void *va, int64_t n) {
-    const em_block_q5_K *w = vw;
-    const em_block_q8_K *a = va;
-    float sum = 0.0f;
-    for (int64_t b = 0; b < n / EM_QK_K; b++) {
-        uint8_t sc[8], mn[8];
-        em_dot_k4_scales(w[b].scales, sc, mn);
-        int32_t isum = 0, msum = 0;
-        for (int s = 0; s < 8; s++) {
-            int32_t qsum = 0, asum = 0;
-            for (int i = 32 * s; i < 32 * s + 32; i++) {
-                int q = k_nibble(w[b].qs, i) | (((w[b].qh[i % 32] >> s) & 1) << 4);
-                qsum += q * a[b].qs[i];
-                asum += a[b].qs[i];
-            }
-            isum += sc[s] * qsum;
-            msum += mn[s] * asum;
-        }
-        sum += a[b].d * (h2f(w[b].d) * (float)isum - h2f(w[b].dmin) * (float)msum);
+/* Q4_K / Q5_K: 8 sub-blocks with 6-bit scale and min; y = d*sc*q - dmin*mn. */
+#define DOT_K4(fmt)                                                                     \
+    static float dot_##fmt##_scalar(const void *vw, const void *va, int64_t n) {        \
+        const em_block_##fmt *w = vw;                                                   \
+        const em_block_q8_K *a = va;                                                    \
+        float sum = 0.0f;                                                               \
+        for (int64_t b = 0; b < n / EM_QK_K; b++) {                                     \
+            uint8_t sc[8], mn[8];                                                       \
+            em_dot_k4_scales(w[b].scales, sc, mn);                                      \
+            int32_t isum = 0, msum = 0;                                                 \
+            for (int s = 0; s < 8; s++) {                                               \
+                int32_t qsum = 0, asum = 0;                                             \
+                for (int i = 32 * s; i < 32 * s + 32; i++) {                            \
+                    qsum += fmt##_quant(&w[b], i) * a[b].qs[i];                         \
+                    asum += a[b].qs[i];                                                 \
+                }                                                                       \
+                isum += sc[s] * qsum;                                                   \
+                msum += mn[s] * asum;                                                   \
+            }                                                                           \
+            sum += a[b].d * (h2f(w[b].d) * (float)isum - h2f(w[b].dmin) * (float)msum); \
+        }                                                                               \
+        return sum;                                                                     \
     }
-    return sum;
-}
+
+DOT_K4(q4_K)
+DOT_K4(q5_K)
+
+#undef DOT_K4
 
 /* Q6_K value i: half h = i/128, quarter k = (i/32)%4, l = i%32. Low 4 bits from
  * ql[64h + 32(k%2) + l] (low nibble for k < 2, high for k >= 2), high 2 bits from

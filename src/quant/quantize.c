@@ -55,19 +55,34 @@ static float signed_absmax(const float *x, int n) {
 
 static inline int min_int(int a, int b) { return a < b ? a : b; }
 
+/* The 32 codes of a 4-bit block: code j in the low nibble of byte j, code j + 16 in its high
+ * nibble. Codes are not masked: like ggml, an out-of-range code (non-finite input) spills
+ * into the high nibble. */
+static void pack_q4(const uint8_t q[32], uint8_t qs[16]) {
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+}
+
+/* The 32 codes of a 5-bit block: low 4 bits as in pack_q4 (masked), bit 4 of code j at bit j
+ * of the little-endian qh word. */
+static void pack_q5(const uint8_t q[32], uint8_t qs[16], uint8_t qh[4]) {
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+    for (int j = 0; j < 32; j++) h |= (uint32_t)((q[j] >> 4) & 1) << j;
+    memcpy(qh, &h, 4);
+}
+
 void em_quant_q4_0(const float *src, void *dst, int64_t n) {
     uint8_t *out = dst;
     for (int64_t i = 0; i < n / QK4_0; i++, src += QK4_0, out += sizeof(em_block_q4_0)) {
         em_block_q4_0 b;
         const float d = signed_absmax(src, QK4_0) / -8;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t q[QK4_0];
         b.d = em_fp32_to_fp16(d);
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            /* truncation of x/d + 8.5 is rounding to nearest with ties up, in [0, 16] */
-            const int lo = min_int(15, (int8_t)em_trunc_int(src[j] * id + 8.5f));
-            const int hi = min_int(15, (int8_t)em_trunc_int(src[j + QK4_0 / 2] * id + 8.5f));
-            b.qs[j] = (uint8_t)((uint8_t)lo | (uint8_t)hi << 4);
-        }
+        /* truncation of x/d + 8.5 is rounding to nearest with ties up, in [0, 16] */
+        for (int j = 0; j < QK4_0; j++)
+            q[j] = (uint8_t)min_int(15, (int8_t)em_trunc_int(src[j] * id + 8.5f));
+        pack_q4(q, b.qs);
         memcpy(out, &b, sizeof b);
     }
 }
@@ -78,17 +93,11 @@ void em_quant_q5_0(const float *src, void *dst, int64_t n) {
         em_block_q5_0 b;
         const float d = signed_absmax(src, QK5_0) / -16;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint32_t qh = 0;
+        uint8_t q[QK5_0];
         b.d = em_fp32_to_fp16(d);
-        for (int j = 0; j < QK5_0 / 2; j++) {
-            const uint8_t lo = (uint8_t)min_int(31, (int8_t)em_trunc_int(src[j] * id + 16.5f));
-            const uint8_t hi =
-                (uint8_t)min_int(31, (int8_t)em_trunc_int(src[j + QK5_0 / 2] * id + 16.5f));
-            b.qs[j] = (uint8_t)((lo & 0x0F) | (hi & 0x0F) << 4);
-            qh |= (uint32_t)((lo >> 4) & 1) << j;
-            qh |= (uint32_t)((hi >> 4) & 1) << (j + QK5_0 / 2);
-        }
-        memcpy(b.qh, &qh, 4);
+        for (int j = 0; j < QK5_0; j++)
+            q[j] = (uint8_t)min_int(31, (int8_t)em_trunc_int(src[j] * id + 16.5f));
+        pack_q5(q, b.qs, b.qh);
         memcpy(out, &b, sizeof b);
     }
 }
@@ -131,12 +140,10 @@ void em_quant_q4_1(const float *src, void *dst, int64_t n) {
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         b.d = em_fp32_to_fp16(d);
         b.m = em_fp32_to_fp16(min);
-        for (int j = 0; j < QK4_1 / 2; j++) {
-            const int lo = min_int(15, (int8_t)em_trunc_int((src[j] - min) * id + 0.5f));
-            const int hi =
-                min_int(15, (int8_t)em_trunc_int((src[j + QK4_1 / 2] - min) * id + 0.5f));
-            b.qs[j] = (uint8_t)((uint8_t)lo | (uint8_t)hi << 4);
-        }
+        uint8_t q[QK4_1];
+        for (int j = 0; j < QK4_1; j++)
+            q[j] = (uint8_t)min_int(15, (int8_t)em_trunc_int((src[j] - min) * id + 0.5f));
+        pack_q4(q, b.qs);
         memcpy(out, &b, sizeof b);
     }
 }
@@ -149,18 +156,12 @@ void em_quant_q5_1(const float *src, void *dst, int64_t n) {
         min_max(src, QK5_1, &min, &max);
         const float d = (max - min) / 31;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint32_t qh = 0;
+        uint8_t q[QK5_1];
         b.d = em_fp32_to_fp16(d);
         b.m = em_fp32_to_fp16(min);
-        for (int j = 0; j < QK5_1 / 2; j++) {
-            /* no clamp here in ggml: (x - min) / d + 0.5 stays below 32 for finite x */
-            const uint8_t lo = (uint8_t)em_trunc_int((src[j] - min) * id + 0.5f);
-            const uint8_t hi = (uint8_t)em_trunc_int((src[j + QK5_1 / 2] - min) * id + 0.5f);
-            b.qs[j] = (uint8_t)((lo & 0x0F) | (hi & 0x0F) << 4);
-            qh |= (uint32_t)((lo >> 4) & 1) << j;
-            qh |= (uint32_t)((hi >> 4) & 1) << (j + QK5_1 / 2);
-        }
-        memcpy(b.qh, &qh, 4);
+        /* no clamp here in ggml: (x - min) / d + 0.5 stays below 32 for finite x */
+        for (int j = 0; j < QK5_1; j++) q[j] = (uint8_t)em_trunc_int((src[j] - min) * id + 0.5f);
+        pack_q5(q, b.qs, b.qh);
         memcpy(out, &b, sizeof b);
     }
 }
@@ -190,10 +191,9 @@ void em_quant_mxfp4(const float *src, void *dst, int64_t n) {
         /* the largest code is 6 (12 doubled): scale 2^(floor(log2 amax) - 2) */
         b.e = amax > 0.0f ? (uint8_t)em_trunc_int(floorf(log2f(amax)) - 2 + 127) : 0;
         const float d = em_e8m0_half_to_fp32(b.e);
-        for (int j = 0; j < QK_MXFP4 / 2; j++) {
-            b.qs[j] = (uint8_t)(mxfp4_nearest(src[j], d) |
-                                mxfp4_nearest(src[j + QK_MXFP4 / 2], d) << 4);
-        }
+        uint8_t q[QK_MXFP4];
+        for (int j = 0; j < QK_MXFP4; j++) q[j] = mxfp4_nearest(src[j], d);
+        pack_q4(q, b.qs);
         memcpy(out, &b, sizeof b);
     }
 }

@@ -20,48 +20,59 @@
 
 static inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* The value of largest magnitude (the first one on ties), sign kept; its magnitude goes to
+ * *amax. NaN never wins, as in ggml. */
+static float signed_absmax(const float *x, int n, float *amax) {
+    float a = 0, max = 0;
+    for (int i = 0; i < n; i++) {
+        if (fabsf(x[i]) > a) {
+            a = fabsf(x[i]);
+            max = x[i];
+        }
+    }
+    *amax = a;
+    return max;
+}
+
 /* ---- scale fitting ---------------------------------------------------------------- */
+
+/* Rounds iscale * x[i] to codes l in [-nmax, nmax), stores l + bias in L[i] unless L is NULL,
+ * and returns the x^2-weighted sums of x*l (*sumlx) and l*l (*suml2), in index order. */
+static void round_weighted(int n, int nmax, const float *x, float iscale, int8_t *L, int bias,
+                           float *sumlx, float *suml2) {
+    float slx = 0, sl2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = clamp_int(em_round_int(iscale * x[i]), -nmax, nmax - 1);
+        const float w = x[i] * x[i];
+        if (L) L[i] = (int8_t)(l + bias);
+        slx += w * x[i] * (float)l;
+        sl2 += w * (float)l * (float)l;
+    }
+    *sumlx = slx;
+    *suml2 = sl2;
+}
 
 /* Symmetric fit with an error weight of x^2 (ggml's make_qx_quants, rmse type 1): codes
  * L[i] in [0, 2*nmax) stand for L[i] - nmax. Starts from the scale that maps the value of
  * largest magnitude to -nmax, then tries 18 nearby scales and keeps the one with the best
  * weighted least-squares fit. Returns the fitted scale (0 for an all-zero group). */
 static float fit_symmetric(int n, int nmax, const float *x, int8_t *L) {
-    float amax = 0, max = 0;
-    for (int i = 0; i < n; i++) {
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = signed_absmax(x, n, &amax);
     if (amax < GROUP_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        const int l = clamp_int(em_round_int(iscale * x[i]), -nmax, nmax - 1);
-        const float w = x[i] * x[i];
-        L[i] = (int8_t)(l + nmax);
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
-    }
+    float sumlx, suml2;
+    round_weighted(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
     float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
         if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            const int l = clamp_int(em_round_int(iscale * x[i]), -nmax, nmax - 1);
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * (float)l;
-            suml2 += w * (float)l * (float)l;
-        }
+        const float iscale = -((float)nmax + 0.1f * (float)is) / max;
+        round_weighted(n, nmax, x, iscale, NULL, 0, &sumlx, &suml2);
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++)
-                L[i] = (int8_t)(nmax + clamp_int(em_round_int(iscale * x[i]), -nmax, nmax - 1));
+            round_weighted(n, nmax, x, iscale, L, nmax, &sumlx, &suml2); /* same sums */
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -73,26 +84,14 @@ static float fit_symmetric(int n, int nmax, const float *x, int8_t *L) {
  * scale, then up to 5 rounds of coordinate descent, moving one code at a time when that
  * improves the x^2-weighted fit. Codes L[i] in [0, 2*nmax) stand for L[i] - nmax. */
 static float fit_symmetric_q3(int n, int nmax, const float *x, int8_t *L) {
-    float amax = 0, max = 0;
-    for (int i = 0; i < n; i++) {
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = signed_absmax(x, n, &amax);
     if (amax < GROUP_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
-    const float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        const int l = clamp_int(em_round_int(iscale * x[i]), -nmax, nmax - 1);
-        const float w = x[i] * x[i];
-        L[i] = (int8_t)l;
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
-    }
+    float sumlx, suml2;
+    round_weighted(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
     for (int round = 0; round < 5; round++) {
         int changed = 0;
         for (int i = 0; i < n; i++) {
@@ -245,15 +244,9 @@ static void quant_block_q2_K(const float *x, em_block_q2_K *b) {
 
 static void quant_block_q3_K(const float *x, em_block_q3_K *b) {
     int8_t L[EM_QK_K];
-    float scales[16];
-    float max_scale = 0, amax = 0;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = fit_symmetric_q3(16, 4, x + 16 * j, L + 16 * j);
-        if (fabsf(scales[j]) > amax) {
-            amax = fabsf(scales[j]);
-            max_scale = scales[j];
-        }
-    }
+    float scales[16], amax;
+    for (int j = 0; j < 16; j++) scales[j] = fit_symmetric_q3(16, 4, x + 16 * j, L + 16 * j);
+    const float max_scale = signed_absmax(scales, 16, &amax);
     /* 6-bit scales biased by 32: low nibbles in scales[0..7], 2 high bits in [8..11] */
     memset(b->scales, 0, sizeof b->scales);
     if (max_scale != 0.0f) {
@@ -371,15 +364,9 @@ static void quant_block_q5_K(const float *x, em_block_q5_K *b) {
 
 static void quant_block_q6_K(const float *x, em_block_q6_K *b) {
     int8_t L[EM_QK_K];
-    float scales[16];
-    float max_scale = 0, max_abs_scale = 0;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
-        if (fabsf(scales[j]) > max_abs_scale) {
-            max_abs_scale = fabsf(scales[j]);
-            max_scale = scales[j];
-        }
-    }
+    float scales[16], max_abs_scale;
+    for (int j = 0; j < 16; j++) scales[j] = fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
+    const float max_scale = signed_absmax(scales, 16, &max_abs_scale);
     if (max_abs_scale < GROUP_EPS) {
         memset(b, 0, sizeof *b);
         return;
@@ -413,13 +400,8 @@ static void quant_block_q6_K(const float *x, em_block_q6_K *b) {
 /* ---- Q8_K (activations): float scale, codes in [-127, 127], sums of 16 ------------ */
 
 static void quant_block_q8_K(const float *x, em_block_q8_K *b) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < EM_QK_K; j++) {
-        if (fabsf(x[j]) > amax) {
-            amax = fabsf(x[j]);
-            max = x[j];
-        }
-    }
+    float amax;
+    const float max = signed_absmax(x, EM_QK_K, &amax);
     if (amax == 0.0f) {
         memset(b, 0, sizeof *b); /* ggml leaves bsums untouched here; zero is their value */
         return;

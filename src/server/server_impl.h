@@ -38,7 +38,7 @@ typedef struct em_srv_model_ctx {
 } em_srv_model_ctx;
 
 #define EM_SRV_MAX_STOP 16       /* stop strings per request */
-#define EM_SRV_MAX_STOP_LEN 1024 /* bytes per stop string */
+#define EM_SRV_MAX_STOP_LEN 256  /* bytes per stop string */
 #define EM_SRV_MAX_DEPTH 64      /* JSON nesting accepted (checked before parsing) */
 
 /* A parsed, validated generation request. */
@@ -95,8 +95,10 @@ char *em_srv_chunk_json(const em_srv_meta *mt, bool role, const char *text, size
                         const em_srv_stats *st, bool usage_null);
 /* The chunk that carries usage after the last one (choices: []). */
 char *em_srv_usage_chunk_json(const em_srv_meta *mt, const em_srv_stats *st);
-/* Appends {"prompt_tokens", ...} usage and timings objects (for tests and the responses). */
-int em_srv_usage_timings(const em_srv_stats *st, void *json_usage, void *json_timings);
+
+/* GET /v1/models and GET /props of a ready server (free()); NULL when memory runs out. */
+char *em_srv_models_json(const em_server *s);
+char *em_srv_props_json(const em_server *s);
 
 /* ---- stop strings (stop.c) ------------------------------------------------------------- */
 
@@ -137,8 +139,7 @@ enum em_srv_route {
 };
 const char *em_srv_route_name(int route);
 
-typedef struct em_srv_metrics {
-    pthread_mutex_t mu;
+typedef struct em_srv_counters {
     uint64_t http[EM_ROUTE_COUNT][3]; /* responses per route: 2xx/3xx, 4xx, 5xx */
     uint64_t rejected;                /* 503 because the queue was full */
     uint64_t cancelled;               /* generations stopped because the client went away */
@@ -147,6 +148,11 @@ typedef struct em_srv_metrics {
     double prompt_seconds, gen_seconds;
     uint64_t passes, drafted, accepted;
     uint64_t expert_bytes_read, expert_hits, expert_misses;
+} em_srv_counters;
+
+typedef struct em_srv_metrics {
+    pthread_mutex_t mu;
+    em_srv_counters c;
 } em_srv_metrics;
 
 void em_srv_metrics_init(em_srv_metrics *m);
@@ -216,6 +222,7 @@ int em_srv_worker_start(em_server *s, em_err *err);
 void em_srv_worker_stop(em_server *s);
 /* A new job for req (taken over: req is left empty), one reference held by the caller. */
 em_srv_job *em_srv_job_create(em_server *s, em_srv_req *req, int client_fd);
+void em_srv_job_ref(em_srv_job *j);
 void em_srv_job_unref(em_srv_job *j);
 /* Queues j (taking a reference for the worker); -1 when the queue is full or stopping. */
 int em_srv_job_submit(em_srv_job *j, em_srv_error *e);
@@ -224,8 +231,10 @@ void em_srv_job_wait(em_srv_job *j);
 /* Streaming: copies up to max pending bytes into buf, waiting for some; 0 when the stream
  * is over and drained. */
 size_t em_srv_job_read(em_srv_job *j, char *buf, size_t max);
-/* A fresh random-looking id with prefix into out[cap] (under the server mutex). */
+/* A fresh random-looking id with prefix into out[cap]; em_srv_random: 64 such bits (a
+ * request's seed when it gives none). Not cryptographic. */
 void em_srv_make_id(em_server *s, const char *prefix, char *out, size_t cap);
+uint64_t em_srv_random(em_server *s);
 
 /* http.c */
 int em_srv_http_start(em_server *s, em_err *err);

@@ -100,7 +100,7 @@ void em_spec_free(em_spec *s) {
 
 static int check_call(const em_spec *s, const int32_t *prompt, int n_prompt, const em_spec_params *p,
                       em_err *err) {
-    if (!p) return em_err_set(err, EM_EINVAL, "generate: no parameters");
+    if (!s || !p) return em_err_set(err, EM_EINVAL, "generate: no %s", s ? "parameters" : "session");
     if (p->n_max < 1) return em_err_set(err, EM_EINVAL, "generate: n_max is %d; it must be at least 1", p->n_max);
     if (n_prompt < 1 || !prompt)
         return em_err_set(err, EM_EINVAL, "generate: the prompt is empty (at least one token is needed)");

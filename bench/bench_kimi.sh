@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# bench/bench_kimi.sh: Ember vs llama.cpp speed on a kimi-linear model large enough to be
+# memory-bound (issue 4). Builds once, and caches, a synthetic Kimi-Linear checkpoint with
+# random weights (tests/compat/synth_ckpt.c) converted by `ember convert --type q8_0`, then
+# runs `ember bench` and llama.cpp's prebuilt (`compat_llama_ref bench`, the npm package
+# @node-llama-cpp/linux-x64@3.22.1) alternately REPS times with the same thread count, and
+# prints prompt tok/s (N_PROMPT tokens in one prefill) and decode tok/s (N_GEN single-token
+# steps) as min / median / max per engine and the ratio of the medians (Ember / llama.cpp).
+#
+#   bash bench/bench_kimi.sh [BUILD_DIR]
+#
+# BUILD_DIR (default build) holds ember, compat_synth_ckpt and compat_llama_ref. Env knobs:
+#   THREADS (2), REPS (5), N_PROMPT (512), N_GEN (64), WARMUP (1: untimed repetitions in each
+#   process before its timed one), VERIFY_WIDTH (1; W > 1 times verify(W)+commit(W) steps in
+#   Ember and W-token batches in llama.cpp, as rows/s), WORK (cache folder, default
+#   build/bench of the source tree), SYNTH_ARGS (the geometry, below), KEEP_JSON (1: keep the
+#   per-run JSON lines in WORK/runs-*.jsonl).
+#
+# Default geometry (Kimi-Linear's shape, scaled): hidden 2048, 12 layers of which every 4th is
+# MLA (layers 3, 7, 11; the other 9 KDA with 16 heads x 128), 16 MLA heads (kv_lora 512, nope
+# 128, rope 64, v 128), layer 0 a dense SwiGLU of 4096, layers 1-11 MoE with 32 experts of 512
+# (8 per token) plus one shared expert of 512, vocabulary 32768. 1.50 G parameters = 1.60 GB
+# at Q8_0 (3.0 GB of BF16 safetensors while converting, deleted afterwards). Per token a
+# decode step reads ~0.64 GB of weights: attention 0.21 GB, routed experts 0.29 GB, LM head
+# 0.07 GB, dense + shared MLPs 0.06 GB.
+#
+# llama.cpp runs with its own defaults for speed: F16 K/V cache, flash attention auto,
+# n_ubatch 512, weights mmap'd (and repacked where its CPU backend has a repacked layout);
+# n_threads = n_threads_batch = THREADS. Ember runs with its defaults (prefill ubatch 128).
+set -eu
+
+SRC="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD="$(cd "${1:-$SRC/build}" && pwd)"
+THREADS="${THREADS:-2}"
+REPS="${REPS:-5}"
+N_PROMPT="${N_PROMPT:-512}"
+N_GEN="${N_GEN:-64}"
+WARMUP="${WARMUP:-1}"
+VERIFY_WIDTH="${VERIFY_WIDTH:-1}"
+WORK="${WORK:-$SRC/build/bench}"
+SYNTH_ARGS="${SYNTH_ARGS:---hidden 2048 --layers 12 --mla-every 4 --heads 16 --experts 32 --top-k 8 --ff-exp 512 --ff 4096 --vocab 32768 --seed 7}"
+EMBER="$BUILD/ember"
+SYNTH="$BUILD/compat_synth_ckpt"
+REF="$BUILD/compat_llama_ref"
+
+for f in "$EMBER" "$SYNTH" "$REF"; do
+    [ -x "$f" ] || { echo "bench_kimi: $f is missing (build first)" >&2; exit 1; }
+done
+command -v python3 >/dev/null || { echo "bench_kimi: python3 is needed for the table" >&2; exit 1; }
+. "$SRC/tests/lib/npm_ggml.sh"
+BINS=$(em_npm_ggml_bins "$SRC") || exit $?
+
+# ---- the model (cached: rebuilt only when SYNTH_ARGS change) ------------------------------
+mkdir -p "$WORK"
+MODEL="$WORK/kimi-bench-q8_0.gguf"
+if [ ! -f "$MODEL" ] || [ "$(cat "$MODEL.args" 2>/dev/null)" != "$SYNTH_ARGS" ]; then
+    rm -f "$MODEL" "$MODEL.args"
+    trap 'rm -rf "$WORK/ckpt" "$MODEL.partial"' EXIT
+    echo "== writing the synthetic checkpoint ($SYNTH_ARGS)"
+    # shellcheck disable=SC2086
+    bytes=$("$SYNTH" "$WORK/ckpt" $SYNTH_ARGS)
+    echo "   $bytes bytes of BF16 tensors"
+    echo "== converting to Q8_0"
+    "$EMBER" convert "$WORK/ckpt" -o "$MODEL.partial" --type q8_0 >"$WORK/convert.txt"
+    rm -rf "$WORK/ckpt"
+    mv "$MODEL.partial" "$MODEL"
+    printf '%s\n' "$SYNTH_ARGS" >"$MODEL.args"
+    trap - EXIT
+fi
+echo "model: $MODEL ($(du -h "$MODEL" | cut -f1)), geometry: $SYNTH_ARGS"
+
+# ---- alternating runs ---------------------------------------------------------------------
+COMMON=(-p "$N_PROMPT" -n "$N_GEN" --threads "$THREADS" --reps 1 --warmup "$WARMUP" --verify-width "$VERIFY_WIDTH" --json)
+EM_CMD=("$EMBER" bench -m "$MODEL" "${COMMON[@]}")
+LL_CMD=("$REF" bench "$BINS" "$MODEL" "${COMMON[@]}")
+echo "ember:     ${EM_CMD[*]}"
+echo "llama.cpp: ${LL_CMD[*]}"
+EM_OUT="$WORK/runs-ember.jsonl"
+LL_OUT="$WORK/runs-llama.jsonl"
+: >"$EM_OUT"
+: >"$LL_OUT"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+for r in $(seq 1 "$REPS"); do
+    "${EM_CMD[@]}" >>"$EM_OUT"
+    "${LL_CMD[@]}" >>"$LL_OUT" 2>"$WORK/llama.err" || { cat "$WORK/llama.err" >&2; exit 1; }
+    echo "   run $r/$REPS done (load $(cut -d' ' -f1 /proc/loadavg))"
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+python3 - "$EM_OUT" "$LL_OUT" "$load_before" "$load_after" <<'EOF'
+import json, statistics, sys
+em = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ll = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+def runs(rows, key):
+    return [v for r in rows if key in r for v in r[key]["runs"]]
+first = ll[0]
+w = first["verify_width"]
+print()
+print(f"threads {first['threads']}, {len(em)} alternating runs per engine, prompt {first['n_prompt']} tokens, "
+      f"decode {first['n_gen']} steps of {w} row(s)")
+print(f"llama.cpp: n_batch {first['n_batch']}, n_ubatch {first['n_ubatch']}, flash attention "
+      f"{first['flash_attn']}, {first['kv_types']}")
+print(f"load average (1/5/15 min) before: {sys.argv[3]}, after: {sys.argv[4]}")
+print()
+hdr = f"| {'metric':<16} | {'Ember min / median / max':>28} | {'llama.cpp min / median / max':>28} | {'Ember/llama':>11} |"
+print(hdr)
+print("|" + "-" * 18 + "|" + "-" * 30 + "|" + "-" * 30 + "|" + "-" * 13 + "|")
+for key, name in (("prompt", "prompt tok/s"), ("decode", "decode tok/s" if w == 1 else f"verify{w} rows/s")):
+    a, b = runs(em, key), runs(ll, key)
+    if not a or not b:
+        continue
+    fa = f"{min(a):.2f} / {statistics.median(a):.2f} / {max(a):.2f}"
+    fb = f"{min(b):.2f} / {statistics.median(b):.2f} / {max(b):.2f}"
+    ratio = statistics.median(a) / statistics.median(b)
+    print(f"| {name:<16} | {fa:>28} | {fb:>28} | {ratio:>10.2f}x |")
+EOF
+[ "${KEEP_JSON:-0}" = 1 ] || rm -f "$EM_OUT" "$LL_OUT" "$WORK/llama.err"

@@ -1,0 +1,165 @@
+/* AVX-512 VNNI register-tiled product of Q8_0 weight rows and Q8_0 activation rows (the
+ * prefill and wide-verify path of em_matmul_act). A tile of TILE_R weight rows x TILE_J
+ * activation rows walks the rows four blocks at a time: every 64-byte load of quants feeds
+ * several products, the offset correction dpbusd(0x80, y) and the scale conversions are made
+ * once per activation (weight) row instead of once per pair, and the per-block scale
+ * products come from pre-spread vectors.
+ *
+ * Invariant: each output is computed with exactly the operations of dot_q8_0_avx512
+ * (quant/dot_avx512.c) in the same order: per two blocks p = dpbusd(u, y) - dpbusd(0x80, y)
+ * with u = q_w ^ 0x80 (exact int32), acc = fma(d_w * d_a spread over the two blocks'
+ * lanes, float(p), acc) into two accumulators (blocks 4k, 4k+1 and 4k+2, 4k+3), the same
+ * horizontal sum of acc0 + acc1, and the AVX2 kernel for the last cols/32 % 4 blocks. So the
+ * result is bit-identical to the dot product the single-row path would give, and a row never
+ * depends on which rows it was tiled with (tests/test_compute.c checks this). If that dot
+ * kernel's arithmetic changes, this file must follow. */
+#include "compute/matmul_kernels.h"
+
+#include <immintrin.h>
+
+#include "quant/blocks.h"
+
+#define TILE_R 2
+#define TILE_J 4
+#define UNROLL _Pragma("GCC unroll 8")
+
+static inline __m512i pair_quants(const em_block_q8_0 *b) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
+    const __m256i hi = _mm256_loadu_si256((const __m256i *)b[1].qs);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* d of four consecutive blocks as floats (fp16 -> fp32 is exact however it is done). */
+static inline __m128 scales4(const em_block_q8_0 *b) {
+    return _mm_cvtph_ps(_mm_setr_epi16((short)b[0].d, (short)b[1].d, (short)b[2].d, (short)b[3].d, 0, 0, 0, 0));
+}
+
+/* Lanes 0..7 get s[first], lanes 8..15 s[first + 1]: the scales of two blocks over the int32
+ * lanes their dpbusd sums land in. */
+static inline __m512 spread_pair(__m128 s, int first) {
+    const __m512i idx = _mm512_set_epi32(first + 1, first + 1, first + 1, first + 1, first + 1, first + 1, first + 1,
+                                         first + 1, first, first, first, first, first, first, first, first);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
+}
+
+/* The horizontal sums of quant/dot_avx512.c, in its order. */
+static inline float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hsum512_ps(__m512 v) {
+    return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* One tile of R weight rows x J activation rows (R <= TILE_R, J <= TILE_J, constants at
+ * every call so the arrays live in registers). */
+static inline __attribute__((always_inline)) void tile(const uint8_t *w, uint64_t row_bytes, const uint8_t *act,
+                                                        uint64_t stride, int64_t nb, float *y, int64_t ldy,
+                                                        em_dot_fn tail, const int R, const int J) {
+    const __m512i off = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    __m512 acc0[TILE_R][TILE_J], acc1[TILE_R][TILE_J];
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int j = 0; j < J; j++) acc0[r][j] = acc1[r][j] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        __m512i u0[TILE_R], u1[TILE_R];
+        __m512 w0[TILE_R], w1[TILE_R];
+        UNROLL for (int r = 0; r < R; r++) {
+            const em_block_q8_0 *wr = (const em_block_q8_0 *)(const void *)(w + (uint64_t)r * row_bytes) + b;
+            u0[r] = _mm512_xor_si512(pair_quants(wr), off);
+            u1[r] = _mm512_xor_si512(pair_quants(wr + 2), off);
+            const __m128 s = scales4(wr);
+            w0[r] = spread_pair(s, 0);
+            w1[r] = spread_pair(s, 2);
+        }
+        UNROLL for (int j = 0; j < J; j++) {
+            const em_block_q8_0 *aj = (const em_block_q8_0 *)(const void *)(act + (uint64_t)j * stride) + b;
+            const __m512i y0 = pair_quants(aj), y1 = pair_quants(aj + 2);
+            const __m512i c0 = _mm512_dpbusd_epi32(zero, off, y0), c1 = _mm512_dpbusd_epi32(zero, off, y1);
+            const __m128 s = scales4(aj);
+            const __m512 a0 = spread_pair(s, 0), a1 = spread_pair(s, 2);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m512i p0 = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u0[r], y0), c0);
+                const __m512i p1 = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u1[r], y1), c1);
+                acc0[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(w0[r], a0), _mm512_cvtepi32_ps(p0), acc0[r][j]);
+                acc1[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(w1[r], a1), _mm512_cvtepi32_ps(p1), acc1[r][j]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int j = 0; j < J; j++) {
+            float sum = hsum512_ps(_mm512_add_ps(acc0[r][j], acc1[r][j]));
+            if (b < nb)
+                sum += tail(w + (uint64_t)r * row_bytes + (uint64_t)b * sizeof(em_block_q8_0),
+                            act + (uint64_t)j * stride + (uint64_t)b * sizeof(em_block_q8_0), (nb - b) * 32);
+            y[j * ldy + r] = sum;
+        }
+}
+
+/* R weight rows against activation rows [0, nj) in tiles of TILE_J. */
+static inline __attribute__((always_inline)) void row_group(const uint8_t *w, uint64_t row_bytes,
+                                                             const uint8_t *act, uint64_t stride, int64_t nj,
+                                                             int64_t nb, float *y, int64_t ldy, em_dot_fn tail,
+                                                             const int R) {
+    int64_t j = 0;
+    for (; j + TILE_J <= nj; j += TILE_J)
+        tile(w, row_bytes, act + (uint64_t)j * stride, stride, nb, y + j * ldy, ldy, tail, R, TILE_J);
+    const uint8_t *a = act + (uint64_t)j * stride;
+    float *yj = y + j * ldy;
+    switch (nj - j) {
+    case 3: tile(w, row_bytes, a, stride, nb, yj, ldy, tail, R, 3); break;
+    case 2: tile(w, row_bytes, a, stride, nb, yj, ldy, tail, R, 2); break;
+    case 1: tile(w, row_bytes, a, stride, nb, yj, ldy, tail, R, 1); break;
+    default: break;
+    }
+}
+
+void em_mm_q8_0_avx512(const void *w, uint64_t row_bytes, int64_t nr, const void *act,
+                       uint64_t stride, int64_t nj, int64_t cols, float *y, int64_t ldy,
+                       em_dot_fn tail) {
+    const uint8_t *wb = w;
+    const int64_t nb = cols / 32;
+    int64_t r = 0;
+    for (; r + TILE_R <= nr; r += TILE_R)
+        row_group(wb + (uint64_t)r * row_bytes, row_bytes, act, stride, nj, nb, y + r, ldy, tail, TILE_R);
+    if (r < nr) row_group(wb + (uint64_t)r * row_bytes, row_bytes, act, stride, nj, nb, y + r, ldy, tail, 1);
+}
+
+/* ---- activation rows to Q8_0 ---------------------------------------------------------------
+ * The reference quantizer (em_quantize, Q8_0) per 32 values: amax = max |x|, d = amax / 127,
+ * id = 1 / d (0 when d is 0), q = (int8) roundf(x * id), d stored as fp16 (nearest even).
+ * Here the same IEEE operations sixteen at a time; roundf's halves-away-from-zero is exact
+ * through the truncated value and its exact remainder. A block holding a NaN or an infinity
+ * goes to the reference (its NaN rules depend on the value order). */
+#define FP_SPECIAL (0x01 | 0x08 | 0x10 | 0x80) /* fpclass: QNaN, +inf, -inf, SNaN */
+
+static inline __m512 round_half_away(__m512 v) {
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t)); /* exact */
+    const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+void em_act_q8_0_avx512(const float *x, void *out, int64_t n) {
+    em_block_q8_0 *o = out;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        if (_mm512_fpclass_ps_mask(v0, FP_SPECIAL) | _mm512_fpclass_ps_mask(v1, FP_SPECIAL)) {
+            (void)em_quantize(EM_TYPE_Q8_0, x, &o[i], 32, NULL);
+            continue;
+        }
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = amax / 127;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i q0 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(v0, vid)));
+        const __m512i q1 = _mm512_cvttps_epi32(round_half_away(_mm512_mul_ps(v1, vid)));
+        o[i].d = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT), 0);
+        _mm_storeu_si128((__m128i *)(void *)o[i].qs, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(void *)(o[i].qs + 16), _mm512_cvtepi32_epi8(q1));
+    }
+}

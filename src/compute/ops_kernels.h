@@ -1,0 +1,11 @@
+/* Internal to compute/: SIMD forms of row ops (ops_avx512.c), bit-identical to the scalar
+ * loops of ops.c, which dispatches to them (em_isa_default() == EM_ISA_AVX512). */
+#ifndef EM_COMPUTE_OPS_KERNELS_H
+#define EM_COMPUTE_OPS_KERNELS_H
+
+#include <stdint.h>
+
+/* y += a * x over n values; x and y do not overlap, or are the same array. */
+void em_axpy_avx512(float a, const float *x, int64_t n, float *y);
+
+#endif

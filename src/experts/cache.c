@@ -1,0 +1,466 @@
+/* experts/cache: a byte-budgeted cache of expert slots over the store, and the per-layer run
+ * that serves a route union from it. A slot is one EM_DIRECT_ALIGN-aligned buffer holding
+ * the three parts, each widened to the alignment (so O_DIRECT can read it in place).
+ * Invariants: used <= budget at all times; a slot is in the index only once fully read; a
+ * pinned slot (in use by the current run) is never evicted; a run that fails leaves no pin
+ * and no partial slot. Victims: LRU (oldest access) or LFU with exponential aging (lowest
+ * decayed access count; the history covers every expert, resident or not), ties to LRU. */
+#include "experts/experts_impl.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct slot {
+    int layer, expert;
+    uint8_t *buf;
+    uint64_t bytes;
+    int pins;
+} slot;
+
+typedef struct expert_meta {  /* per (layer, expert), resident or not */
+    int slot;                 /* index in slots, -1 when not resident */
+    uint64_t last;            /* tick of the last access */
+    double freq;              /* decayed access count as of `last` */
+    uint64_t run;             /* id of the last run that listed it (duplicate check) */
+} expert_meta;
+
+struct em_expert_cache {
+    const em_expert_store *store;
+    em_expert_cache_opts opts;
+    em_xio *io;
+    int n_layers;
+    int *layer_base;          /* [n_layers + 1] index of (layer, 0) in meta */
+    expert_meta *meta;
+    uint64_t *slot_bytes;     /* [n_layers] */
+    uint64_t (*part_off)[EM_EXPERT_NPARTS]; /* [n_layers] offset of each part in a slot */
+    slot *slots;
+    int n_slots, cap_slots;
+    uint64_t used, tick, runs;
+    em_expert_stats *stats;   /* [n_layers] */
+    /* a run's scratch, sized for the largest layer (a run never lists more experts) */
+    int *hit;
+    uint64_t (*miss)[2];
+    struct pending *batch;
+    em_xio_req *reqs;
+};
+
+typedef struct pending {
+    int idx;           /* in the union */
+    uint8_t *buf;
+    uint64_t bytes;
+} pending;
+
+static uint64_t widened(uint64_t offset, uint64_t bytes) {
+    return em_align_up(offset + bytes, EM_DIRECT_ALIGN) - offset / EM_DIRECT_ALIGN * EM_DIRECT_ALIGN;
+}
+
+/* Slot layout per layer: the parts back to back, each at an aligned offset and as long as
+ * the widest any expert of the layer needs once widened to the alignment. */
+static int plan_layer(em_expert_cache *c, int l, em_err *err) {
+    const em_expert_layer *L = em_expert_store_layer(c->store, l);
+    uint64_t off = 0;
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+        c->part_off[l][p] = off;
+        uint64_t w = 0;
+        for (int e = 0; e < L->n_expert; e++) {
+            em_expert_range r;
+            em_expert_store_range(c->store, l, e, p, &r, NULL);
+            uint64_t we = widened(r.offset, r.bytes);
+            if (we > w) w = we;
+            if (w == em_align_up(r.bytes, EM_DIRECT_ALIGN) + EM_DIRECT_ALIGN) break; /* the most */
+        }
+        if (em_add_overflow(off, w, &off))
+            return em_err_set(err, EM_EOVERFLOW, "expert slot of layer %d overflows", l);
+    }
+    c->slot_bytes[l] = off;
+    return EM_OK;
+}
+
+int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
+                           const em_expert_cache_opts *opts, em_err *err) {
+    *out = NULL;
+    em_expert_cache *c = em_calloc(1, sizeof *c, "expert cache", err);
+    if (!c) return EM_ENOMEM;
+    c->store = s;
+    c->opts = *opts;
+    c->n_layers = em_expert_store_n_layers(s);
+    size_t nl = (size_t)c->n_layers + 1;
+    c->layer_base = em_calloc(nl, sizeof *c->layer_base, "expert cache index", err);
+    c->slot_bytes = em_calloc(nl, sizeof *c->slot_bytes, "expert cache slots", err);
+    c->part_off = em_calloc(nl, sizeof *c->part_off, "expert cache slots", err);
+    c->stats = em_calloc(nl, sizeof *c->stats, "expert cache stats", err);
+    int rc = c->layer_base && c->slot_bytes && c->part_off && c->stats ? EM_OK : EM_ENOMEM;
+    uint64_t largest = 0;
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        c->layer_base[l + 1] = c->layer_base[l] + em_expert_store_layer(s, l)->n_expert;
+        rc = plan_layer(c, l, err);
+        if (!rc && c->slot_bytes[l] > largest) largest = c->slot_bytes[l];
+    }
+    if (!rc) {
+        size_t n_meta = (size_t)c->layer_base[c->n_layers];
+        c->meta = em_calloc(n_meta ? n_meta : 1, sizeof *c->meta, "expert cache index", err);
+        if (!c->meta) rc = EM_ENOMEM;
+        for (size_t i = 0; !rc && i < n_meta; i++) c->meta[i].slot = -1;
+    }
+    if (!rc && opts->budget < largest) {
+        char a[32], b[32];
+        rc = em_err_set(err, EM_EINVAL, "expert cache budget %s is smaller than one expert (%s)",
+                        em_format_size(opts->budget, a, sizeof a), em_format_size(largest, b, sizeof b));
+    }
+    int max_x = 1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (em_expert_store_layer(s, l)->n_expert > max_x) max_x = em_expert_store_layer(s, l)->n_expert;
+    if (!rc) {
+        c->hit = em_calloc((size_t)max_x, sizeof *c->hit, "expert run scratch", err);
+        c->miss = em_calloc((size_t)max_x, sizeof *c->miss, "expert run scratch", err);
+        c->batch = em_calloc((size_t)max_x, sizeof(pending), "expert run scratch", err);
+        c->reqs = em_calloc((size_t)max_x * EM_EXPERT_NPARTS, sizeof *c->reqs, "expert run scratch", err);
+        if (!c->hit || !c->miss || !c->batch || !c->reqs) rc = EM_ENOMEM;
+    }
+    if (!rc && c->opts.lfu_halflife <= 0)
+        c->opts.lfu_halflife = 8.0 * (double)(opts->budget / (largest ? largest : 1));
+    if (!rc) rc = em_xio_open(&c->io, s, opts->io, opts->buffered, err);
+    if (rc) {
+        em_expert_cache_free(c);
+        return rc;
+    }
+    *out = c;
+    return EM_OK;
+}
+
+void em_expert_cache_free(em_expert_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_slots; i++) free(c->slots[i].buf);
+    free(c->slots);
+    em_xio_close(c->io);
+    free(c->meta);
+    free(c->layer_base);
+    free(c->slot_bytes);
+    free(c->part_off);
+    free(c->stats);
+    free(c->hit);
+    free(c->miss);
+    free(c->batch);
+    free(c->reqs);
+    free(c);
+}
+
+static expert_meta *meta_of(const em_expert_cache *c, int layer, int expert) {
+    return &c->meta[c->layer_base[layer] + expert];
+}
+
+static double decayed(const em_expert_cache *c, const expert_meta *m) {
+    return m->freq * exp2(-(double)(c->tick - m->last) / c->opts.lfu_halflife);
+}
+
+static void touch(em_expert_cache *c, expert_meta *m) {
+    c->tick++;
+    m->freq = decayed(c, m) + 1.0;
+    m->last = c->tick;
+}
+
+/* True when slot a should go before slot b. */
+static bool evict_before(const em_expert_cache *c, const slot *a, const slot *b) {
+    const expert_meta *ma = meta_of(c, a->layer, a->expert), *mb = meta_of(c, b->layer, b->expert);
+    if (c->opts.policy == EM_EXPERT_LFU) {
+        double fa = decayed(c, ma), fb = decayed(c, mb);
+        if (fa != fb) return fa < fb;
+    }
+    return ma->last < mb->last;
+}
+
+static void remove_slot(em_expert_cache *c, int i) {
+    slot *s = &c->slots[i];
+    meta_of(c, s->layer, s->expert)->slot = -1;
+    c->used -= s->bytes;
+    free(s->buf);
+    if (i != c->n_slots - 1) {
+        c->slots[i] = c->slots[c->n_slots - 1];
+        meta_of(c, c->slots[i].layer, c->slots[i].expert)->slot = i;
+    }
+    c->n_slots--;
+}
+
+/* Evicts unpinned slots until `want` more bytes fit; false when pins prevent it. */
+static bool make_room(em_expert_cache *c, uint64_t want) {
+    while (c->used + want > c->opts.budget) {
+        int victim = -1;
+        for (int i = 0; i < c->n_slots; i++)
+            if (!c->slots[i].pins && (victim < 0 || evict_before(c, &c->slots[i], &c->slots[victim])))
+                victim = i;
+        if (victim < 0) return false;
+        remove_slot(c, victim);
+    }
+    return true;
+}
+
+static uint64_t unpinned_bytes(const em_expert_cache *c) {
+    uint64_t b = 0;
+    for (int i = 0; i < c->n_slots; i++)
+        if (!c->slots[i].pins) b += c->slots[i].bytes;
+    return b;
+}
+
+static em_expert_data data_of(const em_expert_cache *c, const slot *s) {
+    em_expert_data d = {.layer = s->layer, .expert = s->expert};
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+        em_expert_range r;
+        em_expert_store_range(c->store, s->layer, s->expert, p, &r, NULL);
+        d.part[p] = s->buf + c->part_off[s->layer][p] + r.offset % EM_DIRECT_ALIGN;
+    }
+    return d;
+}
+
+/* ---- one layer's run --------------------------------------------------------------------- */
+
+typedef struct run_state {
+    em_expert_cache *c;
+    int layer;
+    const int *experts;
+    int *hit;          /* union indices that hit, pinned until computed */
+    int n_hit;
+    bool hits_done;
+    em_expert_fn fn;
+    void *ctx;
+} run_state;
+
+/* Computes every pinned hit, unpinning each after use (or all of them on failure). */
+static int run_hits(void *vctx, em_err *err) {
+    run_state *st = vctx;
+    if (st->hits_done) return EM_OK;
+    st->hits_done = true;
+    int rc = EM_OK;
+    for (int j = 0; j < st->n_hit; j++) {
+        slot *s = &st->c->slots[meta_of(st->c, st->layer, st->experts[st->hit[j]])->slot];
+        if (!rc) {
+            em_expert_data d = data_of(st->c, s);
+            rc = st->fn(st->ctx, st->hit[j], &d, err);
+        }
+        s->pins--;
+    }
+    return rc;
+}
+
+
+static int by_first_offset(const void *a, const void *b) {
+    const uint64_t *x = a, *y = b; /* pairs (key, idx) */
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Reads batch[0..n) (buffers allocated, room made) and computes them. */
+static int load_batch(run_state *st, pending *batch, int n, em_xio_req *reqs, em_err *err) {
+    em_expert_cache *c = st->c;
+    int nr = 0;
+    for (int b = 0; b < n; b++)
+        for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+            em_expert_range r;
+            em_expert_store_range(c->store, st->layer, st->experts[batch[b].idx], p, &r, NULL);
+            uint64_t a0 = r.offset / EM_DIRECT_ALIGN * EM_DIRECT_ALIGN;
+            reqs[nr++] = (em_xio_req){.file = r.shard, .offset = a0, .bytes = widened(r.offset, r.bytes),
+                                      .need = r.offset + r.bytes - a0,
+                                      .dst = batch[b].buf + c->part_off[st->layer][p]};
+        }
+    int rc = em_xio_read(c->io, reqs, nr, run_hits, st, err);
+    em_expert_stats *ls = &c->stats[st->layer];
+    ls->reads += (uint64_t)nr;
+    for (int i = 0; i < nr; i++) ls->bytes_read += reqs[i].got;
+    if (rc) {
+        for (int b = 0; b < n; b++) free(batch[b].buf);
+        return rc;
+    }
+    for (int b = 0; b < n; b++) { /* complete: now they enter the index, pinned */
+        int e = st->experts[batch[b].idx];
+        c->slots[c->n_slots] = (slot){.layer = st->layer, .expert = e, .buf = batch[b].buf,
+                                      .bytes = batch[b].bytes, .pins = 1};
+        meta_of(c, st->layer, e)->slot = c->n_slots++;
+        c->used += batch[b].bytes;
+        ls->misses++;
+    }
+    for (int b = 0; b < n; b++) {
+        slot *s = &c->slots[meta_of(c, st->layer, st->experts[batch[b].idx])->slot];
+        if (!rc) {
+            em_expert_data d = data_of(c, s);
+            rc = st->fn(st->ctx, batch[b].idx, &d, err);
+        }
+        s->pins--;
+    }
+    return rc;
+}
+
+static int check_run(em_expert_cache *c, int layer, const int *experts, int n, em_err *err) {
+    const em_expert_layer *L = em_expert_store_layer(c->store, layer);
+    if (!L || L->n_expert == 0 || n < 0 || n > L->n_expert)
+        return em_err_set(err, EM_EINVAL, "experts: layer %d has no routed experts (or %d asked)", layer, n);
+    for (int i = 0; i < n; i++)
+        if (experts[i] < 0 || experts[i] >= L->n_expert)
+            return em_err_set(err, EM_EINVAL, "experts: layer %d has no expert %d", layer, experts[i]);
+    c->runs++;
+    for (int i = 0; i < n; i++) { /* distinct: a duplicate would be pinned and counted twice */
+        expert_meta *m = meta_of(c, layer, experts[i]);
+        if (m->run == c->runs)
+            return em_err_set(err, EM_EINVAL, "experts: layer %d: expert %d listed twice", layer,
+                              experts[i]);
+        m->run = c->runs;
+    }
+    return EM_OK;
+}
+
+static int grow_slots(em_expert_cache *c, int extra, em_err *err) {
+    if (c->n_slots + extra <= c->cap_slots) return EM_OK;
+    int cap = (c->n_slots + extra) * 2;
+    slot *s = realloc(c->slots, (size_t)cap * sizeof *s);
+    if (!s) return em_err_set(err, EM_ENOMEM, "experts: out of memory for %d slots", cap);
+    c->slots = s;
+    c->cap_slots = cap;
+    return EM_OK;
+}
+
+/* Misses from *m on that fit once unpinned slots go: allocates their buffers. */
+static int next_batch(run_state *st, const uint64_t (*miss)[2], int n_miss, int *m, pending *batch,
+                      int *nb, em_err *err) {
+    em_expert_cache *c = st->c;
+    const uint64_t sb = c->slot_bytes[st->layer];
+    uint64_t room = c->opts.budget - (c->used - unpinned_bytes(c)), want = 0;
+    *nb = 0;
+    while (*m < n_miss && want + sb <= room) {
+        batch[*nb] = (pending){.idx = (int)miss[*m][1], .bytes = sb};
+        want += sb;
+        (*nb)++, (*m)++;
+    }
+    if (*nb == 0) return EM_OK;
+    bool ok = make_room(c, want);
+    assert(ok);
+    (void)ok;
+    for (int b = 0; b < *nb; b++) {
+        batch[b].buf = em_aligned_alloc(EM_DIRECT_ALIGN, sb, "expert slot", err);
+        if (!batch[b].buf) {
+            for (int j = 0; j < b; j++) free(batch[j].buf);
+            return EM_ENOMEM;
+        }
+    }
+    return EM_OK;
+}
+
+int em_expert_cache_run(em_expert_cache *c, int layer, const int *experts, int n,
+                        em_expert_fn fn, void *ctx, em_err *err) {
+    int rc = check_run(c, layer, experts, n, err);
+    if (rc) return rc;
+    if (n == 0) return EM_OK;
+    rc = grow_slots(c, n, err); /* before any slot pointer is taken */
+    int *hit = c->hit;
+    uint64_t (*miss)[2] = c->miss;
+    pending *batch = c->batch;
+    em_xio_req *reqs = c->reqs;
+    run_state st = {.c = c, .layer = layer, .experts = experts, .hit = hit, .fn = fn, .ctx = ctx};
+    int n_miss = 0;
+    for (int i = 0; !rc && i < n; i++) {
+        expert_meta *me = meta_of(c, layer, experts[i]);
+        touch(c, me);
+        if (me->slot >= 0) {
+            c->slots[me->slot].pins++;
+            hit[st.n_hit++] = i;
+            c->stats[layer].hits++;
+        } else {
+            em_expert_range r;
+            em_expert_store_range(c->store, layer, experts[i], EM_EXPERT_GATE, &r, NULL);
+            miss[n_miss][0] = ((uint64_t)r.shard << 48) ^ r.offset; /* disk order */
+            miss[n_miss++][1] = (uint64_t)i;
+        }
+    }
+    if (!rc) qsort(miss, (size_t)n_miss, sizeof *miss, by_first_offset);
+    for (int m = 0; !rc && m < n_miss;) {
+        int nb;
+        rc = next_batch(&st, (const uint64_t(*)[2])miss, n_miss, &m, batch, &nb, err);
+        if (!rc && nb == 0) { /* pinned hits fill the budget: compute them first, then retry */
+            rc = st.hits_done ? em_err_set(err, EM_EINVAL, "experts: budget holds no slot of layer %d",
+                                           layer)
+                              : run_hits(&st, err);
+            continue;
+        }
+        if (!rc) rc = load_batch(&st, batch, nb, reqs, err);
+    }
+    if (!rc) rc = run_hits(&st, err);
+    if (rc && !st.hits_done) { /* failed before the hits ran: drop their pins */
+        for (int j = 0; j < st.n_hit; j++) c->slots[meta_of(c, layer, experts[hit[j]])->slot].pins--;
+    }
+    return rc;
+}
+
+/* ---- statistics, hints, hooks ------------------------------------------------------------ */
+
+void em_expert_cache_stats(const em_expert_cache *c, int layer, em_expert_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (layer >= 0 && l != layer) continue;
+        out->bytes_read += c->stats[l].bytes_read;
+        out->reads += c->stats[l].reads;
+        out->hits += c->stats[l].hits;
+        out->misses += c->stats[l].misses;
+    }
+}
+
+void em_expert_cache_stats_reset(em_expert_cache *c) {
+    memset(c->stats, 0, (size_t)c->n_layers * sizeof *c->stats);
+}
+
+uint64_t em_expert_cache_used(const em_expert_cache *c) { return c->used; }
+uint64_t em_expert_cache_budget(const em_expert_cache *c) { return c->opts.budget; }
+int em_expert_cache_count(const em_expert_cache *c) { return c->n_slots; }
+
+bool em_expert_cache_holds(const em_expert_cache *c, int layer, int expert) {
+    const em_expert_layer *L = em_expert_store_layer(c->store, layer);
+    return L && expert >= 0 && expert < L->n_expert && meta_of(c, layer, expert)->slot >= 0;
+}
+
+uint64_t em_expert_cache_slot_bytes(const em_expert_cache *c, int layer) {
+    return layer >= 0 && layer < c->n_layers ? c->slot_bytes[layer] : 0;
+}
+
+void em_expert_cache_io_info(const em_expert_cache *c, bool *uring, bool *direct) {
+    if (uring) *uring = em_xio_uring(c->io);
+    if (direct) *direct = em_xio_direct(c->io);
+}
+
+/* Bytes the reads of one missing expert transfer (its three widened parts). */
+static uint64_t read_bytes(const em_expert_cache *c, int layer, int expert) {
+    uint64_t b = 0;
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+        em_expert_range r;
+        if (em_expert_store_range(c->store, layer, expert, p, &r, NULL) == EM_OK)
+            b += widened(r.offset, r.bytes);
+    }
+    return b;
+}
+
+uint64_t em_expert_cache_miss_bytes(const em_expert_cache *c, int layer, const int *experts,
+                                    int n) {
+    const em_expert_layer *L = em_expert_store_layer(c->store, layer);
+    uint64_t b = 0;
+    for (int i = 0; L && i < n; i++)
+        if (experts[i] >= 0 && experts[i] < L->n_expert && meta_of(c, layer, experts[i])->slot < 0)
+            b += read_bytes(c, layer, experts[i]);
+    return b;
+}
+
+uint64_t em_expert_cache_estimate(const em_expert_cache *c, int n_rows, int k) {
+    int *held = calloc((size_t)c->n_layers + 1, sizeof *held);
+    if (!held) return 0;
+    for (int i = 0; i < c->n_slots; i++) held[c->slots[i].layer]++;
+    double total = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const em_expert_layer *L = em_expert_store_layer(c->store, l);
+        if (L->n_expert == 0 || n_rows <= 0 || k <= 0) continue;
+        double X = L->n_expert, kk = k < L->n_expert ? k : L->n_expert;
+        double distinct = X * (1.0 - pow(1.0 - kk / X, n_rows));
+        double miss = distinct * (1.0 - held[l] / X);
+        total += miss * (double)read_bytes(c, l, 0);
+    }
+    free(held);
+    return (uint64_t)(total + 0.5);
+}
+
+void em_expert_cache_fault_arm(em_expert_cache *c, int kind, uint64_t after_n_reads) {
+    em_xio_fault_arm(c->io, kind, after_n_reads);
+}

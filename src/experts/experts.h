@@ -1,0 +1,157 @@
+/* experts/: routed experts read from the model file through a bounded cache.
+ *
+ * - store: where each (layer, expert)'s gate / up / down matrices lie inside the stacked GGUF
+ *   tensors blk.L.ffn_{gate,up,down}_exps.weight ([n_embd, n_ff, X] and [n_ff, n_embd, X]):
+ *   shard file, absolute offset, bytes. Located once at open; O(1) per expert afterwards.
+ * - route union: n rows x k (expert id, weight) of one layer -> the distinct experts, each with
+ *   the rows and weights routed to it, so each expert is read and computed once.
+ * - cache: a byte budget of expert slots (EM_DIRECT_ALIGN-aligned buffers holding the three
+ *   parts). em_expert_cache_run serves one layer's union: hits are pinned and computed while
+ *   the misses load (cache-first overlap); misses are read in batches (io_uring when the kernel
+ *   allows it, else pread; sorted by file offset; O_DIRECT with ranges widened to the alignment
+ *   when the file system accepts it, else buffered). An expert in use is never evicted; a
+ *   budget smaller than a layer's union works by evicting experts once they have been used.
+ *   Policies: LRU, and LFU with exponential aging (frequency history kept for every expert,
+ *   resident or not).
+ * - statistics per layer and in total; cost hints (bytes a set of routes would read now).
+ * - faults: an I/O error, a short read or a file that shrank fail the call with a message
+ *   naming the file and the offset; no partial entry is kept and the next call works. A per-
+ *   cache fault shim (em_expert_cache_fault_arm, always compiled in: one compare per read)
+ *   injects EIO or short reads for tests.
+ * Single-threaded: one cache is used by one thread at a time (the forward's thread). */
+#ifndef EM_EXPERTS_H
+#define EM_EXPERTS_H
+
+#include "base/base.h"
+#include "format/gguf.h"
+
+enum { EM_EXPERT_GATE = 0, EM_EXPERT_UP = 1, EM_EXPERT_DOWN = 2, EM_EXPERT_NPARTS = 3 };
+
+/* ---- store ------------------------------------------------------------------------------ */
+
+/* One routed-expert layer. Expert e's part p is a matrix of rows[p] x cols[p] values of
+ * type[p] (gate/up: n_ff x n_embd, down: n_embd x n_ff), row_bytes[p] per row. */
+typedef struct em_expert_layer {
+    int n_expert;                 /* 0: the layer has no routed experts */
+    int shard[EM_EXPERT_NPARTS];  /* file holding each stacked tensor */
+    int type[EM_EXPERT_NPARTS];
+    int64_t rows[EM_EXPERT_NPARTS], cols[EM_EXPERT_NPARTS];
+    uint64_t row_bytes[EM_EXPERT_NPARTS];
+    uint64_t part_bytes[EM_EXPERT_NPARTS];  /* one expert's part: rows * row_bytes */
+    uint64_t base[EM_EXPERT_NPARTS];        /* absolute file offset of expert 0's part */
+} em_expert_layer;
+
+/* A byte range of one file of the model. */
+typedef struct em_expert_range {
+    int shard;
+    uint64_t offset; /* absolute, in the shard file */
+    uint64_t bytes;
+} em_expert_range;
+
+typedef struct em_expert_store em_expert_store;
+
+/* Finds every blk.L.ffn_{gate,up,down}_exps.weight of g and checks their shapes against each
+ * other (same X; gate/up [E, F, X], down [F, E, X]; all three present or none). The store
+ * copies what it needs: it does not reference g after open. A model without routed experts
+ * opens with n_layers == 0. */
+int em_expert_store_open(em_expert_store **out, const em_gguf *g, em_err *err);
+void em_expert_store_close(em_expert_store *s);
+int em_expert_store_n_layers(const em_expert_store *s); /* highest layer with experts + 1 */
+/* NULL when layer is out of range; n_expert == 0 for layers without experts. */
+const em_expert_layer *em_expert_store_layer(const em_expert_store *s, int layer);
+int em_expert_store_n_shards(const em_expert_store *s);
+const char *em_expert_store_shard_path(const em_expert_store *s, int shard);
+/* Where part p of (layer, expert) lies; EM_EINVAL for ids out of range. */
+int em_expert_store_range(const em_expert_store *s, int layer, int expert, int part,
+                          em_expert_range *out, em_err *err);
+uint64_t em_expert_store_total_bytes(const em_expert_store *s); /* all routed-expert bytes */
+
+/* ---- route union ------------------------------------------------------------------------ */
+
+/* The experts one layer needs for n rows: expert[i] (ascending) is used by rows
+ * row[start[i] .. start[i+1]) with weights weight[same]. Arrays live in the arena. */
+typedef struct em_route_union {
+    int n;        /* distinct experts */
+    int *expert;  /* [n] */
+    int *start;   /* [n + 1] */
+    int *row;     /* [n_rows * k] */
+    float *weight;/* [n_rows * k] (0 when weights was NULL) */
+} em_route_union;
+
+/* ids and weights: n_rows x k (row t's at t * k); ids in [0, n_expert) (EM_EINVAL otherwise,
+ * naming the row). weights may be NULL. */
+int em_route_union_build(em_route_union *u, const int *ids, const float *weights, int n_rows,
+                         int k, int n_expert, em_arena *arena, em_err *err);
+
+/* ---- cache ------------------------------------------------------------------------------ */
+
+/* LFU (with aging) is the default: on skewed synthetic traces it beat LRU at every budget
+ * tried (tests/test_experts.c prints the numbers). */
+enum em_expert_policy { EM_EXPERT_LFU = 0, EM_EXPERT_LRU = 1 };
+enum em_expert_io { EM_EXPERT_IO_AUTO = 0, EM_EXPERT_IO_URING = 1, EM_EXPERT_IO_PREAD = 2 };
+enum em_expert_fault { EM_EXPERT_FAULT_NONE = 0, EM_EXPERT_FAULT_EIO, EM_EXPERT_FAULT_SHORT };
+
+typedef struct em_expert_cache_opts {
+    uint64_t budget;      /* bytes of expert slots; at least the largest one expert's slot */
+    int policy;           /* enum em_expert_policy */
+    int io;               /* enum em_expert_io; URING fails when io_uring is unavailable */
+    bool buffered;        /* never O_DIRECT (tests; file systems known to be slow at it) */
+    double lfu_halflife;  /* LFU: expert accesses after which a count halves (0: 8 times the
+                           * number of slots the budget holds, the best of 2/4/8/16 measured) */
+} em_expert_cache_opts;
+
+typedef struct em_expert_cache em_expert_cache;
+
+/* The store must outlive the cache. Opens the shard files (O_DIRECT where allowed). */
+int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
+                           const em_expert_cache_opts *opts, em_err *err);
+void em_expert_cache_free(em_expert_cache *c);
+
+/* One expert's weights while it is pinned: part[p] points at rows[p] x row_bytes[p] bytes. */
+typedef struct em_expert_data {
+    int layer, expert;
+    const void *part[EM_EXPERT_NPARTS];
+} em_expert_data;
+
+/* Called once for each expert of a run; i is its index in the experts array. A nonzero
+ * return stops the run with that status. */
+typedef int (*em_expert_fn)(void *ctx, int i, const em_expert_data *d, em_err *err);
+
+/* Serves experts[0..n) of one layer (distinct ids, e.g. em_route_union.expert): calls fn once
+ * for every one, hits first (while the first batch of misses loads), then the misses batch by
+ * batch. On failure (fn, I/O, bad ids) the cache holds no partial entry and no pin. */
+int em_expert_cache_run(em_expert_cache *c, int layer, const int *experts, int n,
+                        em_expert_fn fn, void *ctx, em_err *err);
+
+typedef struct em_expert_stats {
+    uint64_t bytes_read; /* bytes transferred from storage */
+    uint64_t reads;      /* read requests issued (three per missed expert) */
+    uint64_t hits, misses;
+} em_expert_stats;
+
+/* layer -1: the total over all layers. */
+void em_expert_cache_stats(const em_expert_cache *c, int layer, em_expert_stats *out);
+void em_expert_cache_stats_reset(em_expert_cache *c);
+uint64_t em_expert_cache_used(const em_expert_cache *c);   /* bytes held now */
+uint64_t em_expert_cache_budget(const em_expert_cache *c);
+int em_expert_cache_count(const em_expert_cache *c);       /* experts held now */
+bool em_expert_cache_holds(const em_expert_cache *c, int layer, int expert);
+/* Bytes a slot of this layer occupies (the three parts widened to EM_DIRECT_ALIGN). */
+uint64_t em_expert_cache_slot_bytes(const em_expert_cache *c, int layer);
+/* How reads go now: io_uring or pread, O_DIRECT (for every shard) or buffered. */
+void em_expert_cache_io_info(const em_expert_cache *c, bool *uring, bool *direct);
+
+/* Cost hints. Exact: the bytes reading experts[0..n) of layer would transfer now (misses'
+ * widened slots; the union's duplicates must already be gone). Estimate: the bytes a verify
+ * of n_rows rows would read over all layers, for k experts per row drawn uniformly (expected
+ * distinct experts X (1 - (1 - k/X)^n_rows), of which the fraction the cache holds of that
+ * layer hits). */
+uint64_t em_expert_cache_miss_bytes(const em_expert_cache *c, int layer, const int *experts,
+                                    int n);
+uint64_t em_expert_cache_estimate(const em_expert_cache *c, int n_rows, int k);
+
+/* Test hook: the (after_n_reads + 1)-th read completed from now fails as kind says (EIO:
+ * the read reports an I/O error; SHORT: it returns half the bytes asked for). Fires once. */
+void em_expert_cache_fault_arm(em_expert_cache *c, int kind, uint64_t after_n_reads);
+
+#endif

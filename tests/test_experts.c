@@ -1,0 +1,492 @@
+/* experts/: store locations against the tensors' own bytes, the route union, the cache's
+ * budget and policies, io_uring vs pread vs O_DIRECT paths, and injected faults. The model
+ * files are small GGUFs written here with stacked expert tensors of random bytes. */
+#include "testutil.h"
+
+#undef E /* testutil's error shorthand; E is n_embd here */
+
+#include "experts/experts.h"
+#include "quant/quant.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Layer 0 dense (a plain tensor), layers 1.. with X experts of gate/up [E, F, X] (f32 / f16)
+ * and down [F, E, X] (f32). A filler tensor of odd size keeps offsets unaligned. */
+static void write_model(const char *path, int n_layers, int X, int E, int F) {
+    em_err err = {0};
+    em_gguf_writer *w;
+    assert_int_equal(em_gguf_writer_create(&w, path, NULL, &err), 0);
+    int64_t ne_f[1] = {37};
+    assert_int_equal(em_gguf_writer_add_tensor(w, "blk.0.ffn_gate.weight", EM_TYPE_F32, 1, ne_f, &err), 0);
+    char name[64];
+    for (int l = 1; l < n_layers; l++) {
+        int64_t gu[3] = {E, F, X}, dn[3] = {F, E, X};
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+        assert_int_equal(em_gguf_writer_add_tensor(w, name, EM_TYPE_F32, 3, gu, &err), 0);
+        snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);
+        assert_int_equal(em_gguf_writer_add_tensor(w, name, EM_TYPE_F16, 3, gu, &err), 0);
+        snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
+        assert_int_equal(em_gguf_writer_add_tensor(w, name, EM_TYPE_F32, 3, dn, &err), 0);
+    }
+    uint64_t seed = 0x5eed + (uint64_t)X;
+    size_t cap = (size_t)X * (size_t)E * (size_t)F * 4 + 37 * 4;
+    uint8_t *buf = malloc(cap);
+    for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)em_test_rand(&seed);
+    assert_int_equal(em_gguf_writer_write_tensor(w, "blk.0.ffn_gate.weight", buf, 37 * 4, &err), 0);
+    for (int l = 1; l < n_layers; l++) {
+        uint64_t b = (uint64_t)X * (uint64_t)E * (uint64_t)F;
+        for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)em_test_rand(&seed);
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+        assert_int_equal(em_gguf_writer_write_tensor(w, name, buf, b * 4, &err), 0);
+        snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);
+        assert_int_equal(em_gguf_writer_write_tensor(w, name, buf + 7, b * 2, &err), 0);
+        snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
+        assert_int_equal(em_gguf_writer_write_tensor(w, name, buf + 13, b * 4, &err), 0);
+    }
+    assert_int_equal(em_gguf_writer_finish(w, &err), 0);
+    em_gguf_writer_free(w);
+    free(buf);
+}
+
+typedef struct model {
+    em_gguf *g;
+    em_expert_store *s;
+} model;
+
+static void model_open(model *m, const char *path) {
+    em_err err = {0};
+    assert_int_equal(em_gguf_open(&m->g, path, &err), 0);
+    assert_int_equal(em_expert_store_open(&m->s, m->g, &err), 0);
+}
+
+static void model_close(model *m) {
+    em_expert_store_close(m->s);
+    em_gguf_close(m->g);
+}
+
+/* The bytes of (layer, expert, part) as the mapped tensor holds them. */
+static const uint8_t *expected(const model *m, int layer, int expert, int part) {
+    static const char *const parts[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", layer, parts[part]);
+    const em_gguf_tensor *t = em_gguf_find_tensor(m->g, name);
+    assert_non_null(t);
+    uint64_t per = t->bytes / (uint64_t)t->ne[2];
+    return (const uint8_t *)t->data + (uint64_t)expert * per;
+}
+
+typedef struct check_ctx {
+    const model *m;
+    const int *experts;
+    int calls, fail_at;
+    int *seen;
+} check_ctx;
+
+/* The run's callback: every part must equal the tensor's bytes. */
+static int check_fn(void *vctx, int i, const em_expert_data *d, em_err *err) {
+    check_ctx *c = vctx;
+    if (c->fail_at >= 0 && c->calls == c->fail_at) return em_err_set(err, EM_EINVAL, "injected compute failure");
+    c->calls++;
+    assert_int_equal(d->expert, c->experts[i]);
+    if (c->seen) c->seen[i]++;
+    const em_expert_layer *L = em_expert_store_layer(c->m->s, d->layer);
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++)
+        assert_memory_equal(d->part[p], expected(c->m, d->layer, d->expert, p), L->part_bytes[p]);
+    return EM_OK;
+}
+
+/* The order in which a run calls back (union indices); test-local. */
+static int order_buf[16], *order_log, order_n;
+
+static int order_fn(void *vctx, int i, const em_expert_data *d, em_err *err) {
+    if (order_log) order_log[order_n++] = i;
+    return check_fn(vctx, i, d, err);
+}
+
+static int run_checked(em_expert_cache *c, const model *m, int layer, const int *experts, int n,
+                       em_err *err) {
+    int seen[256] = {0};
+    check_ctx cc = {.m = m, .experts = experts, .fail_at = -1, .seen = seen};
+    int rc = em_expert_cache_run(c, layer, experts, n, check_fn, &cc, err);
+    if (rc == 0) {
+        assert_int_equal(cc.calls, n);
+        for (int i = 0; i < n; i++) assert_int_equal(seen[i], 1);
+    }
+    return rc;
+}
+
+static uint64_t max_slot(const em_expert_cache *c, const model *m) {
+    uint64_t b = 0;
+    for (int l = 0; l < em_expert_store_n_layers(m->s); l++)
+        if (em_expert_cache_slot_bytes(c, l) > b) b = em_expert_cache_slot_bytes(c, l);
+    return b;
+}
+
+static void test_store_locates(void **state) {
+    (void)state;
+    const char *path = em_test_path("m1.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    em_err err = {0};
+    assert_int_equal(em_expert_store_n_layers(m.s), 3);
+    assert_int_equal(em_expert_store_layer(m.s, 0)->n_expert, 0);
+    const em_expert_layer *L = em_expert_store_layer(m.s, 1);
+    assert_int_equal(L->n_expert, 8);
+    assert_int_equal(L->rows[EM_EXPERT_GATE], 24);
+    assert_int_equal(L->cols[EM_EXPERT_GATE], 32);
+    assert_int_equal(L->rows[EM_EXPERT_DOWN], 32);
+    assert_int_equal(L->part_bytes[EM_EXPERT_UP], 24 * 32 * 2);
+    assert_int_equal(em_expert_store_total_bytes(m.s), 2ull * 8 * 24 * 32 * (4 + 2 + 4));
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    uint8_t buf[4096];
+    for (int l = 1; l < 3; l++)
+        for (int e = 0; e < 8; e++)
+            for (int p = 0; p < 3; p++) { /* independent check: pread at the range itself */
+                em_expert_range r;
+                assert_int_equal(em_expert_store_range(m.s, l, e, p, &r, &err), 0);
+                assert_true(r.bytes <= sizeof buf);
+                assert_int_equal(pread(fd, buf, r.bytes, (off_t)r.offset), (ssize_t)r.bytes);
+                assert_memory_equal(buf, expected(&m, l, e, p), r.bytes);
+            }
+    close(fd);
+    em_expert_range r;
+    assert_int_equal(em_expert_store_range(m.s, 1, 8, 0, &r, &err), EM_EINVAL);
+    assert_int_equal(em_expert_store_range(m.s, 0, 0, 0, &r, &err), EM_EINVAL);
+    model_close(&m);
+}
+
+/* Inconsistent stacked shapes are refused with the file and layer named. */
+static void test_store_bad_shapes(void **state) {
+    (void)state;
+    const char *path = em_test_path("bad.gguf");
+    em_err err = {0};
+    em_gguf_writer *w;
+    assert_int_equal(em_gguf_writer_create(&w, path, NULL, &err), 0);
+    int64_t gu[3] = {32, 8, 4}, bad_dn[3] = {32, 8, 4};
+    assert_int_equal(em_gguf_writer_add_tensor(w, "blk.1.ffn_gate_exps.weight", EM_TYPE_F32, 3, gu, &err), 0);
+    assert_int_equal(em_gguf_writer_add_tensor(w, "blk.1.ffn_up_exps.weight", EM_TYPE_F32, 3, gu, &err), 0);
+    assert_int_equal(em_gguf_writer_add_tensor(w, "blk.1.ffn_down_exps.weight", EM_TYPE_F32, 3, bad_dn, &err), 0);
+    static uint8_t zeros[3 * 32 * 8 * 4 * 4];
+    assert_int_equal(em_gguf_writer_write_data(w, zeros, sizeof zeros, &err), 0);
+    assert_int_equal(em_gguf_writer_finish(w, &err), 0);
+    em_gguf_writer_free(w);
+    em_gguf *g;
+    em_expert_store *s;
+    assert_int_equal(em_gguf_open(&g, path, &err), 0);
+    assert_int_equal(em_expert_store_open(&s, g, &err), EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "layer 1"));
+    assert_non_null(strstr(err.msg, path));
+    em_gguf_close(g);
+}
+
+/* Every path (io_uring / pread, O_DIRECT / buffered) serves every expert with exact bytes. */
+static void test_io_paths(void **state) {
+    (void)state;
+    const char *path = em_test_path("m2.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    const int modes[2] = {EM_EXPERT_IO_URING, EM_EXPERT_IO_PREAD};
+    int all[8] = {7, 0, 3, 5, 1, 6, 2, 4};
+    for (int mi = 0; mi < 2; mi++)
+        for (int buffered = 0; buffered < 2; buffered++) {
+            em_err err = {0};
+            em_expert_cache *c;
+            em_expert_cache_opts o = {.budget = 1ull << 30, .io = modes[mi], .buffered = buffered};
+            int rc = em_expert_cache_create(&c, m.s, &o, &err);
+            if (rc == EM_EUNSUPPORTED) {
+                print_message("io_uring unavailable here: %s\n", err.msg);
+                continue;
+            }
+            assert_int_equal(rc, 0);
+            bool uring, direct;
+            em_expert_cache_io_info(c, &uring, &direct);
+            print_message("io %s, %s (asked %s)\n", uring ? "io_uring" : "pread",
+                          direct ? "O_DIRECT" : "buffered", buffered ? "buffered" : "direct");
+            assert_int_equal(uring, mi == 0);
+            if (buffered) assert_false(direct);
+            for (int l = 1; l < 3; l++) assert_int_equal(run_checked(c, &m, l, all, 8, &err), 0);
+            em_expert_stats st;
+            em_expert_cache_stats(c, -1, &st);
+            assert_int_equal(st.misses, 16);
+            assert_int_equal(st.reads, 48);
+            em_expert_cache_free(c);
+        }
+    model_close(&m);
+}
+
+static void test_union_dedup(void **state) {
+    (void)state;
+    em_arena *a;
+    em_err err = {0};
+    assert_int_equal(em_arena_create(&a, 1 << 16, &err), 0);
+    const int ids[8] = {1, 3, 3, 1, 1, 5, 5, 7};
+    const float w[8] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
+    em_route_union u;
+    assert_int_equal(em_route_union_build(&u, ids, w, 4, 2, 8, a, &err), 0);
+    assert_int_equal(u.n, 4);
+    const int ex[4] = {1, 3, 5, 7}, st[5] = {0, 3, 5, 7, 8};
+    const int rows[8] = {0, 1, 2, 0, 1, 2, 3, 3};
+    const float ws[8] = {0.1f, 0.4f, 0.5f, 0.2f, 0.3f, 0.6f, 0.7f, 0.8f};
+    for (int i = 0; i < 4; i++) assert_int_equal(u.expert[i], ex[i]);
+    for (int i = 0; i < 5; i++) assert_int_equal(u.start[i], st[i]);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(u.row[i], rows[i]);
+        assert_true(u.weight[i] == ws[i]);
+    }
+    const int bad[2] = {1, 8};
+    assert_int_equal(em_route_union_build(&u, bad, NULL, 1, 2, 8, a, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "expert 8"));
+
+    /* each expert of the union is read once: byte counters equal the miss hint */
+    const char *path = em_test_path("m3.gguf");
+    write_model(path, 2, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    em_expert_cache *c;
+    em_expert_cache_opts o = {.budget = 1ull << 30};
+    assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+    assert_int_equal(em_route_union_build(&u, ids, w, 4, 2, 8, a, &err), 0);
+    uint64_t hint = em_expert_cache_miss_bytes(c, 1, u.expert, u.n);
+    uint64_t want = 0, got = 0, fsize = em_gguf_shard_at(m.g, 0)->file_size;
+    for (int i = 0; i < u.n; i++)
+        for (int p = 0; p < 3; p++) { /* widened to the alignment; the file's end clips reads */
+            em_expert_range r;
+            em_expert_store_range(m.s, 1, u.expert[i], p, &r, &err);
+            uint64_t a0 = r.offset / EM_DIRECT_ALIGN * EM_DIRECT_ALIGN;
+            uint64_t a1 = em_align_up(r.offset + r.bytes, EM_DIRECT_ALIGN);
+            want += a1 - a0;
+            got += (a1 < fsize ? a1 : fsize) - a0;
+        }
+    assert_int_equal(hint, want);
+    assert_int_equal(run_checked(c, &m, 1, u.expert, u.n, &err), 0);
+    em_expert_stats s;
+    em_expert_cache_stats(c, 1, &s);
+    assert_int_equal(s.misses, 4);
+    assert_int_equal(s.reads, 12);
+    assert_int_equal(s.bytes_read, got);
+    assert_int_equal(em_expert_cache_miss_bytes(c, 1, u.expert, u.n), 0);
+    assert_int_equal(run_checked(c, &m, 1, u.expert, u.n, &err), 0); /* all hits now */
+    em_expert_cache_stats(c, -1, &s);
+    assert_int_equal(s.hits, 4);
+    assert_int_equal(s.bytes_read, got);
+    /* estimate: 8 of 8 experts held -> nothing to read; after a miss of 4 of them, more */
+    assert_true(em_expert_cache_estimate(c, 4, 2) > 0); /* 4 of 8 held */
+    /* cache-first: of {0, 1, 2, 3, 5} the held 1, 3, 5 are computed before the misses 0, 2 */
+    const int mixed[5] = {0, 1, 2, 3, 5};
+    int order[5] = {0};
+    check_ctx oc = {.m = &m, .experts = mixed, .fail_at = -1, .seen = order};
+    order_log = order_buf, order_n = 0;
+    assert_int_equal(em_expert_cache_run(c, 1, mixed, 5, order_fn, &oc, &err), 0);
+    assert_int_equal(order_n, 5);
+    for (int i = 0; i < 3; i++) assert_true(order_buf[i] == 1 || order_buf[i] == 3 || order_buf[i] == 4);
+    order_log = NULL;
+    const int dup[2] = {2, 2};
+    assert_int_equal(em_expert_cache_run(c, 1, dup, 2, check_fn, NULL, &err), EM_EINVAL);
+    em_expert_cache_free(c);
+    model_close(&m);
+    em_arena_free(a);
+}
+
+/* Budgets from one slot to all experts: never above budget, always the right bytes, and a
+ * budget smaller than a layer's union still works. */
+static void test_budget(void **state) {
+    (void)state;
+    const char *path = em_test_path("m4.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    em_err err = {0};
+    em_expert_cache *c;
+    em_expert_cache_opts o = {.budget = 1};
+    assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "smaller than one expert"));
+    o.budget = 1ull << 30;
+    assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+    uint64_t slot = max_slot(c, &m);
+    em_expert_cache_free(c);
+    for (int policy = 0; policy < 2; policy++)
+        for (uint64_t b = 1; b <= 16; b++) {
+            o = (em_expert_cache_opts){.budget = b * slot, .policy = policy, .buffered = b % 2 == 0};
+            assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+            uint64_t seed = 99 + b;
+            int accesses = 0;
+            for (int step = 0; step < 40; step++) {
+                int ex[8], n = 1 + (int)(em_test_rand(&seed) % 8), used = 0;
+                for (int e = 0; e < 8 && used < n; e++) /* a random subset */
+                    if (em_test_rand(&seed) % 2) ex[used++] = e;
+                int layer = 1 + (int)(em_test_rand(&seed) % 2);
+                assert_int_equal(run_checked(c, &m, layer, ex, used, &err), 0);
+                accesses += used;
+                assert_true(em_expert_cache_used(c) <= b * slot);
+                assert_true(em_expert_cache_count(c) <= (int)b);
+            }
+            em_expert_stats s;
+            em_expert_cache_stats(c, -1, &s);
+            assert_int_equal(s.hits + s.misses, (uint64_t)accesses);
+            if (b >= 16) assert_true(s.misses <= 16); /* all 16 experts fit: each missed once */
+            em_expert_cache_free(c);
+        }
+    model_close(&m);
+}
+
+/* Zipf-like ranks over a per-layer permutation that changes every `phase` tokens. */
+static void trace_policy(const model *m, int policy, double halflife, uint64_t budget_slots,
+                         double *hit_rate) {
+    em_err err = {0};
+    em_expert_cache *c;
+    em_expert_cache_opts o = {.budget = 1ull << 30};
+    assert_int_equal(em_expert_cache_create(&c, m->s, &o, &err), 0);
+    uint64_t slot = max_slot(c, m);
+    em_expert_cache_free(c);
+    o = (em_expert_cache_opts){.budget = budget_slots * slot, .policy = policy, .lfu_halflife = halflife,
+                               .buffered = true}; /* page cache: policy, not I/O, is measured */
+    assert_int_equal(em_expert_cache_create(&c, m->s, &o, &err), 0);
+    enum { X = 64, K = 4, TOKENS = 1500, PHASE = 500, LAYERS = 2 };
+    double cdf[X], z = 0;
+    for (int r = 0; r < X; r++) z += 1.0 / (r + 1.0);
+    for (int r = 0; r < X; r++) cdf[r] = (r ? cdf[r - 1] : 0) + 1.0 / (r + 1.0) / z;
+    uint64_t seed = 4242;
+    int perm[LAYERS][X];
+    for (int t = 0; t < TOKENS; t++) {
+        if (t % PHASE == 0)
+            for (int l = 0; l < LAYERS; l++) {
+                for (int i = 0; i < X; i++) perm[l][i] = i;
+                for (int i = X - 1; i > 0; i--) {
+                    int j = (int)(em_test_rand(&seed) % (uint64_t)(i + 1)), tmp = perm[l][i];
+                    perm[l][i] = perm[l][j], perm[l][j] = tmp;
+                }
+            }
+        for (int l = 0; l < LAYERS; l++) {
+            int ex[K], n = 0;
+            while (n < K) {
+                double u = (double)(em_test_rand(&seed) >> 11) / 9007199254740992.0;
+                int r = 0;
+                while (r < X - 1 && cdf[r] < u) r++;
+                int e = perm[l][r];
+                bool dup = false;
+                for (int i = 0; i < n; i++) dup |= ex[i] == e;
+                if (!dup) ex[n++] = e;
+            }
+            assert_int_equal(run_checked(c, m, l + 1, ex, K, &err), 0);
+        }
+    }
+    em_expert_stats s;
+    em_expert_cache_stats(c, -1, &s);
+    *hit_rate = (double)s.hits / (double)(s.hits + s.misses);
+    em_expert_cache_free(c);
+}
+
+static void test_policies(void **state) {
+    (void)state;
+    const char *path = em_test_path("m5.gguf");
+    write_model(path, 3, 64, 32, 8);
+    model m;
+    model_open(&m, path);
+    const uint64_t budgets[3] = {16, 32, 64};
+    for (int b = 0; b < 3; b++) {
+        double lru, lfu[4];
+        trace_policy(&m, EM_EXPERT_LRU, 0, budgets[b], &lru);
+        for (int h = 0; h < 4; h++)
+            trace_policy(&m, EM_EXPERT_LFU, h == 2 ? 0 : (double)(budgets[b] << (h + 1)), budgets[b],
+                         &lfu[h]); /* 0: the default, 8 x slots */
+        print_message("zipf(1) trace, 2 layers x 64 experts, top-4, 1500 tokens, 3 phases, budget %llu "
+                      "slots: hit rate LRU %.3f, LFU halflife 2/4/8/16 x slots %.3f %.3f %.3f %.3f\n",
+                      (unsigned long long)budgets[b], lru, lfu[0], lfu[1], lfu[2], lfu[3]);
+        double lfu_short = lfu[0], lfu_long = lfu[3];
+        assert_true(lru > 0.0 && lfu_short > 0.0 && lfu_long > 0.0);
+        assert_true(lfu[2] > lru); /* the default policy wins on this (deterministic) trace */
+    }
+    model_close(&m);
+}
+
+/* Faults: each fails the run naming file and offset, leaves no partial entry or pin, and the
+ * next run succeeds. */
+static void test_faults(void **state) {
+    (void)state;
+    const char *path = em_test_path("m6.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    const int modes[2] = {EM_EXPERT_IO_AUTO, EM_EXPERT_IO_PREAD};
+    const int all[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int mi = 0; mi < 2; mi++) {
+        em_err err = {0};
+        em_expert_cache *c;
+        em_expert_cache_opts o = {.budget = 1ull << 30, .io = modes[mi]};
+        assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+        assert_int_equal(run_checked(c, &m, 1, all, 3, &err), 0); /* 0..2 resident */
+        const int kinds[2] = {EM_EXPERT_FAULT_EIO, EM_EXPERT_FAULT_SHORT};
+        for (int k = 0; k < 2; k++) {
+            em_expert_cache_fault_arm(c, kinds[k], 4);
+            int before = em_expert_cache_count(c);
+            memset(&err, 0, sizeof err);
+            assert_int_not_equal(run_checked(c, &m, 1, all, 8, &err), 0);
+            print_message("injected %s: %s\n", k ? "short read" : "EIO", err.msg);
+            assert_non_null(strstr(err.msg, path));
+            assert_non_null(strstr(err.msg, "offset"));
+            assert_non_null(strstr(err.msg, k ? "short read" : "Input/output error"));
+            assert_int_equal(em_expert_cache_count(c), before);
+            for (int e = 3; e < 8; e++) assert_false(em_expert_cache_holds(c, 1, e));
+            assert_int_equal(run_checked(c, &m, 1, all, 8, &err), 0);
+            assert_int_equal(em_expert_cache_count(c), 8);
+            /* a failure of the compute callback also leaves no pin: a 1-slot budget run works */
+            check_ctx cc = {.m = &m, .experts = all, .fail_at = 1};
+            assert_int_equal(em_expert_cache_run(c, 2, all, 8, check_fn, &cc, &err), EM_EINVAL);
+            assert_int_equal(run_checked(c, &m, 2, all, 8, &err), 0);
+            em_expert_cache_stats_reset(c);
+            em_expert_cache_free(c); /* a fresh cache for the next kind */
+            assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+            assert_int_equal(run_checked(c, &m, 1, all, 3, &err), 0);
+        }
+        em_expert_cache_free(c);
+    }
+    /* a file that shrank after load: the store reads a copy; the original's mapping is the
+     * reference (a truncated mapping would fault) */
+    size_t n;
+    void *orig = em_test_read(path, &n);
+    const char *copy = em_test_path("m6copy.gguf");
+    em_test_write(copy, orig, n);
+    em_err err = {0};
+    em_gguf *gc;
+    model mc = {.g = m.g};
+    assert_int_equal(em_gguf_open(&gc, copy, &err), 0);
+    assert_int_equal(em_expert_store_open(&mc.s, gc, &err), 0);
+    em_gguf_close(gc); /* the store keeps no reference */
+    em_expert_cache *c;
+    em_expert_cache_opts o = {.budget = 1ull << 30};
+    assert_int_equal(em_expert_cache_create(&c, mc.s, &o, &err), 0);
+    assert_int_equal(run_checked(c, &mc, 1, all, 8, &err), 0);
+    assert_int_equal(truncate(copy, (off_t)(n / 2)), 0);
+    assert_int_not_equal(run_checked(c, &mc, 2, all, 8, &err), 0);
+    print_message("file shrank: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "shrank"));
+    assert_non_null(strstr(err.msg, copy));
+    for (int e = 0; e < 8; e++) assert_false(em_expert_cache_holds(c, 2, e));
+    assert_int_equal(run_checked(c, &mc, 1, all, 8, &err), 0); /* resident ones still serve */
+    int fd = open(copy, O_WRONLY); /* restore in place (same inode, same descriptors) */
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, orig, n, 0), (ssize_t)n);
+    close(fd);
+    assert_int_equal(run_checked(c, &mc, 2, all, 8, &err), 0);
+    em_expert_cache_free(c);
+    em_expert_store_close(mc.s);
+    free(orig);
+    model_close(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_store_locates), cmocka_unit_test(test_store_bad_shapes),
+        cmocka_unit_test(test_io_paths),
+        cmocka_unit_test(test_union_dedup),   cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_policies),      cmocka_unit_test(test_faults),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

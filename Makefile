@@ -23,11 +23,17 @@ fuzz:
 	CC=clang $(MAKE) all BUILD=build-fuzz CMAKE_FLAGS="-DEMBER_FUZZ=ON -DCMAKE_C_COMPILER=clang"
 	bash scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
-# Until the trained default model exists (issue 7), `make run` runs the tiny test model.
-run: all
-	@echo "make run: NOTE: there is no trained default model yet (issue 7). This runs tests/fixtures/kimi_a, a tiny RANDOM-WEIGHT test model, so the text it prints is gibberish."
-	@test -f $(BUILD)/kimi_a-q8_0.gguf || $(BUILD)/ember convert tests/fixtures/kimi_a -o $(BUILD)/kimi_a-q8_0.gguf --type q8_0 >/dev/null
-	$(BUILD)/ember run -m $(BUILD)/kimi_a-q8_0.gguf --chat -p "Tell me a short story." -n 48
+# The main job: builds `ember` and runs the default model pair (models/: a small trained
+# Kimi-Linear target and its DSpark drafter) on a chat prompt with speculative decoding; the
+# generated text, then one summary line from ember's stderr (full log in $(BUILD)/run.log).
+RUN_PROMPT ?= Write a Python function `quote`: Quote a string for use in a URL.
+RUN_FLAGS ?= -n 128 --temp 0
+run: $(BUILD)/CMakeCache.txt
+	@cmake --build $(BUILD) --target ember -j $(JOBS) >/dev/null
+	@$(BUILD)/ember run --chat -p '$(RUN_PROMPT)' $(RUN_FLAGS) 2>$(BUILD)/run.log || { cat $(BUILD)/run.log >&2; exit 1; }
+	@gen=$$(sed -nE 's/.*generated ([0-9]+) tokens \(([0-9.]+) tok\/s\).*/\1 tokens, \2 tok\/s/p' $(BUILD)/run.log); \
+	 spec=$$(sed -nE 's/.*speculative: [0-9]+ passes, ([0-9]+) of ([0-9]+) drafts accepted, ([0-9.]+) tokens per pass.*/tau \3 tokens per target pass, \1\/\2 drafts accepted/p' $(BUILD)/run.log); \
+	 if [ -n "$$gen" ]; then echo "== $$gen, $${spec:-plain decoding (no drafter)}"; else cat $(BUILD)/run.log; fi
 
 deps:
 	bash scripts/deps.sh

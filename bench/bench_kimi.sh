@@ -14,7 +14,14 @@
 #   process before its timed one), VERIFY_WIDTH (1; W > 1 times verify(W)+commit(W) steps in
 #   Ember and W-token batches in llama.cpp, as rows/s), WORK (cache folder, default
 #   build/bench of the source tree), SYNTH_ARGS (the geometry, below), KEEP_JSON (1: keep the
-#   per-run JSON lines in WORK/runs-*.jsonl).
+#   per-run JSON lines in WORK/runs-*.jsonl), QUIET_WAIT (60: before each run, wait up to this
+#   many seconds for a second in which the CPUs are at least 85% idle; 0: do not wait).
+#
+# The development machine is shared (2 cores, other builds and tests come and go), and a
+# busy core hurts llama.cpp most: its threads spin at every graph barrier, so one preempted
+# thread stalls the other. Runs therefore start on a quiet second when one comes, the two
+# engines alternate, and the ratio is taken from runs interleaved in time. The load average
+# before and after is printed; rerun when it is far above 0 + THREADS.
 #
 # Default geometry (Kimi-Linear's shape, scaled): hidden 2048, 12 layers of which every 4th is
 # MLA (layers 3, 7, 11; the other 9 KDA with 16 heads x 128), 16 MLA heads (kv_lora 512, nope
@@ -75,19 +82,40 @@ EM_CMD=("$EMBER" bench -m "$MODEL" "${COMMON[@]}")
 LL_CMD=("$REF" bench "$BINS" "$MODEL" "${COMMON[@]}")
 echo "ember:     ${EM_CMD[*]}"
 echo "llama.cpp: ${LL_CMD[*]}"
+QUIET_WAIT="${QUIET_WAIT:-60}"
+# Waits up to $1 s for a second with the CPUs >= 85% idle (/proc/stat); 1 when none came.
+wait_quiet() {
+    local max="$1" waited=0 s1 s2
+    while [ "$waited" -lt "$max" ]; do
+        s1=$(head -n 1 /proc/stat)
+        sleep 1
+        s2=$(head -n 1 /proc/stat)
+        # fields: cpu user nice system idle iowait irq softirq steal
+        if awk -v a="$s1" -v b="$s2" 'BEGIN { split(a, x); split(b, y); busy = 0; idle = 0
+                for (i = 2; i <= 9; i++) { d = y[i] - x[i]; if (i == 5 || i == 6) idle += d; else busy += d }
+                exit !(busy * 100 <= (busy + idle) * 15) }'; then
+            return 0
+        fi
+        waited=$((waited + 1))
+    done
+    return 1
+}
+noisy=0
 EM_OUT="$WORK/runs-ember.jsonl"
 LL_OUT="$WORK/runs-llama.jsonl"
 : >"$EM_OUT"
 : >"$LL_OUT"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$REPS"); do
+    if [ "$QUIET_WAIT" -gt 0 ]; then wait_quiet "$QUIET_WAIT" || noisy=$((noisy + 1)); fi
     "${EM_CMD[@]}" >>"$EM_OUT"
+    if [ "$QUIET_WAIT" -gt 0 ]; then wait_quiet "$QUIET_WAIT" || noisy=$((noisy + 1)); fi
     "${LL_CMD[@]}" >>"$LL_OUT" 2>"$WORK/llama.err" || { cat "$WORK/llama.err" >&2; exit 1; }
     echo "   run $r/$REPS done (load $(cut -d' ' -f1 /proc/loadavg))"
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-python3 - "$EM_OUT" "$LL_OUT" "$load_before" "$load_after" <<'EOF'
+python3 - "$EM_OUT" "$LL_OUT" "$load_before" "$load_after" "$noisy" <<'EOF'
 import json, statistics, sys
 em = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 ll = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
@@ -100,7 +128,8 @@ print(f"threads {first['threads']}, {len(em)} alternating runs per engine, promp
       f"decode {first['n_gen']} steps of {w} row(s)")
 print(f"llama.cpp: n_batch {first['n_batch']}, n_ubatch {first['n_ubatch']}, flash attention "
       f"{first['flash_attn']}, {first['kv_types']}")
-print(f"load average (1/5/15 min) before: {sys.argv[3]}, after: {sys.argv[4]}")
+print(f"load average (1/5/15 min) before: {sys.argv[3]}, after: {sys.argv[4]}; "
+      f"runs started without a quiet second: {sys.argv[5]}")
 print()
 hdr = f"| {'metric':<16} | {'Ember min / median / max':>28} | {'llama.cpp min / median / max':>28} | {'Ember/llama':>11} |"
 print(hdr)

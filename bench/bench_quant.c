@@ -32,6 +32,8 @@
 static const int all_types[] = {
     EM_TYPE_Q8_0, EM_TYPE_Q4_0, EM_TYPE_Q4_1, EM_TYPE_Q5_0, EM_TYPE_Q5_1, EM_TYPE_MXFP4, EM_TYPE_Q2_K,
     EM_TYPE_Q3_K, EM_TYPE_Q4_K, EM_TYPE_Q5_K, EM_TYPE_Q6_K, EM_TYPE_BF16, EM_TYPE_F16,  EM_TYPE_F32,
+    EM_TYPE_IQ1_S, EM_TYPE_IQ1_M, EM_TYPE_IQ2_XXS, EM_TYPE_IQ2_XS, EM_TYPE_IQ2_S, EM_TYPE_IQ3_XXS,
+    EM_TYPE_IQ3_S, EM_TYPE_IQ4_NL, EM_TYPE_IQ4_XS,
 };
 #define N_ALL_TYPES (int)(sizeof all_types / sizeof all_types[0])
 
@@ -245,6 +247,15 @@ static void fill_random(int t, uint8_t *p, int64_t n, uint64_t *s) {
             ((em_block_q5_K *)p)[b].dmin = fp16_scale(s, 0.002f);
             break;
         case EM_TYPE_Q6_K: ((em_block_q6_K *)p)[b].d = fp16_scale(s, 0.0005f); break;
+        case EM_TYPE_IQ2_XXS: case EM_TYPE_IQ2_XS: case EM_TYPE_IQ2_S: case EM_TYPE_IQ3_XXS:
+        case EM_TYPE_IQ3_S: case EM_TYPE_IQ1_S: case EM_TYPE_IQ4_NL: case EM_TYPE_IQ4_XS: {
+            const uint16_t d = fp16_scale(s, 0.001f); /* the fp16 d leads every IQ block but IQ1_M's */
+            memcpy(p + (uint64_t)b * (uint64_t)em_type_get(t)->block_bytes, &d, 2);
+            break;
+        }
+        case EM_TYPE_IQ1_M: /* d is spread over the scale words: keep its exponent finite */
+            p[(uint64_t)b * sizeof(em_block_iq1_m) + 55] &= (uint8_t)~0x40;
+            break;
         default: break;
         }
     }
@@ -384,7 +395,7 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
     int used = -1;
     em_dot_kernel(t, o->isa, &used);
     stats s = summarize(gbs, o->runs), paired = summarize(sum_gbs, o->runs);
-    printf("%-6s %-6s %9llu %8lld %8.2f %8.2f %8.2f %7.0f%% %9.2f %7.0f%%\n", em_type_name(t), em_isa_name(used),
+    printf("%-7s %-6s %9llu %8lld %8.2f %8.2f %8.2f %7.0f%% %9.2f %7.0f%%\n", em_type_name(t), em_isa_name(used),
            (unsigned long long)row_bytes, (long long)rows, s.min, s.median, s.max, 100.0 * s.median / bw->many.median,
            paired.median, 100.0 * s.median / paired.median);
     free(x);

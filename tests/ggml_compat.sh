@@ -11,7 +11,8 @@
 #     find every key, value, tensor info and byte Ember meant, Ember's quantized bytes must
 #     equal ggml_quantize_chunk's, and each file must be byte for byte what ggml's writer
 #     produces for the same content. compat_quant_vs_ggml (the exhaustive quant check) runs too
-#     when it is built.
+#     when it is built, and so does compat_dot_vs_ggml (Ember's activation quantization and dot
+#     kernels against the CPU backend's from_float / vec_dot, libggml-cpu-*.so).
 #
 # Env (set by CTest): EMBER_BIN (the ember CLI), EMBER_SRC (repo root), EMBER_BUILD (build
 # folder with compat_* programs). Exit 77 (skip) when the npm package cannot be installed.
@@ -23,6 +24,7 @@ EMBER="${EMBER_BIN:-$BUILD/ember}"
 PROBE="$BUILD/compat_gguf_probe"
 JSONDIFF="$BUILD/compat_json_diff"
 QUANT="$BUILD/compat_quant_vs_ggml"
+DOT="$BUILD/compat_dot_vs_ggml"
 
 . "$SRC/tests/lib/check.sh"
 em_need_exes ggml_compat "$EMBER" "$PROBE" "$JSONDIFF"
@@ -138,6 +140,21 @@ if [ -x "$QUANT" ]; then
     else
         fail "compat_quant_vs_ggml:"
         tail -n 40 "$WORK/quant.log" | sed 's/^/  /'
+    fi
+fi
+
+# ---- dot products against ggml's CPU backend ---------------------------------------------
+if [ -x "$DOT" ]; then
+    echo "== compat_dot_vs_ggml"
+    "$DOT" "$BINS" >"$WORK/dot.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        pass
+    elif [ $rc -eq 77 ]; then
+        echo "   skipped: $(tail -n 1 "$WORK/dot.log")"
+    else
+        fail "compat_dot_vs_ggml (exit $rc):"
+        tail -n 40 "$WORK/dot.log" | sed 's/^/  /'
     fi
 fi
 

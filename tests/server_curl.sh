@@ -19,14 +19,17 @@ command -v node >/dev/null 2>&1 && HAVE_NODE=1
 srv_setup
 
 echo "== flags of features not available yet are refused at startup, as by ember run"
-for flags in "--draft $MODEL" "--device cuda:0" "--draft-device cuda:1" "--moe-storage ssd" "--expert-cache 8GiB" \
-    "--feature-dtype bf16" "--verify-width 4"; do
+for flags in "--device cuda:0" "--draft-device cuda:1"; do
     # shellcheck disable=SC2086
     timeout 10 "$EMBER_BIN" serve -m "$MODEL" --port 0 $flags >/dev/null 2>"$WORK/flag.err"
     rc=$?
     check "serve $flags: exit 2, 'not available yet' ($(head -c 100 "$WORK/flag.err"))" \
         bash -c '[ "$1" = 2 ] && grep -q "not available yet" "$2"' _ "$rc" "$WORK/flag.err"
 done
+timeout 10 "$EMBER_BIN" serve -m "$MODEL" --port 0 --verify-width 4 >/dev/null 2>"$WORK/flag.err"
+check "serve --verify-width 4 without a drafter: exit 2, 'needs a drafter'" bash -c '[ "$1" = 2 ] && grep -q "needs a drafter" "$2"' _ "$?" "$WORK/flag.err"
+timeout 10 "$EMBER_BIN" serve -m "$MODEL" --port 0 --draft "$MODEL" >/dev/null 2>"$WORK/flag.err"
+check "serve --draft with a file that is no drafter: exit 1" bash -c '[ "$1" = 1 ]' _ "$?"
 timeout 10 "$EMBER_BIN" serve -m "$WORK/missing.gguf" --port 0 >/dev/null 2>"$WORK/flag.err"
 check "serve with a missing model file: exit 1 with the file named" bash -c '[ "$1" = 1 ] && grep -q missing.gguf "$2"' _ "$?" "$WORK/flag.err"
 
@@ -339,6 +342,22 @@ for req in 'GET /health HTTP/1.1\r\nBad Header Line\r\n\r\n' 'GET /health HTTP/1
     check "broken HTTP ('$(printf '%.30s' "$req")...'): 4xx ($s)" bash -c '[ "${1:0:1}" = 4 ]' _ "$s"
 done
 check "/health is 200 after all of it" health_ok
+
+echo "== speculative decoding (--draft, the DSpark fixture drafter)"
+DRAFT="$WORK/dspark.gguf"
+if timeout 120 "$EMBER_BIN" convert "$EMBER_SRC/tests/fixtures/dspark_deepspec" -o "$DRAFT" --type f32 >/dev/null 2>&1; then
+    srv_start C --draft "$DRAFT" --verify-width 4 --feature-dtype bf16
+    body='{"prompt":"Once upon a time","max_tokens":20,"temperature":0,"ignore_eos":true,"return_tokens":true}'
+    plain=$(post "$A_URL/v1/completions" "$body")
+    resp=$(post "$C_URL/v1/completions" "$body")
+    check "--draft: greedy tokens equal plain decoding's" test "$(jq -c '.choices[0].tokens' <<<"$resp")" = "$(jq -c '.choices[0].tokens' <<<"$plain")"
+    check "--draft: timings count drafts (draft_n > 0, accepted <= drafted)" jqc '.timings.draft_n > 0 and .timings.draft_n_accepted <= .timings.draft_n' <<<"$resp"
+    drafted=$(metric "$C_URL" ember_spec_drafted_total)
+    check "--draft: /metrics counts drafts ($drafted)" bash -c '[ "${1%%.*}" -gt 0 ]' _ "${drafted:-0}"
+    srv_stop C
+else
+    bad "cannot convert the drafter fixture"
+fi
 
 echo "== shutdown"
 srv_stop A

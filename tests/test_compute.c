@@ -164,6 +164,58 @@ static void test_act_q8_0_bytes(void **state) {
     free(x);
 }
 
+/* em_matmul_multi: several products in one pool run give exactly em_matmul_act's outputs
+ * (weight types with different kernels, one and several activation rows, a product with no
+ * rows and one with zero columns among them); a bad item is refused before anything is
+ * written. */
+static void test_matmul_multi(void **state) {
+    (void)state;
+    em_pool *pool;
+    assert_int_equal(em_pool_create(&pool, 2, NULL), 0);
+    enum { K = 6 };
+    static const int types[K] = { EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_Q4_K, EM_TYPE_Q8_0, EM_TYPE_Q8_0 };
+    static const int64_t rows[K] = { 300, 77, 40, 33, 0, 5 }, cols[K] = { 256, 512, 96, 256, 64, 0 },
+                         ns[K] = { 1, 5, 3, 2, 2, 3 };
+    em_mat m[K];
+    em_act act[K];
+    em_mm_item items[K];
+    void *w[K], *buf[K];
+    float *x[K], *want[K], *got[K];
+    for (int k = 0; k < K; k++) {
+        uint64_t rb, bytes;
+        w[k] = rows[k] && cols[k] ? rand_weights(types[k], rows[k], cols[k], &rb) : malloc(64);
+        assert_int_equal(em_mat_init(&m[k], types[k], rows[k], cols[k], w[k], NULL), 0);
+        x[k] = rand_floats(ns[k] * cols[k] + 1, 1.0f);
+        assert_int_equal(em_act_bytes(types[k], cols[k], ns[k], &bytes, NULL), 0);
+        buf[k] = malloc((size_t)bytes + 64);
+        assert_int_equal(em_act_prepare(pool, types[k], x[k], cols[k], cols[k], ns[k], buf[k], &act[k], NULL), 0);
+        size_t out = (size_t)(ns[k] * (rows[k] + 1) + 1) * sizeof(float);
+        want[k] = malloc(out), got[k] = malloc(out);
+        for (size_t i = 0; i < out / sizeof(float); i++) want[k][i] = got[k][i] = NAN;
+        assert_int_equal(em_matmul_act(NULL, &m[k], &act[k], want[k], rows[k] + 1, NULL), 0);
+        items[k] = (em_mm_item){ .w = &m[k], .act = &act[k], .y = got[k], .ldy = rows[k] + 1 };
+    }
+    /* a bad item last: nothing is written */
+    em_mm_item bad[K + 1];
+    memcpy(bad, items, sizeof items);
+    bad[K] = (em_mm_item){ .w = &m[0], .act = &act[1], .y = got[0], .ldy = rows[0] };
+    em_err err = { 0 };
+    assert_int_equal(em_matmul_multi(pool, bad, K + 1, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "product 6"));
+    for (int k = 0; k < K; k++) assert_true(isnan(got[k][0]));
+    assert_int_equal(em_matmul_multi(pool, items, EM_MATMUL_MULTI_MAX + 1, &err), EM_EINVAL);
+    assert_int_equal(em_matmul_multi(pool, items, 0, &err), 0);
+
+    assert_int_equal(em_matmul_multi(pool, items, K, &err), 0);
+    for (int k = 0; k < K; k++) {
+        size_t out = (size_t)(ns[k] * (rows[k] + 1) + 1) * sizeof(float);
+        assert_memory_equal(got[k], want[k], out); /* NaN padding included: same bits */
+        if (cols[k] == 0) assert_true(got[k][0] == 0.0f);
+        free(w[k]), free(buf[k]), free(x[k]), free(want[k]), free(got[k]);
+    }
+    em_pool_free(pool);
+}
+
 /* A prepared activation set is reusable across matrices of the same activation type, and
  * a slice of rows (em_mat_rows) is the matrix of those rows. */
 static void test_act_reuse_and_slices(void **state) {
@@ -344,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_q8_0_tiles),
         cmocka_unit_test(test_act_q8_0_bytes),
+        cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_act_reuse_and_slices),
         cmocka_unit_test(test_matmul_errors),
         cmocka_unit_test(test_norms),

@@ -5,6 +5,10 @@
  *    loop structure of ggml's to_float (halves / shifts / scale words) rather than the
  *    per-element index arithmetic of dot.c, computed in double (so exact);
  *  - the dot product of those values with the activations in double.
+ *  - IQ types: em_dequantize's values instead (their decoding is table lookups that
+ *    tests/compat/quant_vs_ggml.c proves bit-identical to ggml's to_float; every IQ value is
+ *    exact in float: an fp16 d times small integers), so the check is exactly "kernel ==
+ *    dequantize-then-f32-dot" within the tolerance below.
  * Tolerance: |result - reference| <= TOL * S, S = sum over values of |scale part * a| +
  * |min part * a| (the magnitudes the kernels add up, so cancellation cannot hide behind a
  * small result). TOL = 4e-6: float rounding of these sums is ~1e-7 S in practice, while a
@@ -27,6 +31,8 @@ static const int dot_types[] = {
     EM_TYPE_F32,  EM_TYPE_F16,  EM_TYPE_BF16, EM_TYPE_Q8_0, EM_TYPE_Q4_0,
     EM_TYPE_Q4_1, EM_TYPE_Q5_0, EM_TYPE_Q5_1, EM_TYPE_Q2_K, EM_TYPE_Q3_K,
     EM_TYPE_Q4_K, EM_TYPE_Q5_K, EM_TYPE_Q6_K, EM_TYPE_MXFP4,
+    EM_TYPE_IQ1_S, EM_TYPE_IQ1_M, EM_TYPE_IQ2_XXS, EM_TYPE_IQ2_XS, EM_TYPE_IQ2_S,
+    EM_TYPE_IQ3_XXS, EM_TYPE_IQ3_S, EM_TYPE_IQ4_NL, EM_TYPE_IQ4_XS,
 };
 #define N_DOT_TYPES (int)(sizeof dot_types / sizeof dot_types[0])
 
@@ -93,6 +99,22 @@ static void *rand_weights(int t, int64_t n) {
             ((em_block_q5_K *)p)[b].dmin = rand_scale(0.002f);
             break;
         case EM_TYPE_Q6_K: ((em_block_q6_K *)p)[b].d = rand_scale(0.0005f); break;
+        case EM_TYPE_IQ2_XXS: ((em_block_iq2_xxs *)p)[b].d = rand_scale(0.001f); break;
+        case EM_TYPE_IQ2_XS: ((em_block_iq2_xs *)p)[b].d = rand_scale(0.001f); break;
+        case EM_TYPE_IQ2_S: ((em_block_iq2_s *)p)[b].d = rand_scale(0.001f); break;
+        case EM_TYPE_IQ3_XXS: ((em_block_iq3_xxs *)p)[b].d = rand_scale(0.001f); break;
+        case EM_TYPE_IQ3_S: ((em_block_iq3_s *)p)[b].d = rand_scale(0.001f); break;
+        case EM_TYPE_IQ1_S: ((em_block_iq1_s *)p)[b].d = rand_scale(0.01f); break;
+        case EM_TYPE_IQ4_NL: ((em_block_iq4_nl *)p)[b].d = rand_scale(0.001f); break;
+        case EM_TYPE_IQ4_XS: ((em_block_iq4_xs *)p)[b].d = rand_scale(0.0001f); break;
+        case EM_TYPE_IQ1_M: { /* the fp16 d sits in the top nibbles of the 4 scale words */
+            em_block_iq1_m *x = (em_block_iq1_m *)p + b;
+            uint16_t d = rand_scale(0.01f), sc[4];
+            memcpy(sc, x->scales, sizeof sc);
+            for (int k = 0; k < 4; k++) sc[k] = (uint16_t)((sc[k] & 0x0fff) | ((d >> (4 * k)) & 15) << 12);
+            memcpy(x->scales, sc, sizeof sc);
+            break;
+        }
         default: fail_msg("no generator for type %d", t);
         }
     }
@@ -148,6 +170,10 @@ static void ref_act(int at, const void *src, int64_t n, double *out) {
     }
 }
 
+static bool is_iq_type(int t) {
+    return (t >= EM_TYPE_IQ2_XXS && t <= EM_TYPE_IQ4_XS) || t == EM_TYPE_IQ1_M;
+}
+
 /* Weight values as scale part v[i] plus min part m[i] (0 for symmetric types). */
 static void ref_dequant(int t, const void *src, int64_t n, double *v, double *m) {
     memset(m, 0, (size_t)n * sizeof *m);
@@ -162,6 +188,14 @@ static void ref_dequant(int t, const void *src, int64_t n, double *v, double *m)
         for (int64_t i = 0; i < n; i++) v[i] = em_bf16_to_fp32(((const uint16_t *)src)[i]);
         return;
     default: break;
+    }
+    if (is_iq_type(t)) {
+        float *f = malloc((size_t)n * sizeof *f);
+        assert_non_null(f);
+        assert_int_equal(em_dequantize(t, src, f, n, NULL), 0);
+        for (int64_t i = 0; i < n; i++) v[i] = f[i];
+        free(f);
+        return;
     }
     const int blk = em_dot_block_elems(t);
     for (int64_t b = 0; b < n / blk; b++) {
@@ -355,7 +389,15 @@ static void test_pairing(void **state) {
     assert_int_equal(em_dot_act_type(EM_TYPE_MXFP4), EM_TYPE_Q8_0);
     for (int t = EM_TYPE_Q2_K; t <= EM_TYPE_Q6_K; t++) assert_int_equal(em_dot_act_type(t), EM_TYPE_Q8_K);
     assert_int_equal(em_dot_act_type(EM_TYPE_Q8_K), -1);
-    assert_int_equal(em_dot_act_type(EM_TYPE_IQ2_XXS), -1);
+    assert_int_equal(em_dot_act_type(EM_TYPE_IQ4_NL), EM_TYPE_Q8_0); /* as ggml pairs them */
+    static const int iq_k[] = { EM_TYPE_IQ1_S, EM_TYPE_IQ1_M, EM_TYPE_IQ2_XXS, EM_TYPE_IQ2_XS,
+                                EM_TYPE_IQ2_S, EM_TYPE_IQ3_XXS, EM_TYPE_IQ3_S, EM_TYPE_IQ4_XS };
+    for (size_t i = 0; i < sizeof iq_k / sizeof iq_k[0]; i++) {
+        assert_int_equal(em_dot_act_type(iq_k[i]), EM_TYPE_Q8_K);
+        assert_int_equal(em_dot_block_elems(iq_k[i]), 256);
+    }
+    assert_int_equal(em_dot_block_elems(EM_TYPE_IQ4_NL), 32);
+    assert_int_equal(em_dot_act_type(EM_TYPE_TQ1_0), -1);
     assert_int_equal(em_dot_act_type(-1), -1);
     assert_int_equal(em_dot_act_type(1000), -1);
     assert_int_equal(em_dot_block_elems(EM_TYPE_BF16), 1);
@@ -598,7 +640,7 @@ static void test_checked_entry_points(void **state) {
     assert_int_equal(bytes, 12);
     assert_int_equal(em_dot_quantize_act(EM_TYPE_Q8_0, x, NULL, 32, &err), EM_EINVAL);
     assert_int_equal(em_dot_quantize_act(EM_TYPE_Q8_0, x, buf, 31, &err), EM_EINVAL);
-    assert_int_equal(em_dot_quantize_act(EM_TYPE_IQ2_XS, x, buf, 256, &err), EM_EUNSUPPORTED);
+    assert_int_equal(em_dot_quantize_act(EM_TYPE_TQ2_0, x, buf, 256, &err), EM_EUNSUPPORTED);
     x[5] = 2.5f;
     assert_int_equal(em_dot_quantize_act(EM_TYPE_F16, x, buf, 8, &err), 0);
     assert_memory_equal(buf, x, 8 * sizeof(float));

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- corpus output -------------------------------------------------------------------- */
@@ -1109,6 +1110,92 @@ static int count_files(const char *dir) {
     return n;
 }
 
+/* skip_data leaves holes: the file equals one written with zeros there, byte for byte, in a
+ * single file and across split shards (a shard may end in a hole), and a skipped 64 MiB tensor
+ * takes next to no disk space. */
+static void write_holey(const char *path, uint64_t max_shard, bool skip, bool overrun) {
+    em_gguf_writer *w;
+    em_gguf_write_opts opts = { .max_shard_bytes = max_shard };
+    OK(em_gguf_writer_create(&w, path, &opts, E));
+    OK(em_gguf_writer_set_str(w, "general.name", "holes", E));
+    const uint64_t big_bytes = (uint64_t)(16 << 20) * 4;
+    const int64_t big[1] = { 16 << 20 }, small[1] = { 40 }, mid[2] = { 64, 3 };
+    OK(em_gguf_writer_add_tensor(w, "a", EM_TYPE_F32, 1, small, E));
+    OK(em_gguf_writer_add_tensor(w, "big", EM_TYPE_F32, 1, big, E));
+    OK(em_gguf_writer_add_tensor(w, "b", EM_TYPE_Q8_0, 2, mid, E));
+    OK(em_gguf_writer_add_tensor(w, "c", EM_TYPE_F32, 1, small, E));
+    float v[40];
+    for (int i = 0; i < 40; i++) v[i] = (float)i - 7.5f;
+    uint8_t *zeros = calloc(1, (size_t)big_bytes + 4096); /* covers "big" and what follows it */
+    assert_non_null(zeros);
+    OK(em_gguf_writer_write_tensor(w, "a", v, sizeof v, E));
+    /* "big", "b" and the first half of "c" as one skip (it crosses tensor boundaries), then
+     * the rest of "c": the file (or its last shard) ends in a hole */
+    uint64_t first = big_bytes + 3 * 68 + 80;
+    if (skip) {
+        OK(em_gguf_writer_skip_data(w, first, E));
+        OK(em_gguf_writer_skip_data(w, 80, E));
+    } else {
+        OK(em_gguf_writer_write_data(w, zeros, first, E));
+        OK(em_gguf_writer_write_data(w, zeros, 80, E));
+    }
+    free(zeros);
+    if (overrun) {
+        em_err err = { 0 };
+        assert_int_equal(em_gguf_writer_skip_data(w, 1, &err), EM_EINVAL);
+        assert_non_null(strstr(err.msg, "beyond the declared tensors"));
+    } else {
+        OK(em_gguf_writer_finish(w, E));
+    }
+    em_gguf_writer_free(w);
+}
+
+static void test_skip_data(void **state) {
+    (void)state;
+    for (int split = 0; split < 2; split++) {
+        /* split: at most 4 KiB a shard, so "big" has a shard of its own and "b", "c" another */
+        uint64_t max = split ? 4096 : 0;
+        char p0[512], p1[512];
+        snprintf(p0, sizeof p0, "%s", em_test_path(split ? "z.gguf" : "zero.gguf"));
+        snprintf(p1, sizeof p1, "%s", em_test_path(split ? "h.gguf" : "hole.gguf"));
+        write_holey(p0, max, false, false);
+        write_holey(p1, max, true, false);
+        int n = split ? 3 : 1;
+        uint64_t holey_disk = 0, total = 0;
+        for (int k = 0; k < n; k++) {
+            char a[600], b[600];
+            if (split) {
+                snprintf(a, sizeof a, "%s/z-%05d-of-%05d.gguf", em_test_dir(), k + 1, n);
+                snprintf(b, sizeof b, "%s/h-%05d-of-%05d.gguf", em_test_dir(), k + 1, n);
+            } else {
+                snprintf(a, sizeof a, "%s", p0);
+                snprintf(b, sizeof b, "%s", p1);
+            }
+            size_t na, nb;
+            void *da = em_test_read(a, &na), *db = em_test_read(b, &nb);
+            assert_int_equal(na, nb);
+            assert_memory_equal(da, db, na);
+            free(da);
+            free(db);
+            struct stat sb;
+            assert_int_equal(stat(b, &sb), 0);
+            holey_disk += (uint64_t)sb.st_blocks * 512;
+            total += (uint64_t)sb.st_size;
+        }
+        assert_true(total > (uint64_t)(64 << 20));
+        /* sparse where the file system supports it (tmpfs, ext4, xfs, btrfs all do) */
+        assert_true(holey_disk < (uint64_t)(4 << 20));
+        em_gguf *g = open_ok(split ? em_test_path("h-00001-of-00003.gguf") : p1);
+        assert_int_equal(em_gguf_n_tensors(g), 4);
+        const float *a = em_gguf_find_tensor(g, "a")->data;
+        assert_true(a[39] == 31.5f);
+        em_gguf_close(g);
+    }
+    /* data past the declared tensors is refused and the writer cleans up */
+    write_holey(em_test_path("over.gguf"), 0, true, true);
+    assert_false(em_file_exists(em_test_path("over.gguf")));
+}
+
 static void test_writer_misuse(void **state) {
     (void)state;
     assert_int_equal(em_test_sh(0, "mkdir -p '%s/w'", em_test_dir()), 0);
@@ -1217,6 +1304,7 @@ int main(void) {
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_split_bad_keys),
         cmocka_unit_test(test_writer_misuse),
+        cmocka_unit_test(test_skip_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -78,11 +78,13 @@ static void test_type_table(void **state) {
                              EM_TYPE_Q4_1, EM_TYPE_Q5_0, EM_TYPE_Q5_1, EM_TYPE_Q8_0,
                              EM_TYPE_Q2_K, EM_TYPE_Q3_K, EM_TYPE_Q4_K, EM_TYPE_Q5_K,
                              EM_TYPE_Q6_K, EM_TYPE_Q8_K, EM_TYPE_MXFP4, EM_TYPE_I8,
-                             EM_TYPE_I16, EM_TYPE_I32, EM_TYPE_F64 };
+                             EM_TYPE_I16, EM_TYPE_I32, EM_TYPE_F64, EM_TYPE_IQ1_S,
+                             EM_TYPE_IQ1_M, EM_TYPE_IQ2_XXS, EM_TYPE_IQ2_XS, EM_TYPE_IQ2_S,
+                             EM_TYPE_IQ3_XXS, EM_TYPE_IQ3_S, EM_TYPE_IQ4_NL, EM_TYPE_IQ4_XS };
     for (size_t i = 0; i < sizeof readable / sizeof readable[0]; i++)
         assert_non_null(em_type_get(readable[i])->to_float);
-    assert_null(em_type_get(EM_TYPE_IQ2_XXS)->to_float);
-    assert_null(em_type_get(EM_TYPE_IQ4_NL)->to_float);
+    assert_null(em_type_get(EM_TYPE_TQ1_0)->to_float);
+    assert_null(em_type_get(EM_TYPE_IQ2_XXS)->from_float); /* IQ: read only */
     assert_null(em_type_get(EM_TYPE_Q8_1)->to_float);
     assert_non_null(em_type_get(EM_TYPE_Q4_K)->from_float);
     assert_null(em_type_get(EM_TYPE_I32)->from_float);
@@ -114,6 +116,64 @@ static void test_row_bytes(void **state) {
     assert_int_equal(b, 1ull << 63);
 }
 
+/* IQ dequantization on hand-made blocks whose values follow from the format description
+ * alone (d = 1, small indices; grid entry 0 of each codebook is its first listed value):
+ * anchors the layouts independently of ggml (tests/compat checks every bit against ggml). */
+static void test_iq_known_values(void **state) {
+    (void)state;
+    static const float kv[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+    const uint16_t one = 0x3c00; /* fp16 1.0 */
+    float y[256];
+    uint8_t blk[256];
+
+    /* IQ4_NL: y[j] = d * kv[low nibble of byte j], y[j+16] = d * kv[high nibble] */
+    memset(blk, 0, sizeof blk);
+    memcpy(blk, &one, 2);
+    for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    assert_int_equal(em_dequantize(EM_TYPE_IQ4_NL, blk, y, 32, NULL), 0);
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == kv[j]);
+        assert_true(y[j + 16] == kv[15 - j]);
+    }
+
+    /* IQ4_XS: scale of sub-block s = (4-bit low | 2-bit high << 4) - 32; sub-block 1 gets
+     * scale 33 - 32 = 1 (low nibble 1, high bits 10 -> 0b10 << 4 = 32) */
+    memset(blk, 0, sizeof blk);
+    memcpy(blk, &one, 2);
+    const uint16_t scales_h = 2 << 2; /* sub-block 1: high bits 2 */
+    memcpy(blk + 2, &scales_h, 2);
+    blk[4] = 0x10; /* sub-block 0 low 0, sub-block 1 low 1 */
+    for (int j = 0; j < 16; j++) blk[8 + 16 + j] = 0xF8; /* sub-block 1: low 8, high 15 */
+    assert_int_equal(em_dequantize(EM_TYPE_IQ4_XS, blk, y, 256, NULL), 0);
+    assert_true(y[0] == -32.0f * -127.0f); /* sub-block 0: scale -32, index 0 */
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[32 + j] == kv[8]);
+        assert_true(y[48 + j] == kv[15]);
+    }
+
+    /* IQ1_S: index 0 = all -1; y = d * (2*s + 1) * (g + delta), delta = -0.125 when qh bit 15 */
+    memset(blk, 0, sizeof blk);
+    memcpy(blk, &one, 2);
+    const uint16_t qh1 = 0x8000 | 1 << 12; /* sub-block 1: delta -1/8, scale 3 */
+    memcpy(blk + 34 + 2, &qh1, 2);
+    assert_int_equal(em_dequantize(EM_TYPE_IQ1_S, blk, y, 256, NULL), 0);
+    for (int j = 0; j < 32; j++) {
+        assert_true(y[j] == -0.875f);
+        assert_true(y[32 + j] == -3.375f);
+    }
+
+    /* IQ2_XXS: grid entry 0 is eight 8s; scale (0.5 + 0) / 4 -> 1.0. Sign index 1 completes
+     * to 0x81 (odd parity): values 0 and 7 of the first group negative. */
+    memset(blk, 0, sizeof blk);
+    memcpy(blk, &one, 2);
+    const uint32_t signs = 1u | 3u << 28; /* group 0 sign index 1; scale 3 -> 3.5/4 */
+    memcpy(blk + 2 + 4, &signs, 4);
+    assert_int_equal(em_dequantize(EM_TYPE_IQ2_XXS, blk, y, 256, NULL), 0);
+    for (int j = 0; j < 8; j++) assert_true(y[j] == (j == 0 || j == 7 ? -7.0f : 7.0f));
+    for (int j = 8; j < 32; j++) assert_true(y[j] == 7.0f);
+    for (int j = 32; j < 256; j++) assert_true(y[j] == 1.0f);
+}
+
 static void test_convert_errors(void **state) {
     (void)state;
     float f[64] = { 0 };
@@ -122,8 +182,9 @@ static void test_convert_errors(void **state) {
     assert_int_equal(em_dequantize(EM_TYPE_Q8_0, q, f, -32, &err), EM_EINVAL);
     assert_int_equal(em_dequantize(EM_TYPE_Q8_0, q, f, 48, &err), EM_EFORMAT);
     assert_non_null(strstr(err.msg, "dequantize"));
-    assert_int_equal(em_dequantize(EM_TYPE_IQ2_XXS, q, f, 256, &err), EM_EUNSUPPORTED);
-    assert_non_null(strstr(err.msg, "iq2_xxs"));
+    assert_int_equal(em_dequantize(EM_TYPE_TQ1_0, q, f, 256, &err), EM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "tq1_0"));
+    assert_int_equal(em_quantize(EM_TYPE_IQ2_XXS, f, q, 256, &err), EM_EUNSUPPORTED);
     assert_int_equal(em_dequantize(5, q, f, 32, &err), EM_EUNSUPPORTED);
     assert_int_equal(em_dequantize(EM_TYPE_Q8_0, NULL, f, 32, &err), EM_EINVAL);
     assert_int_equal(em_dequantize(EM_TYPE_Q8_0, q, NULL, 32, &err), EM_EINVAL);
@@ -504,6 +565,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_type_table),
         cmocka_unit_test(test_row_bytes),
+        cmocka_unit_test(test_iq_known_values),
         cmocka_unit_test(test_convert_errors),
         cmocka_unit_test(test_half_semantics),
         cmocka_unit_test(test_known_q8_0),

@@ -1,13 +1,20 @@
 /* `ember run` as a program ($EMBER_BIN) on the kimi_a fixture converted to F32:
- *  - usage errors exit 2 (no model: the message says there is no default model yet; no or two
- *    prompts; unknown flags; bad values), flags of features still to come exit 2 saying they
+ *  - usage errors exit 2 (no or two prompts; unknown flags; bad values), flags of features
+ *    still to come exit 2 saying they
  *    are not available yet, and their accepted values (--draft none, --device cpu, ...) run;
+ *  - --draft with the DSpark fixture drafter: the same greedy tokens as plain decoding, spec
+ *    statistics that count drafts; --verify-width > 1 without a drafter, a bad
+ *    --feature-dtype, a missing drafter file and a width past the block are refused;
  *  - --json: the last line of stdout is one JSON object with every field, of the right type
  *    and consistent (n_gen = tokens, passes = n_gen - 1 at length, tau 1, zero experts), and
  *    the text before it is exactly the decode of the tokens;
  *  - greedy tokens equal the argmax chain of fresh full-sequence verifies computed here
  *    through the library (plain prompt and --chat, -p and -f);
- *  - failures exit 1: a prompt longer than --ctx-size, a missing model file. */
+ *  - failures exit 1: a prompt longer than --ctx-size, a missing model file;
+ *  - the default pair (EMBER_MODELS pointed at a folder holding the fixtures under the default
+ *    pair's names): no -m speculates with the default drafter (greedy tokens equal -m's plain
+ *    ones), --draft none and a -m without --draft decode plainly, a folder without the target
+ *    or without the drafter exits 1 naming what is missing. */
 #include "testutil.h"
 
 #include <jansson.h>
@@ -20,6 +27,10 @@
 #include "model/model.h"
 #include "sample/sample.h"
 #include "text/text.h"
+
+/* The default pair's file names (tools/model_flags.h). */
+#define EM_TEST_DEFAULT_TARGET "kimi-linear-19m-q8_0.gguf"
+#define EM_TEST_DEFAULT_DRAFT "dspark-kimi-linear-19m-q8_0.gguf"
 
 static const char *g_bin;
 static char g_model[600];
@@ -149,7 +160,8 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
 
     json_t *spec = json_object_get(j, "spec");
     static const char *const spec_keys[] = { "passes", "drafted", "accepted", "tau", "fast_commits",
-                                             "full_replays", "failed_fallbacks" };
+                                             "full_replays", "failed_fallbacks", "accept_hist",
+                                             "mean_verify_width", "draft_seconds" };
     assert_int_equal(json_object_size(spec), sizeof spec_keys / sizeof spec_keys[0]);
     json_int_t passes = get_int(spec, "passes");
     assert_int_equal(passes, !strcmp(finish, "length") ? n - 1 : n);
@@ -159,11 +171,18 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     assert_int_equal(get_int(spec, "fast_commits"), passes);
     assert_int_equal(get_int(spec, "full_replays"), 0);
     assert_int_equal(get_int(spec, "failed_fallbacks"), 0);
+    json_t *hist = json_object_get(spec, "accept_hist"); /* plain: every pass accepted 0 drafts */
+    assert_true(json_is_array(hist) && json_array_size(hist) == 1);
+    assert_int_equal(json_integer_value(json_array_get(hist, 0)), passes);
+    assert_true(fabs(get_num(spec, "mean_verify_width") - (passes ? 1.0 : 0.0)) < 1e-12);
+    assert_true(get_num(spec, "draft_seconds") == 0);
 
     json_t *ex = json_object_get(j, "experts");
     static const char *const ex_keys[] = { "bytes_read", "hits", "misses", "cache_bytes" };
     assert_int_equal(json_object_size(ex), 4);
-    for (int i = 0; i < 4; i++) assert_int_equal(get_int(ex, ex_keys[i]), 0);
+    for (int i = 0; i < 4; i++) /* resident (auto on a small model): every expert use is a hit */
+        if (strcmp(ex_keys[i], "hits")) assert_int_equal(get_int(ex, ex_keys[i]), 0);
+    assert_true(get_int(ex, "hits") > 0);
     *n_tokens = n;
     return ids;
 }
@@ -258,8 +277,6 @@ static void test_sampled_json(void **state) {
 static void test_usage_errors(void **state) {
     (void)state;
     NEED_MODEL();
-    assert_int_equal(em_test_sh(1, "'%s' run -p hello", g_bin), 2);
-    expect_stderr("no default model yet");
     assert_int_equal(run(""), 2);
     expect_stderr("exactly one of -p");
     assert_int_equal(run("-p a -f b"), 2);
@@ -287,8 +304,7 @@ static void test_not_yet(void **state) {
     (void)state;
     NEED_MODEL();
     static const char *const flags[] = {
-        "--draft d.gguf",        "--device cuda:0", "--device cuda",          "--draft-device cuda:1",
-        "--moe-storage ssd",     "--expert-cache 8GiB", "--feature-dtype bf16", "--verify-width 4",
+        "--device cuda:0", "--device cuda", "--draft-device cuda:1",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         char args[200];
@@ -300,6 +316,111 @@ static void test_not_yet(void **state) {
         assert_string_equal(out, ""); /* nothing generated */
         free(out);
     }
+}
+
+/* --draft: the DSpark fixture drafter; greedy tokens equal plain decoding's, spec counts drafts. */
+static void test_draft(void **state) {
+    (void)state;
+    NEED_MODEL();
+    char draft[600], args[900];
+    if (em_test_convert_fixture(g_bin, "dspark_deepspec", "f32", draft, sizeof draft)) fail_msg("converting the drafter");
+    assert_int_equal(run("-p 'Once upon' -n 16 --temp 0 --threads 1 --json"), 0);
+    char *out = read_text("out.txt");
+    const char *plain = strstr(out, "\"tokens\":");
+    assert_non_null(plain);
+    snprintf(args, sizeof args, "-p 'Once upon' -n 16 --temp 0 --threads 1 --json --draft '%s' --draft-device cpu "
+                                "--verify-width 5 --feature-dtype q8_0", draft);
+    assert_int_equal(run(args), 0);
+    char *text;
+    size_t len;
+    json_t *j = split_json(&text, &len);
+    char *spec_out = read_text("out.txt");
+    assert_memory_equal(strstr(spec_out, "\"tokens\":"), plain, (size_t)(strchr(plain, ']') - plain));
+    json_t *spec = json_object_get(j, "spec");
+    assert_true(get_int(spec, "drafted") <= 4 * get_int(spec, "passes")); /* width 5: 4 drafts at most */
+    assert_true(get_int(spec, "drafted") > 0 && get_num(spec, "draft_seconds") > 0);
+    assert_true(get_num(spec, "mean_verify_width") > 1 && get_num(spec, "mean_verify_width") <= 5);
+    assert_int_equal(get_int(spec, "full_replays"), 0);
+    json_decref(j);
+    free(text);
+    free(spec_out);
+    free(out);
+    /* flags that need --draft, bad values, a missing drafter file */
+    assert_int_equal(run("-p a -n 2 --verify-width 4"), 2);
+    expect_stderr("needs a drafter");
+    assert_int_equal(run("-p a -n 2 --feature-dtype q4_0"), 2);
+    expect_stderr("not f32, f16, bf16 or q8_0");
+    snprintf(args, sizeof args, "-p a -n 2 --draft '%s'", em_test_path("nodraft.gguf"));
+    assert_int_equal(run(args), 1);
+    expect_stderr("nodraft.gguf");
+    snprintf(args, sizeof args, "-p a -n 2 --draft '%s' --verify-width 9", draft);
+    assert_int_equal(run(args), 1);
+    expect_stderr("verify width 9");
+}
+
+/* Runs `EMBER_MODELS=DIR ember run ARGS` (no -m unless ARGS has one). */
+static int run_default(const char *dir, const char *args) {
+    return em_test_sh(1, "EMBER_MODELS='%s' '%s' run %s", dir, g_bin, args);
+}
+
+/* The drafted count of the JSON line of the last run. */
+static json_int_t last_drafted(void) {
+    char *text;
+    size_t len;
+    json_t *j = split_json(&text, &len);
+    json_int_t d = get_int(json_object_get(j, "spec"), "drafted");
+    json_decref(j);
+    free(text);
+    return d;
+}
+
+/* Without -m: the default pair from $EMBER_MODELS (here the fixtures under the pair's names). */
+static void test_default_pair(void **state) {
+    (void)state;
+    NEED_MODEL();
+    char draft[600], dir[600], only[600];
+    if (em_test_convert_fixture(g_bin, "dspark_deepspec", "f32", draft, sizeof draft)) fail_msg("converting the drafter");
+    snprintf(dir, sizeof dir, "%s", em_test_path("pair"));
+    snprintf(only, sizeof only, "%s", em_test_path("target_only"));
+    assert_int_equal(em_test_sh(0, "mkdir -p '%s' '%s' && ln -sf '%s' '%s/" EM_TEST_DEFAULT_TARGET "' && "
+                                   "ln -sf '%s' '%s/" EM_TEST_DEFAULT_DRAFT "' && ln -sf '%s' '%s/" EM_TEST_DEFAULT_TARGET "'",
+                                dir, only, g_model, dir, draft, dir, g_model, only),
+                     0);
+    assert_int_equal(run("-p 'Once upon' -n 12 --temp 0 --threads 1 --json"), 0);
+    char *plain = read_text("out.txt");
+    char *plain_tokens = strstr(plain, "\"tokens\":");
+    assert_non_null(plain_tokens);
+    size_t n_cmp = (size_t)(strchr(plain_tokens, ']') - plain_tokens);
+
+    /* no -m, no --draft: the default target with the default drafter */
+    assert_int_equal(run_default(dir, "-p 'Once upon' -n 12 --temp 0 --threads 1 --json --verify-width 4"), 0);
+    char *out = read_text("out.txt");
+    assert_non_null(strstr(out, "\"tokens\":"));
+    assert_memory_equal(strstr(out, "\"tokens\":"), plain_tokens, n_cmp);
+    free(out);
+    assert_true(last_drafted() > 0);
+    expect_stderr("speculative:");
+    /* --draft none: the default target alone */
+    assert_int_equal(run_default(dir, "-p 'Once upon' -n 12 --temp 0 --threads 1 --json --draft none"), 0);
+    assert_int_equal(last_drafted(), 0);
+    /* -m without --draft: no drafter, whatever the default */
+    char args[900];
+    snprintf(args, sizeof args, "-m '%s' -p 'Once upon' -n 4 --temp 0 --json", g_model);
+    assert_int_equal(run_default(dir, args), 0);
+    assert_int_equal(last_drafted(), 0);
+    /* no -m, --draft FILE: the default target with that drafter */
+    snprintf(args, sizeof args, "-p 'Once upon' -n 4 --temp 0 --json --draft '%s'", draft);
+    assert_int_equal(run_default(only, args), 0);
+    assert_true(last_drafted() > 0);
+    /* missing files: exit 1, naming what is missing and where it looked */
+    assert_int_equal(run_default(em_test_path("nowhere"), "-p a -n 2"), 1);
+    expect_stderr(EM_TEST_DEFAULT_TARGET);
+    expect_stderr("nowhere");
+    assert_int_equal(run_default(only, "-p a -n 2"), 1);
+    expect_stderr(EM_TEST_DEFAULT_DRAFT);
+    expect_stderr("--draft none");
+    assert_int_equal(run_default(only, "-p a -n 2 --draft none"), 0);
+    free(plain);
 }
 
 static void test_failures(void **state) {
@@ -319,6 +440,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_json),  cmocka_unit_test(test_sampled_json), cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_not_yet),      cmocka_unit_test(test_failures),
+        cmocka_unit_test(test_draft),        cmocka_unit_test(test_default_pair),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -76,6 +76,7 @@ static const uint8_t k_u32[] = { 0x00, 0x28, 0x6b, 0xee };                      
 static const uint8_t k_u16[] = { 0xff, 0xff };                                  /* 65535 */
 static const uint8_t k_u8[] = { 0xff, 0x00, 0x07 };                             /* 255, 0, 7 */
 static const uint8_t k_bool[] = { 0, 1, 2 };                                    /* 0, 1, 1 */
+static const uint8_t k_e8m0[] = { 127, 128, 0, 254 }; /* 1, 2, 2^-127, 2^127 */
 
 static const dt_case k_cases[] = {
     { "w.f32", "F32", "[3]", 12, k_f32, 3, { 1.5f, -2.25f, INFINITY } },
@@ -93,6 +94,7 @@ static const dt_case k_cases[] = {
     { "w.u16", "U16", "[1]", 2, k_u16, 1, { 65535.0f } },
     { "w.u8", "U8", "[3]", 3, k_u8, 3, { 255.0f, 0.0f, 7.0f } },
     { "w.bool", "BOOL", "[3, 1]", 3, k_bool, 3, { 0.0f, 1.0f, 1.0f } },
+    { "w.e8m0", "F8_E8M0", "[4]", 4, k_e8m0, 4, { 1.0f, 2.0f, 0x1p-127f, 0x1p127f } },
 };
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
 
@@ -709,8 +711,9 @@ static void test_dtype_names(void **state) {
     enum em_st_dtype t;
     em_err err = { 0 };
     assert_int_equal(em_st_dtype_parse("f32", &t, &err), EM_EUNSUPPORTED); /* case matters */
-    assert_int_equal(em_st_dtype_parse("F8_E8M0", &t, &err), EM_EUNSUPPORTED);
-    assert_non_null(strstr(err.msg, "F8_E8M0"));
+    assert_int_equal(em_st_dtype_parse("F4", &t, &err), EM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "F4"));
+    assert_true(isnan(em_st_f8_e8m0_to_f32(0xff)));
 }
 
 /* Many tensors: the hash finds every one, and misses miss. */

@@ -290,6 +290,184 @@ static void test_large_vocab(void **state) {
     free(logits);
 }
 
+/* ---- the fast path against a plain reference ---------------------------------------------- */
+
+/* The reference: the sampler as first written (and as sample.h states it), with a plain
+ * qsort of every candidate. The one order-dependent sum, top-p's normaliser z over the top-k
+ * set, is taken in the same order as em_sampler_dist (id order, or the order a size-k heap
+ * leaves after pushing the ids in order), so results must agree to the bit. */
+typedef struct ref_cand {
+    float logit;
+    int32_t id;
+} ref_cand;
+
+static bool ref_better(const ref_cand *a, const ref_cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int ref_cmp(const void *x, const void *y) {
+    const ref_cand *a = x, *b = y;
+    return ref_better(a, b) ? -1 : ref_better(b, a) ? 1 : 0;
+}
+
+/* k best of c[0..n) into c[0..k): ids pushed in order onto a heap rooted at the worst. */
+static void ref_top_k(ref_cand *c, int32_t n, int32_t k) {
+    for (int32_t i = 0; i < n; i++) {
+        ref_cand x = c[i];
+        int32_t j;
+        if (i < k) {
+            for (j = i; j > 0 && ref_better(&c[(j - 1) / 2], &x); j = (j - 1) / 2) c[j] = c[(j - 1) / 2];
+        } else {
+            if (!ref_better(&x, &c[0])) continue;
+            for (j = 0;;) {
+                int32_t l = 2 * j + 1, w = j;
+                const ref_cand *worst = &x;
+                if (l < k && ref_better(worst, &c[l])) w = l, worst = &c[l];
+                if (l + 1 < k && ref_better(worst, &c[l + 1])) w = l + 1;
+                if (w == j) break;
+                c[j] = c[w];
+                j = w;
+            }
+        }
+        c[j] = x;
+    }
+}
+
+/* Filtered distribution of logits[v] under p (temperature > 0) into ids/probs; returns n. */
+static int32_t ref_dist(const em_sampler_params *p, const float *logits, int32_t v, int32_t *ids, float *probs) {
+    ref_cand *c = malloc((size_t)v * sizeof *c);
+    bool pinf = false;
+    int32_t n = 0;
+    for (int32_t i = 0; i < v; i++) pinf |= logits[i] == INFINITY;
+    for (int32_t i = 0; i < v; i++) {
+        float l = logits[i];
+        if (pinf ? l == INFINITY : !(isnan(l) || l == -INFINITY)) c[n++] = (ref_cand){ pinf ? 0.0f : l, i };
+    }
+    if (p->top_k > 0 && p->top_k < n) {
+        ref_top_k(c, n, p->top_k);
+        n = p->top_k;
+    }
+    float max = -INFINITY;
+    for (int32_t i = 0; i < n; i++) max = fmaxf(max, c[i].logit);
+    double z = 0;
+    for (int32_t i = 0; i < n; i++) z += exp((double)c[i].logit - max);
+    qsort(c, (size_t)n, sizeof *c, ref_cmp);
+    if (p->top_p < 1) {
+        double cum = 0;
+        for (int32_t i = 0; i < n; i++) {
+            cum += exp((double)c[i].logit - max) / z;
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0) {
+        double floor = (double)max + log((double)p->min_p);
+        int32_t m = 0;
+        while (m < n && (double)c[m].logit >= floor) m++;
+        n = m;
+    }
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += exp(((double)c[i].logit - max) / p->temperature);
+    for (int32_t i = 0; i < n; i++) {
+        ids[i] = c[i].id;
+        probs[i] = (float)(exp(((double)c[i].logit - max) / p->temperature) / sum);
+    }
+    free(c);
+    return n;
+}
+
+/* Row r of a test set: shapes chosen for ties (coarse grids, constant rows, +0/-0), holes
+ * (NaN, -inf), +inf rows, peaked and flat spreads. */
+static void tie_row(float *l, int32_t v, int r, uint64_t *rng) {
+    int shape = r % 7;
+    for (int32_t i = 0; i < v; i++) {
+        float x = em_test_randf(rng);
+        switch (shape) {
+        case 0: l[i] = roundf(x * 12) / 4; break;                /* 97 levels: many ties */
+        case 1: l[i] = roundf(x * 2) * 0.5f; break;              /* 5 levels */
+        case 2: l[i] = 1.25f; break;                             /* all equal */
+        case 3: l[i] = 6 * x * fabsf(x) * fabsf(x); break;       /* continuous, heavy top */
+        case 4: l[i] = x < -0.3f ? -0.0f : x < 0.4f ? 0.0f : x; break; /* +0/-0 ties */
+        case 5: l[i] = 3 * x; break;
+        default: l[i] = roundf(x * 40); break;                   /* integers */
+        }
+        float h = em_test_randf(rng);
+        if (h > 0.9f) l[i] = -INFINITY;
+        else if (h > 0.85f) l[i] = NAN;
+    }
+    if (shape == 5 && r % 2) /* a few +inf: they take everything */
+        for (int j = 0; j < 3; j++) l[(int32_t)((em_test_randf(rng) + 1) * 0.5f * (float)(v - 1))] = INFINITY;
+    if (shape == 3) l[r % v] = 20; /* one clear favourite */
+}
+
+static void test_matches_reference(void **state) {
+    (void)state;
+    static const int32_t vocabs[] = { 5, 37, 700, 5000 };
+    static const float temps[] = { 0.3f, 0.7f, 1.5f }, top_ps[] = { 1, 0.95f, 0.5f }, min_ps[] = { 0, 0.05f };
+    enum { ROWS = 14, DRAWS = 8 };
+    uint64_t rng = 99;
+    long checked = 0;
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
+        int32_t v = vocabs[vi];
+        const int32_t top_ks[] = { 0, 1, 40, 100, v - 1, v };
+        float *l = malloc((size_t)v * ROWS * sizeof *l);
+        for (int r = 0; r < ROWS; r++) tie_row(l + (size_t)r * (size_t)v, v, r, &rng);
+        int32_t *ref_ids = malloc((size_t)v * sizeof *ref_ids);
+        float *ref_probs = malloc((size_t)v * sizeof *ref_probs);
+        em_sample_dist d, rd;
+        em_err err = { 0 };
+        assert_int_equal(em_sample_dist_init(&d, v, &err), 0);
+        assert_int_equal(em_sample_dist_init(&rd, v, &err), 0);
+        for (size_t ki = 0; ki < 6; ki++)
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t pi = 0; pi < 3; pi++)
+                    for (size_t mi = 0; mi < 2; mi++) {
+                        em_sampler_params p = { .temperature = temps[ti], .top_k = top_ks[ki], .top_p = top_ps[pi],
+                                                .min_p = min_ps[mi], .seed = 7 + ki };
+                        em_sampler *s, *s2;
+                        assert_int_equal(em_sampler_create(&s, &p, v, &err), 0);
+                        assert_int_equal(em_sampler_create(&s2, &p, v, &err), 0);
+                        for (int r = 0; r < ROWS; r++) {
+                            const float *row = l + (size_t)r * (size_t)v;
+                            int32_t n = ref_dist(&p, row, v, ref_ids, ref_probs);
+                            if (n == 0) { /* nothing usable (possible only for tiny rows) */
+                                assert_int_equal(em_sampler_dist(s, row, &d, &err), EM_EINVAL);
+                                continue;
+                            }
+                            assert_int_equal(em_sampler_dist(s, row, &d, &err), 0);
+                            if (d.n != n || memcmp(d.ids, ref_ids, (size_t)n * sizeof *ref_ids) ||
+                                memcmp(d.probs, ref_probs, (size_t)n * sizeof *ref_probs))
+                                fail_msg("V=%d row %d T=%g k=%d p=%g m=%g: %d ids kept, the reference %d; first "
+                                         "id %d p %.9g vs %d p %.9g", v, r, (double)p.temperature, p.top_k,
+                                         (double)p.top_p, (double)p.min_p, d.n, n, d.ids[0], (double)d.probs[0],
+                                         ref_ids[0], (double)ref_probs[0]);
+                            /* the same seed, the same draws: em_sampler_sample against draws
+                             * from the reference distribution */
+                            rd.n = n;
+                            memcpy(rd.ids, ref_ids, (size_t)n * sizeof *ref_ids);
+                            memcpy(rd.probs, ref_probs, (size_t)n * sizeof *ref_probs);
+                            for (int k = 0; k < DRAWS; k++) {
+                                int32_t id;
+                                assert_int_equal(em_sampler_sample(s, row, &id, &err), 0);
+                                assert_int_equal(id, em_sampler_draw(s2, &rd));
+                            }
+                            checked++;
+                        }
+                        em_sampler_free(s);
+                        em_sampler_free(s2);
+                    }
+        em_sample_dist_free(&d);
+        em_sample_dist_free(&rd);
+        free(ref_ids);
+        free(ref_probs);
+        free(l);
+    }
+    print_message("%ld distributions identical to the reference\n", checked);
+    assert_true(checked > 4000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_filters),
@@ -297,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_frequencies),
         cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

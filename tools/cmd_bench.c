@@ -6,8 +6,9 @@
  * other W-1 pseudo-random. Prints min / median / max over the repetitions of prompt tok/s
  * and decode tok/s (W > 1: verified rows/s). Untimed warm-up repetitions first fault the
  * mapped weights in. tests/compat/llama_ref.c `bench` runs the same protocol through
- * llama.cpp (the token ids come from the same generator). Owns only the protocol, timing
- * and output. */
+ * llama.cpp (the token ids come from the same generator). With routed experts on storage
+ * (--moe-storage ssd, --expert-cache), also the bytes read from storage per decoded row and the
+ * expert cache's hit rate during the decode steps. Owns only the protocol, timing and output. */
 #include "cli.h"
 
 #include "model/model.h"
@@ -18,7 +19,9 @@
 #include <string.h>
 
 static const char bench_usage[] =
-    "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--json]\n"
+    "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--warmup K]\n"
+    "                   [--verify-width W] [--ubatch U] [--seed S] [--json]\n"
+    "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE]\n"
     "\n"
     "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
     "pseudo-random token ids (timed: prompt tok/s), then runs N decode steps, each a\n"
@@ -34,6 +37,9 @@ static const char bench_usage[] =
     "      --verify-width W   rows per decode step (default 1)\n"
     "      --ubatch U         rows per prefill step (default: the model's, 128)\n"
     "      --seed S           seed of the prompt's token ids (default 1)\n"
+    "      --moe-storage M    where routed experts live (default auto; ssd: read on demand)\n"
+    "      --expert-cache SIZE  the expert cache budget with ssd (e.g. 512M; default: automatic)\n"
+    "                         with ssd the decode line is followed by storage bytes per row\n"
     "      --json             one JSON object on stdout instead of the table\n";
 
 #define MAX_REPS 1000
@@ -43,12 +49,20 @@ typedef struct bench_opts {
     int n_prompt, n_gen, n_threads, reps, warmup, width, ubatch;
     unsigned long long seed;
     bool json;
+    int moe_storage;            /* enum em_moe_storage */
+    uint64_t expert_cache;
 } bench_opts;
 
 /* One repetition's rates. */
 typedef struct bench_rep {
     double prompt_s, decode_s;
+    double bytes_read, hits, misses; /* routed experts from storage during the decode steps */
 } bench_rep;
+
+static void expert_counts(const em_target *t, em_target_expert_counts *c) {
+    em_err ignored = { 0 };
+    if (em_target_expert_stats(t, -1, c, &ignored)) *c = (em_target_expert_counts){ 0 };
+}
 
 /* The prompt generator shared with llama_ref.c's bench (xorshift64*, ids in [0, n_vocab)):
  * both engines see the same ids. */
@@ -75,6 +89,8 @@ static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, 
     double t0 = em_time_now();
     int rc = em_target_prefill(t, prompt, o->n_prompt, &last, err);
     if (rc) return rc;
+    em_target_expert_counts c0, c1;
+    expert_counts(t, &c0);
     double t1 = em_time_now();
     uint64_t s = o->seed ^ 0x9E3779B97F4A7C15ull; /* the extra rows of a wide verify */
     int32_t block[256];
@@ -87,8 +103,12 @@ static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, 
         block[0] = argmax(logits + (int64_t)(W - 1) * V, V);
     }
     double t2 = em_time_now();
+    expert_counts(t, &c1);
     r->prompt_s = t1 - t0;
     r->decode_s = t2 - t1;
+    r->bytes_read = (double)(c1.bytes_read - c0.bytes_read);
+    r->hits = (double)(c1.hits - c0.hits);
+    r->misses = (double)(c1.misses - c0.misses);
     return EM_OK;
 }
 
@@ -129,7 +149,11 @@ static void print_metric(const char *name, int count, const char *what, const ch
            s.median, s.max);
 }
 
-static int report(const bench_opts *o, const em_target *t, const double *pp, const double *tg) {
+static int report(const bench_opts *o, const em_target *t, const double *pp, const double *tg, const double *bpr,
+                  const double *hit) {
+    em_target_expert_counts ec;
+    expert_counts(t, &ec);
+    const bool ssd = ec.storage == EM_MOE_SSD && o->n_gen > 0;
     const em_target_info *info = em_target_get_info(t);
     const char *unit = o->width == 1 ? "tok/s" : "rows/s";
     if (o->json) {
@@ -139,6 +163,12 @@ static int report(const bench_opts *o, const em_target *t, const double *pp, con
                                  "reps", o->reps, "warmup", o->warmup, "n_vocab", info->n_vocab, "seed",
                                  (json_int_t)o->seed, "prompt", json_metric("tok/s", pp, o->reps));
         if (root && o->n_gen > 0) json_object_set_new(root, "decode", json_metric(unit, tg, o->reps));
+        if (root && ssd) {
+            json_object_set_new(root, "storage_bytes_per_row", json_metric("bytes", bpr, o->reps));
+            json_object_set_new(root, "expert_hit_rate", json_metric("fraction", hit, o->reps));
+            json_object_set_new(root, "expert_cache_budget", json_integer((json_int_t)ec.cache_budget));
+            json_object_set_new(root, "routed_bytes", json_integer((json_int_t)ec.file_bytes));
+        }
         char *text = root ? json_dumps(root, JSON_COMPACT) : NULL;
         json_decref(root);
         if (!text) {
@@ -157,6 +187,10 @@ static int report(const bench_opts *o, const em_target *t, const double *pp, con
         snprintf(name, sizeof name, o->width == 1 ? "decode" : "verify%d", o->width);
         print_metric(name, o->n_gen, "steps", unit, tg, o->reps);
     }
+    if (ssd) {
+        print_metric("storage", o->n_gen, "steps", "KiB/row", bpr, o->reps);
+        print_metric("hits", o->n_gen, "steps", "%", hit, o->reps);
+    }
     return EM_EXIT_OK;
 }
 
@@ -167,6 +201,7 @@ static int run_bench(bench_opts *o, em_err *err) {
                           o->n_gen, o->width, 1 << 24);
     em_model_opts mo = {
         .n_threads = o->n_threads, .n_ctx = (int)positions, .ubatch = o->ubatch,
+        .moe_storage = o->moe_storage, .expert_cache_bytes = o->expert_cache,
         .max_verify = o->width > EM_MODEL_DEFAULT_MAX_VERIFY ? o->width : 0,
     };
     em_target *t;
@@ -178,7 +213,9 @@ static int run_bench(bench_opts *o, em_err *err) {
     float *logits = em_malloc((size_t)o->width * (size_t)V * sizeof *logits, "logits", err);
     double *pp = em_malloc((size_t)o->reps * sizeof *pp, "results", err);
     double *tg = em_malloc((size_t)o->reps * sizeof *tg, "results", err);
-    rc = prompt && logits && pp && tg ? EM_OK : EM_ENOMEM;
+    double *bpr = em_malloc((size_t)o->reps * sizeof *bpr, "results", err);
+    double *hit = em_malloc((size_t)o->reps * sizeof *hit, "results", err);
+    rc = prompt && logits && pp && tg && bpr && hit ? EM_OK : EM_ENOMEM;
     uint64_t s = o->seed ? o->seed : 1;
     for (int i = 0; !rc && i < o->n_prompt; i++) prompt[i] = next_token(&s, V);
     for (int i = 0; !rc && i < o->warmup + o->reps; i++) {
@@ -188,9 +225,15 @@ static int run_bench(bench_opts *o, em_err *err) {
         else if (i >= o->warmup) {
             pp[i - o->warmup] = o->n_prompt / r.prompt_s;
             tg[i - o->warmup] = r.decode_s > 0 ? (double)o->n_gen * o->width / r.decode_s : 0.0;
+            const double rows = (double)o->n_gen * o->width, looked = r.hits + r.misses;
+            /* JSON: bytes per row; the table: KiB per row, hit rate in % */
+            bpr[i - o->warmup] = rows > 0 ? r.bytes_read / rows / (o->json ? 1.0 : 1024.0) : 0.0;
+            hit[i - o->warmup] = looked > 0 ? r.hits / looked * (o->json ? 1.0 : 100.0) : 0.0;
         }
     }
-    int status = rc ? -1 : report(o, t, pp, tg);
+    int status = rc ? -1 : report(o, t, pp, tg, bpr, hit);
+    free(bpr);
+    free(hit);
     free(prompt);
     free(logits);
     free(pp);
@@ -208,6 +251,21 @@ static int bench_main(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
             o.json = true;
+            continue;
+        }
+        if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache")) && i + 1 >= argc)
+            return em_cli_usage_error(cmd, "%s needs a value", a);
+        if (!strcmp(a, "--moe-storage")) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "auto")) o.moe_storage = EM_MOE_AUTO;
+            else if (!strcmp(v, "resident")) o.moe_storage = EM_MOE_RESIDENT;
+            else if (!strcmp(v, "ssd")) o.moe_storage = EM_MOE_SSD;
+            else return em_cli_usage_error(cmd, "--moe-storage: '%s' is not resident, ssd or auto", v);
+            continue;
+        }
+        if (!strcmp(a, "--expert-cache")) {
+            if (em_parse_size(argv[++i], &o.expert_cache, &err) || o.expert_cache == 0)
+                return em_cli_usage_error(cmd, "--expert-cache: %s", err.msg[0] ? err.msg : "no room for any expert");
             continue;
         }
         struct { const char *flag, *alt; int *dst; long long lo, hi; } ints[] = {

@@ -272,7 +272,15 @@ static int inspect_main(int argc, char **argv) {
     if (!path) return em_cli_usage_error(&em_cmd_inspect, "missing FILE.gguf");
     em_err err = { 0 };
     em_gguf *g;
-    if (em_gguf_open(&g, path, &err)) return em_cli_fail(&em_cmd_inspect, &err);
+    /* metadata and tensor infos only: a file cut short still shows them, with a warning */
+    if (em_gguf_open_ex(&g, path, &(em_gguf_open_opts){ .allow_missing_data = true }, &err))
+        return em_cli_fail(&em_cmd_inspect, &err);
+    int64_t n_missing = 0;
+    const em_gguf_tensor *first = NULL;
+    uint64_t lost = em_gguf_missing(g, &n_missing, &first);
+    if (first)
+        em_log(EM_LOG_WARN, "%s: tensor data is missing: the file is %llu bytes short (%lld tensors, the first '%s')",
+               path, (unsigned long long)lost, (long long)n_missing, first->name);
     if (json) print_json(stdout, g);
     else print_human(stdout, g);
     em_gguf_close(g);

@@ -1,4 +1,4 @@
-/* `ember serve -m TARGET.gguf [--host H] [--port N] ...`: the OpenAI-compatible HTTP server
+/* `ember serve [-m TARGET.gguf] [--host H] [--port N] ...`: the OpenAI-compatible HTTP server
  * (server/, docs/server.md). Binds first (so /health answers 503 while the model loads),
  * loads the model on a second thread, then serves until SIGINT or SIGTERM, which stop it
  * gracefully (queued requests get 503, the running one is stopped, connections close).
@@ -24,8 +24,10 @@
 #endif
 
 static const char serve_usage[] =
-    "usage: ember serve -m TARGET.gguf [flags]\n"
+    "usage: ember serve [-m TARGET.gguf] [flags]\n"
     "\n"
+    "Without -m it serves the default pair shipped in models/ (speculative decoding; --draft\n"
+    "none decodes plainly).\n"
     "Serves the model over an OpenAI-compatible HTTP API (docs/server.md): GET /health,\n"
     "GET /v1/models, POST /v1/chat/completions, POST /v1/completions (streaming or not),\n"
     "POST /tokenize, POST /detokenize, GET /props, GET /metrics. Requests wait in a queue for\n"
@@ -138,6 +140,7 @@ typedef struct loader {
     const serve_opts *o;
     em_tok *tok;
     em_target *target;
+    em_drafter *drafter;
     em_spec *spec;
     char *chat_template, *arch;
     em_server_model m;
@@ -177,14 +180,15 @@ static int load(loader *L, em_err *err) {
     if (!rc) rc = read_file_info(L, g, err);
     em_gguf_close(g);
     if (rc) return rc;
-    em_model_opts mo = em_model_flags_opts(&L->o->mf);
-    if ((rc = em_model_open(&L->target, path, &mo, err))) return rc;
-    em_spec_opts so = { .tok = L->tok, .verify_width = L->o->mf.verify_width };
+    if ((rc = em_model_flags_open(&L->o->mf, &L->target, &L->drafter, err))) return rc;
+    em_spec_opts so = em_model_flags_spec_opts(&L->o->mf, L->tok, L->drafter);
     if ((rc = em_spec_create(&L->spec, L->target, &so, err))) return rc;
+    L->m.draft = L->o->mf.draft;
     const char *slash = strrchr(path, '/');
     L->m.id = L->o->alias ? L->o->alias : slash ? slash + 1 : path;
     L->m.path = path;
     L->m.spec = L->spec;
+    L->m.target = L->target;
     L->m.tok = L->tok;
     L->m.info = *em_target_get_info(L->target);
     L->m.chat_template = L->chat_template;
@@ -201,6 +205,7 @@ static void *loader_main(void *arg) {
 static void loader_free(loader *L) {
     em_spec_free(L->spec);
     em_target_close(L->target);
+    em_draft_close(L->drafter);
     em_tok_free(L->tok);
     free(L->chat_template);
 }
@@ -232,8 +237,9 @@ static int serve_until_signal(em_server *srv, loader *L, const sigset_t *sigs) {
         if (L->rc) return em_cli_fail(&em_cmd_serve, &L->err);
         em_err err = { 0 };
         if (em_server_set_model(srv, &L->m, &err)) return em_cli_fail(&em_cmd_serve, &err);
-        fprintf(stderr, "ember serve: ready: model '%s', %d context positions, %s\n", L->m.id, L->m.info.n_ctx,
-                "plain decoding (no drafter)");
+        fprintf(stderr, "ember serve: ready: model '%s', %d context positions, %s%s\n", L->m.id, L->m.info.n_ctx,
+                L->m.draft ? "speculative decoding with drafter " : "plain decoding (no drafter)",
+                L->m.draft ? L->m.draft : "");
     }
 }
 

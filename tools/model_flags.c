@@ -1,11 +1,19 @@
-/* tools/model_flags.c: parsing of the model flags shared by `ember serve` (and meant for
- * `ember run`, whose messages it repeats word for word). Flags of features that do not exist
- * yet (drafters, CUDA, SSD experts, the expert cache, feature dtypes) are checked for a
- * well-formed value and then refused with exit 2, never ignored. */
+/* tools/model_flags.c: parsing of the model flags shared by `ember run` and `ember serve`, and
+ * opening what they name (the drafter first: its tap layers are the target's feature layers).
+ * Flags of features that do not exist yet (CUDA devices) are checked for a well-formed value
+ * and then refused with exit 2, never ignored. Without -m, the default pair's folder is
+ * $EMBER_MODELS when set (and only that), else the compile-time EMBER_MODELS_DIR, else models/
+ * next to or above the executable's folder: the first that holds the target file. */
 #include "model_flags.h"
 
+#include "quant/quant.h"
+#include "spec/spec.h"
+
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const value_flags[] = {
     "-m", "--model", "--threads", "-c", "--ctx-size", "--draft", "--device", "--draft-device",
@@ -45,26 +53,31 @@ static int check_device(const em_cmd *cmd, const char *flag, const char *v) {
     return em_cli_usage_error(cmd, "%s: '%s' is not cpu or cuda:N", flag, v);
 }
 
-/* The flags of features still to come: checked for a well-formed value, then refused. */
-static int check_future_flag(const em_cmd *cmd, const char *a, const char *v) {
+/* The other flags: drafter, devices (cuda:N refused: not available yet), expert storage, features. */
+static int check_future_flag(const em_cmd *cmd, const char *a, const char *v, em_model_flags *f) {
     if (!strcmp(a, "--draft")) {
-        if (!strcmp(v, "none")) return -1;
-        return not_yet(cmd, "--draft %s: speculative decoding with a drafter is not available yet (issue 6); use --draft none", v);
+        f->draft = strcmp(v, "none") ? v : NULL;
+        f->draft_given = true;
+        return -1;
     }
     if (!strcmp(a, "--device") || !strcmp(a, "--draft-device")) return check_device(cmd, a, v);
     if (!strcmp(a, "--moe-storage")) {
-        if (!strcmp(v, "resident") || !strcmp(v, "auto")) return -1;
-        if (!strcmp(v, "ssd"))
-            return not_yet(cmd, "--moe-storage ssd: streaming experts from SSD is not available yet (use resident or auto)");
+        if (!strcmp(v, "resident") || !strcmp(v, "auto") || !strcmp(v, "ssd")) {
+            f->moe_storage = v;
+            return -1;
+        }
         return em_cli_usage_error(cmd, "--moe-storage: '%s' is not resident, ssd or auto", v);
     }
     if (!strcmp(a, "--expert-cache")) {
-        uint64_t bytes;
         em_err err = { 0 };
-        if (em_parse_size(v, &bytes, &err)) return em_cli_usage_error(cmd, "--expert-cache: %s", err.msg);
-        return not_yet(cmd, "--expert-cache %s: the expert cache is not available yet (every expert is resident)", v);
+        if (em_parse_size(v, &f->expert_cache, &err)) return em_cli_usage_error(cmd, "--expert-cache: %s", err.msg);
+        if (f->expert_cache == 0) return em_cli_usage_error(cmd, "--expert-cache: '%s' is no room for any expert", v);
+        return -1;
     }
-    return not_yet(cmd, "--feature-dtype %s: drafter features are not available yet (there is no drafter)", v);
+    if (em_spec_feature_type(v) < 0)
+        return em_cli_usage_error(cmd, "--feature-dtype: '%s' is not f32, f16, bf16 or q8_0", v);
+    f->feature_dtype = v;
+    return -1;
 }
 
 int em_model_flag_parse(const em_cmd *cmd, const char *a, const char *v, em_model_flags *f) {
@@ -72,22 +85,114 @@ int em_model_flag_parse(const em_cmd *cmd, const char *a, const char *v, em_mode
     else if (!strcmp(a, "--threads")) return parse_int(cmd, a, v, 1, 1024, &f->n_threads);
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) return parse_int(cmd, a, v, 1, 1 << 24, &f->n_ctx);
     else if (!strcmp(a, "--verify-width")) {
-        int rc = parse_int(cmd, a, v, 0, 1 << 16, &f->verify_width);
-        if (rc < 0 && f->verify_width > 1)
-            return not_yet(cmd, "--verify-width %d: verifying more than one row is not available yet (it needs a drafter, issue 6)",
-                           f->verify_width);
-        return rc;
-    } else return check_future_flag(cmd, a, v);
+        return parse_int(cmd, a, v, 0, EM_SPEC_MAX_WIDTH, &f->verify_width);
+    } else return check_future_flag(cmd, a, v, f);
     return -1;
 }
 
-int em_model_flags_need_model(const em_cmd *cmd, const em_model_flags *f) {
-    if (f->model) return -1;
-    fprintf(stderr, "ember %s: no model given, and there is no default model yet (the shipped default model pair "
-                    "is issue 7): pass -m TARGET.gguf\n", cmd->name);
-    return EM_EXIT_USAGE;
+static bool is_file(const char *path) { return access(path, R_OK) == 0; }
+
+/* dir/name into out; false when it does not fit. */
+static bool join(char *out, size_t cap, const char *dir, const char *name) {
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* The folders that may hold the default pair, in order; returns how many (at most 3). The
+ * executable's folder comes from /proc/self/exe (Linux); without it, the first two only. */
+static int candidate_dirs(char dirs[3][PATH_MAX]) {
+    const char *env = getenv("EMBER_MODELS");
+    if (env && *env) {
+        snprintf(dirs[0], PATH_MAX, "%s", env);
+        return 1;
+    }
+    int n = 0;
+    snprintf(dirs[n++], PATH_MAX, "%s", EMBER_MODELS_DIR);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return n;
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return n;
+    *slash = 0;
+    if (join(dirs[n], PATH_MAX, exe, "../models")) n++;
+    if (join(dirs[n], PATH_MAX, exe, "models")) n++;
+    return n;
+}
+
+/* The default target (and, with want_draft, drafter) into f; else prints where it looked. */
+static int find_default_pair(const em_cmd *cmd, em_model_flags *f, bool want_draft) {
+    char dirs[3][PATH_MAX];
+    int n = candidate_dirs(dirs);
+    for (int i = 0; i < n; i++) {
+        if (!join(f->default_model, sizeof f->default_model, dirs[i], EM_DEFAULT_TARGET_FILE) ||
+            !is_file(f->default_model))
+            continue;
+        f->model = f->default_model;
+        if (!want_draft) return -1;
+        if (join(f->default_draft, sizeof f->default_draft, dirs[i], EM_DEFAULT_DRAFT_FILE) &&
+            is_file(f->default_draft)) {
+            f->draft = f->default_draft;
+            return -1;
+        }
+        fprintf(stderr, "ember %s: no -m given: the default target %s is there, but not its drafter %s/%s; "
+                "pass --draft none for plain decoding, or --draft DRAFT.gguf\n", cmd->name, f->model, dirs[i],
+                EM_DEFAULT_DRAFT_FILE);
+        return EM_EXIT_FAIL;
+    }
+    fprintf(stderr, "ember %s: no -m given, and the default model %s is not in ", cmd->name, EM_DEFAULT_TARGET_FILE);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? (i + 1 < n ? ", " : " or ") : "", dirs[i]);
+    fprintf(stderr, "%s: pass -m TARGET.gguf, or set EMBER_MODELS to the folder of the default pair (%s, %s)\n",
+            getenv("EMBER_MODELS") && *getenv("EMBER_MODELS") ? " ($EMBER_MODELS)" : "", EM_DEFAULT_TARGET_FILE,
+            EM_DEFAULT_DRAFT_FILE);
+    return EM_EXIT_FAIL;
+}
+
+int em_model_flags_need_model(const em_cmd *cmd, em_model_flags *f) {
+    if (!f->model) {
+        int rc = find_default_pair(cmd, f, !f->draft_given);
+        if (rc >= 0) return rc;
+    }
+    if (f->verify_width > 1 && !f->draft)
+        return em_cli_usage_error(cmd, "--verify-width %d needs a drafter (--draft DRAFT.gguf); plain decoding "
+                                  "verifies 1 row", f->verify_width);
+    return -1;
 }
 
 em_model_opts em_model_flags_opts(const em_model_flags *f) {
-    return (em_model_opts){ .n_threads = f->n_threads, .n_ctx = f->n_ctx };
+    int storage = !f->moe_storage || !strcmp(f->moe_storage, "auto") ? EM_MOE_AUTO
+                  : !strcmp(f->moe_storage, "ssd")                      ? EM_MOE_SSD
+                                                                        : EM_MOE_RESIDENT;
+    return (em_model_opts){ .n_threads = f->n_threads, .n_ctx = f->n_ctx, .moe_storage = storage,
+                            .expert_cache_bytes = f->expert_cache };
+}
+
+int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter **drafter, em_err *err) {
+    *target = NULL, *drafter = NULL;
+    em_model_opts mo = em_model_flags_opts(f);
+    if (f->draft) {
+        em_draft_opts dopts = { .n_threads = f->n_threads, .n_ctx = f->n_ctx ? f->n_ctx : EM_MODEL_DEFAULT_CTX };
+        int rc = em_draft_open(drafter, f->draft, f->model, &dopts, err);
+        if (rc) return rc;
+        const em_draft_info *di = em_draft_get_info(*drafter);
+        mo.feature_layers = di->taps;
+        mo.n_feature_layers = di->n_taps;
+    }
+    int rc = em_model_open(target, f->model, &mo, err);
+    if (!rc && *drafter && em_target_get_info(*target)->n_feat != em_draft_get_info(*drafter)->n_feat)
+        rc = em_err_set(err, EM_EINVAL, "%s: the drafter reads %d features per row, the target %s captures %d at its "
+                        "tap layers", f->draft, em_draft_get_info(*drafter)->n_feat, f->model,
+                        em_target_get_info(*target)->n_feat);
+    if (rc) {
+        em_target_close(*target);
+        em_draft_close(*drafter);
+        *target = NULL, *drafter = NULL;
+    }
+    return rc;
+}
+
+em_spec_opts em_model_flags_spec_opts(const em_model_flags *f, const em_tok *tok, em_drafter *drafter) {
+    int ftype = f->feature_dtype ? em_spec_feature_type(f->feature_dtype) : EM_TYPE_F32;
+    return (em_spec_opts){ .tok = tok, .drafter = drafter, .verify_width = f->verify_width,
+                           .feature_type = ftype < 0 ? EM_TYPE_F32 : ftype };
 }

@@ -67,6 +67,19 @@ int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_
  * No allocation. With act->n == 1 this is em_matvec. */
 int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, int64_t ldy,
                   em_err *err);
+/* Several independent products (as em_matmul_act each) in ONE pool run: their tasks are
+ * handed out together, so a step that has many small products (the experts of an MoE layer,
+ * the projections of one input) pays one hand-off to the threads instead of one per product.
+ * Every output is what em_matmul_act would give. Checks every item before running any; an
+ * invalid item leaves all outputs unwritten. At most EM_MATMUL_MULTI_MAX items. */
+#define EM_MATMUL_MULTI_MAX 64
+typedef struct em_mm_item {
+    const em_mat *w;
+    const em_act *act;
+    float *y;
+    int64_t ldy;
+} em_mm_item;
+int em_matmul_multi(em_pool *pool, const em_mm_item *items, int n_items, em_err *err);
 /* em_act_prepare into buf, then em_matmul_act. */
 int em_matmul(em_pool *pool, const em_mat *w, const float *x, int64_t ldx, int64_t n, float *y,
               int64_t ldy, void *buf, em_err *err);
@@ -88,9 +101,52 @@ void em_sigmoid(const float *x, int64_t n, float *y);
 void em_silu(const float *x, int64_t n, float *y);
 /* y = silu(gate) * up. */
 void em_swiglu(const float *gate, const float *up, int64_t n, float *y);
+/* SiTU (Kimi-K3's MLP activation): y = beta tanh(gate / beta) sigmoid(gate) * u, where
+ * u = lin_beta tanh(up / lin_beta) when lin_beta > 0, else up. beta > 0. */
+void em_situ(const float *gate, const float *up, float beta, float lin_beta, int64_t n, float *y);
 /* In place: x = softmax(x) (max-subtracted). n >= 1. */
 void em_softmax(float *x, int64_t n);
 /* y += a * x. */
 void em_axpy(float a, const float *x, int64_t n, float *y);
+
+/* ---- a nominal machine for cost estimates ------------------------------------------------
+ * Rates that estimates use when they must not depend on timing: spec/ weighs a drafter's block
+ * against a target's verify with them, so a seeded run chooses the same widths every time.
+ * Only their ratios matter for such comparisons. */
+#define EM_NOMINAL_MEM_BPS 20e9          /* weight bytes streamed from memory per second */
+#define EM_NOMINAL_FLOPS_PER_THREAD 20e9 /* multiply-adds count 2 */
+#define EM_NOMINAL_DISK_BPS 2e9          /* storage reads (a typical NVMe rate) */
+static inline double em_nominal_seconds(double mem_bytes, double flops, int threads) {
+    return mem_bytes / EM_NOMINAL_MEM_BPS + flops / (EM_NOMINAL_FLOPS_PER_THREAD * (threads > 0 ? threads : 1));
+}
+
+/* ---- rotary position embeddings (rope.c) --------------------------------------------------
+ * HF rotate-half (neox) RoPE: value i of a head pairs with value i + dims/2 and turns by
+ * pos * inv_freq[i]; values past dims pass unchanged. Schedules: plain, linear (frequencies /
+ * factor) and HF YaRN (ramp between interpolated and extrapolated frequencies over the
+ * correction range of beta_fast / beta_slow at orig_ctx, truncated to whole dimensions;
+ * cos/sin scaled by attn_factor, or 0.1 * ln(factor) + 1 when attn_factor is 0). */
+#define EM_ROPE_MAX_DIMS 1024
+enum { EM_ROPE_NONE = 0, EM_ROPE_LINEAR = 1, EM_ROPE_YARN = 2 };
+typedef struct em_rope_params {
+    int dims;           /* rotated values per head, even */
+    double theta;       /* base */
+    int scaling;        /* EM_ROPE_* */
+    double factor;      /* linear / yarn */
+    double orig_ctx;    /* yarn: original_max_position_embeddings */
+    double beta_fast, beta_slow; /* yarn (HF defaults 32 / 1) */
+    double attn_factor; /* yarn: 0 = 0.1 * ln(factor) + 1 */
+} em_rope_params;
+typedef struct em_rope {
+    int dims;
+    double attn_factor;
+    double inv_freq[EM_ROPE_MAX_DIMS / 2];
+} em_rope;
+int em_rope_init(em_rope *r, const em_rope_params *p, em_err *err);
+/* cos and sin (dims/2 each, times the attention factor) of position pos. */
+void em_rope_cos_sin(const em_rope *r, int64_t pos, float *cs, float *sn);
+/* Rotates the first dims values of n_heads heads (head h at x + h * head_stride) in place. */
+void em_rope_apply(float *x, int n_heads, int64_t head_stride, int dims, const float *cs,
+                   const float *sn);
 
 #endif

@@ -126,6 +126,7 @@ int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_
 typedef struct mm_job {
     em_dot_fn dot;
     em_dot_fn tail; /* non-NULL: Q8_0 through the register-tiled kernel, this its block tail */
+    bool zero;      /* zero columns: the outputs are zeros, there are no tasks */
     const uint8_t *w;
     uint64_t row_bytes;
     int64_t rows, cols, rows_per_task;
@@ -184,8 +185,12 @@ static int64_t rows_per_task(int64_t rows, uint64_t task_bytes, int n_threads) {
     return per > for_int_tasks ? per : for_int_tasks;
 }
 
-int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, int64_t ldy,
-                  em_err *err) {
+/* Checks one product and fills its job; *n_tasks 0 when there are no tasks: no rows, or zero
+ * columns (then job->zero: y is to be zeroed, see mm_zero). Writes no output. */
+static int mm_setup(em_pool *pool, const em_mat *w, const em_act *act, float *y, int64_t ldy, mm_job *job,
+                    int *n_tasks, em_err *err) {
+    *n_tasks = 0;
+    job->zero = false;
     int blk = em_dot_block_elems(w->type);
     if (blk == 0)
         return em_err_set(err, EM_EUNSUPPORTED, "matmul: no dot product for weight type %s (%d)",
@@ -201,11 +206,10 @@ int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, i
     if (w->rows == 0 || act->n == 0) return EM_OK;
     if (!w->data || !y || !act->data) return em_err_set(err, EM_EINVAL, "matmul: NULL buffer");
     if (w->cols == 0) {
-        for (int64_t j = 0; j < act->n; j++)
-            for (int64_t r = 0; r < w->rows; r++) y[j * ldy + r] = 0.0f;
+        *job = (mm_job){ .zero = true, .rows = w->rows, .n = act->n, .y = y, .ldy = ldy };
         return EM_OK;
     }
-    mm_job job = {
+    *job = (mm_job){
         .dot = em_dot_get(w->type), .w = w->data, .row_bytes = w->row_bytes, .rows = w->rows,
         .cols = w->cols, .act = act->data, .stride = act->stride, .n = act->n, .y = y, .ldy = ldy,
     };
@@ -213,11 +217,69 @@ int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, i
     int isa = EM_ISA_SCALAR;
     if (w->type == EM_TYPE_Q8_0 && act->n >= MIN_TILED_ROWS && em_dot_kernel(w->type, em_isa_default(), &isa) &&
         isa == EM_ISA_AVX512)
-        job.tail = em_dot_kernel(w->type, EM_ISA_AVX2, NULL);
+        job->tail = em_dot_kernel(w->type, EM_ISA_AVX2, NULL);
     /* a task's cost grows with the activation rows it serves, so fewer weight rows each */
     uint64_t per_row = w->row_bytes * (uint64_t)(act->n < ACT_TILE ? act->n : ACT_TILE);
-    job.rows_per_task = rows_per_task(w->rows, per_row, em_pool_threads(pool));
-    em_pool_run(pool, (int)((w->rows + job.rows_per_task - 1) / job.rows_per_task), mm_task, &job);
+    job->rows_per_task = rows_per_task(w->rows, per_row, em_pool_threads(pool));
+    *n_tasks = (int)((w->rows + job->rows_per_task - 1) / job->rows_per_task);
+    return EM_OK;
+}
+
+/* Empty dot products: zeros. */
+static void mm_zero(const mm_job *job) {
+    for (int64_t j = 0; j < job->n; j++)
+        for (int64_t r = 0; r < job->rows; r++) job->y[j * job->ldy + r] = 0.0f;
+}
+
+int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, int64_t ldy,
+                  em_err *err) {
+    mm_job job;
+    int n_tasks, rc = mm_setup(pool, w, act, y, ldy, &job, &n_tasks, err);
+    if (rc) return rc;
+    if (job.zero) mm_zero(&job);
+    if (n_tasks > 0) em_pool_run(pool, n_tasks, mm_task, &job);
+    return EM_OK;
+}
+
+/* Several products in one pool run: task t belongs to the item whose range of task ids
+ * [first[k], first[k + 1]) holds it. */
+typedef struct multi_job {
+    mm_job jobs[EM_MATMUL_MULTI_MAX];
+    int first[EM_MATMUL_MULTI_MAX + 1];
+    int n;
+} multi_job;
+
+static void multi_task(void *ctx, int task, int thread) {
+    const multi_job *m = ctx;
+    int lo = 0, hi = m->n - 1; /* the last k with first[k] <= task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (m->first[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    mm_task((void *)&m->jobs[lo], task - m->first[lo], thread);
+}
+
+int em_matmul_multi(em_pool *pool, const em_mm_item *items, int n_items, em_err *err) {
+    if (n_items < 0 || n_items > EM_MATMUL_MULTI_MAX || (n_items > 0 && !items))
+        return em_err_set(err, EM_EINVAL, "matmul_multi: %d products (at most %d)", n_items, EM_MATMUL_MULTI_MAX);
+    multi_job m;
+    m.n = 0;
+    int64_t total = 0;
+    for (int k = 0; k < n_items; k++) {
+        if (!items[k].w || !items[k].act)
+            return em_err_set(err, EM_EINVAL, "matmul_multi: product %d has a NULL matrix or activations", k);
+        int n_tasks, rc = mm_setup(pool, items[k].w, items[k].act, items[k].y, items[k].ldy, &m.jobs[m.n], &n_tasks, err);
+        if (rc) return em_err_prefix(err, "matmul_multi product %d", k);
+        if (n_tasks == 0 && !m.jobs[m.n].zero) continue;
+        if (total + n_tasks > INT_MAX) return em_err_set(err, EM_EOVERFLOW, "matmul_multi: too many tasks");
+        m.first[m.n++] = (int)total;
+        total += n_tasks;
+    }
+    m.first[m.n] = (int)total;
+    for (int k = 0; k < m.n; k++)
+        if (m.jobs[k].zero) mm_zero(&m.jobs[k]);
+    if (total > 0) em_pool_run(pool, (int)total, multi_task, &m);
     return EM_OK;
 }
 

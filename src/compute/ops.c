@@ -1,4 +1,4 @@
-/* Row and element-wise ops in fp32: RMSNorm, L2 norm, sigmoid, SiLU, SwiGLU, softmax, axpy.
+/* Row and element-wise ops in fp32: RMSNorm, L2 norm, sigmoid, SiLU, SwiGLU, SiTU, softmax, axpy.
  * Sums of squares and the softmax denominator accumulate in double, so results do not depend
  * on the order of the sum (they are the exact value rounded once, up to libm's expf). Outputs
  * may alias inputs; nothing is allocated. */
@@ -38,6 +38,16 @@ void em_silu(const float *x, int64_t n, float *y) {
 
 void em_swiglu(const float *gate, const float *up, int64_t n, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = em_siluf(gate[i]) * up[i];
+}
+
+void em_situ(const float *gate, const float *up, float beta, float lin_beta, int64_t n, float *y) {
+    const float inv = 1.0f / beta, lin_inv = lin_beta > 0.0f ? 1.0f / lin_beta : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        /* the scales as multiplications by the reciprocal, as llama.cpp's graph has them */
+        const float a = beta * tanhf(gate[i] * inv) * em_sigmoidf(gate[i]);
+        const float u = lin_beta > 0.0f ? lin_beta * tanhf(up[i] * lin_inv) : up[i];
+        y[i] = a * u;
+    }
 }
 
 void em_softmax(float *x, int64_t n) {

@@ -61,7 +61,8 @@ static void model_free(cv_model *m) {
 
 int em_cv_arch_for(const em_hf_config *cfg, const char *cfg_path, const cv_arch **out,
                    em_err *err) {
-    if (cfg->kind == EM_HF_KIMI) *out = &em_cv_arch_kimi_linear;
+    if (cfg->kind == EM_HF_KIMI && cfg->kimi.is_k3) *out = &em_cv_arch_kimi_k3;
+    else if (cfg->kind == EM_HF_KIMI) *out = &em_cv_arch_kimi_linear;
     else if (cfg->kind == EM_HF_DRAFT) *out = &em_cv_arch_dflash;
     else return em_err_set(err, EM_EUNSUPPORTED, "%s: not a model the converter writes", cfg_path);
     return EM_OK;
@@ -100,6 +101,7 @@ int em_convert_file_type(int type) {
 
 static int policy_type(int requested, int cls, int64_t ne0) {
     if (cls == CV_K_I64) return EM_TYPE_I64;
+    if (cls == CV_K_MXFP4) return EM_TYPE_MXFP4; /* kept as the source has it: lossless */
     if (cls != CV_K_MATRIX || requested == EM_TYPE_F32) return EM_TYPE_F32;
     const em_type_info *ti = em_type_get(requested);
     if (ne0 % ti->block_elems == 0) return requested;
@@ -126,6 +128,7 @@ typedef struct cv_plan {
     const em_safetensors_tensor **used; /* sources consumed (sorted at the end) */
     int64_t n_used, cap_used;
     int64_t n_dropped;
+    int64_t n_skipped; /* sources under the arch's skip prefixes */
 } cv_plan;
 
 static void plan_free(cv_plan *p) {
@@ -201,8 +204,43 @@ static bool is_int_dtype(enum em_st_dtype t) {
 
 /* The source must have the rule's shape up to dimensions of size 1 (HF writes conv weights
  * as [d_inner, 1, d_conv] or [d_inner, d_conv], A_log as [1, 1, heads, 1]). */
+/* compressed-tensors MXFP4 parts: U8 weight_packed [out, in/2] (part 0 of each expert) and
+ * U8 weight_scale [out, in/32] (part 1), for the rule's logical [out, in]. */
+static int check_mxfp4_part(const cv_model *m, const cv_rule *r, const em_safetensors_tensor *t,
+                            int part, const char *dst, em_err *err) {
+    uint64_t out = (uint64_t)m->dims[r->src_dims[0]], in = (uint64_t)m->dims[r->src_dims[1]];
+    if (in % 32 != 0)
+        return em_err_set(err, EM_EFORMAT, "%s: MXFP4 tensor '%s': %llu columns (config.json %s) "
+                          "are not a multiple of 32", t->path, t->name, (unsigned long long)in,
+                          m->cfg_path);
+    /* scales are E8M0 bytes, written as U8 or as the F8_E8M0 dtype */
+    if (t->dtype != EM_ST_U8 && !(part && t->dtype == EM_ST_F8_E8M0))
+        return em_err_set(err, EM_EUNSUPPORTED, "%s: MXFP4 tensor '%s' has dtype %s; the "
+                          "converter reads %s", t->path, t->name, em_st_dtype_name(t->dtype),
+                          part ? "E8M0 scale bytes (U8 or F8_E8M0)" : "U8 packed nibbles");
+    uint64_t want[2] = { out, part ? in / 32 : in / 2 };
+    if (t->n_dims != 2 || t->shape[0] != want[0] || t->shape[1] != want[1]) {
+        char a[96], b[160];
+        shape_text(want, 2, a, sizeof a);
+        shape_text(t->shape, t->n_dims, b, sizeof b);
+        return em_err_set(err, EM_EFORMAT, "%s: tensor '%s' has shape %s but config.json (%s) "
+                          "implies %s (%s of MXFP4 GGUF tensor '%s')", t->path, t->name, b,
+                          m->cfg_path, a, part ? "scales" : "packed codes", dst ? dst : "-");
+    }
+    return EM_OK;
+}
+
+/* A source of which only the first `want` values are used (K3's A_log, padded past the
+ * heads): one dimension other than 1, at least that long. */
+static bool prefix_shape_ok(const em_safetensors_tensor *t, uint64_t want) {
+    int big = 0;
+    for (int i = 0; i < t->n_dims; i++) big += t->shape[i] != 1;
+    return big <= 1 && t->n_elements >= want;
+}
+
 static int check_source(const cv_model *m, const cv_rule *r, const em_safetensors_tensor *t,
-                        const char *dst, em_err *err) {
+                        int part, const char *dst, em_err *err) {
+    if (r->xf == CV_X_MXFP4) return check_mxfp4_part(m, r, t, part % 2, dst, err);
     bool want_int = r->xf == CV_X_D2T;
     if (want_int ? !is_int_dtype(t->dtype) : !is_float_dtype(t->dtype))
         return em_err_set(err, EM_EUNSUPPORTED,
@@ -219,6 +257,7 @@ static int check_source(const cv_model *m, const cv_rule *r, const em_safetensor
         if (t->shape[i] != 1) got[ng++] = t->shape[i];
     bool same = nw == ng;
     for (int i = 0; same && i < nw; i++) same = want[i] == got[i];
+    if (r->xf == CV_X_NEG_EXP_HEAD) same = prefix_shape_ok(t, (uint64_t)m->dims[r->src_dims[0]]);
     if (!same) {
         char a[96], b[160];
         shape_text(full, r->src_n, a, sizeof a);
@@ -247,31 +286,49 @@ static cv_out *add_out(cv_plan *p, em_err *err) {
     return o;
 }
 
+/* Whether the checkpoint spells its names with the arch's optional prefix (K3's
+ * `language_model.`): error messages then name a missing tensor as it would be spelled. */
+static bool uses_prefix(const cv_arch *a, const em_safetensors *st) {
+    if (!a->optional_prefix) return false;
+    size_t k = strlen(a->optional_prefix), n = em_safetensors_count(st);
+    for (size_t i = 0; i < n; i++)
+        if (!strncmp(em_safetensors_at(st, i)->name, a->optional_prefix, k)) return true;
+    return false;
+}
+
 /* Looks the sources of one rule instance up; *n = 0 when an optional one is absent. */
 static int find_parts(const cv_arch *a, const cv_model *m, const cv_rule *r, int layer,
                       const char *dst, const em_safetensors_tensor ***parts, int *n,
                       em_err *err) {
-    int count = r->xf == CV_X_STACK ? (int)m->dims[CV_D_NEXP] : 1;
+    int count = r->xf == CV_X_STACK   ? (int)m->dims[CV_D_NEXP]
+                : r->xf == CV_X_MXFP4 ? 2 * (int)m->dims[CV_D_NEXP] /* packed, scale per expert */
+                : r->xf == CV_X_FUSE_MUL ? 2                         /* the two factors */
+                                         : 1;
     *n = 0;
     *parts = calloc((size_t)(count > 0 ? count : 1), sizeof **parts);
     if (!*parts) return em_err_set(err, EM_ENOMEM, "converter: out of memory");
     char name[512];
     for (int e = 0; e < count; e++) {
-        if (expand(r->src, layer, e, name, sizeof name))
+        /* pairs: alt names the second tensor of each pair, not another spelling */
+        bool paired = r->xf == CV_X_MXFP4 || r->xf == CV_X_FUSE_MUL;
+        int expert = r->xf == CV_X_MXFP4 ? e / 2 : e;
+        if (expand(paired && e % 2 ? r->alt : r->src, layer, expert, name, sizeof name))
             return em_err_set(err, EM_EOVERFLOW, "converter: tensor name too long");
         const em_safetensors_tensor *t = find_src(a, m->st, name);
-        if (!t && r->alt) {
+        if (!t && r->alt && !paired) {
             char alt[512];
-            if (expand(r->alt, layer, e, alt, sizeof alt))
+            if (expand(r->alt, layer, expert, alt, sizeof alt))
                 return em_err_set(err, EM_EOVERFLOW, "converter: tensor name too long");
             t = find_src(a, m->st, alt);
         }
         if (!t) {
             if (r->need != CV_REQUIRED && e == 0) return EM_OK;
+            const char *pre = uses_prefix(a, m->st) ? a->optional_prefix : "";
             return em_err_set(err, EM_ENOTFOUND,
-                              "%s: tensor '%s' is missing (needed for GGUF tensor '%s'%s%s)",
-                              em_safetensors_path(m->st), name, dst ? dst : "-",
-                              r->alt ? "; also looked for " : "", r->alt ? r->alt : "");
+                              "%s: tensor '%s%s' is missing (needed for GGUF tensor '%s'%s%s)",
+                              em_safetensors_path(m->st), pre, name, dst ? dst : "-",
+                              r->alt && !paired ? "; also looked for " : "",
+                              r->alt && !paired ? r->alt : "");
         }
         (*parts)[e] = t;
     }
@@ -287,7 +344,7 @@ static int plan_rule(cv_plan *p, const cv_arch *a, const cv_model *m, const cv_r
     const em_safetensors_tensor **parts = NULL;
     int n = 0, rc = find_parts(a, m, r, layer, r->dst ? dst : NULL, &parts, &n, err);
     for (int e = 0; !rc && e < n; e++) {
-        if (r->need != CV_DROP) rc = check_source(m, r, parts[e], dst, err);
+        if (r->need != CV_DROP) rc = check_source(m, r, parts[e], e, dst, err);
         if (!rc) rc = mark_used(p, parts[e], err);
     }
     if (rc || n == 0 || r->need == CV_DROP) {
@@ -330,6 +387,13 @@ static int plan_scope(cv_plan *p, const cv_arch *a, const cv_model *m, int scope
     return EM_OK;
 }
 
+/* A source the architecture leaves out on purpose (K3's vision tower). */
+static bool skipped(const cv_arch *a, const char *name) {
+    for (const char *const *s = a->skip_prefixes; s && *s; s++)
+        if (!strncmp(name, *s, strlen(*s))) return true;
+    return false;
+}
+
 static int plan_build(cv_plan *p, const cv_arch *a, const cv_model *m, int type, em_err *err) {
     if (m->n_layers < 0 || m->n_layers > EM_HF_MAX_LAYERS)
         return em_err_set(err, EM_EUNSUPPORTED, "%s: %d layers", m->cfg_path, m->n_layers);
@@ -346,6 +410,10 @@ static int plan_build(cv_plan *p, const cv_arch *a, const cv_model *m, int type,
     size_t n = em_safetensors_count(m->st);
     for (size_t i = 0; i < n; i++) {
         const em_safetensors_tensor *t = em_safetensors_at(m->st, i);
+        if (skipped(a, t->name)) {
+            p->n_skipped++;
+            continue;
+        }
         if (!bsearch(&t, p->used, (size_t)p->n_used, sizeof *p->used, cmp_ptr))
             return em_err_set(err, EM_EFORMAT,
                               "%s: tensor '%s' is not part of the %s mapping (unknown tensor; "
@@ -395,7 +463,9 @@ static int write_metadata(em_gguf_writer *w, const cv_arch *a, const cv_model *m
     for (size_t i = 0; !rc && i < a->n_keys; i++)
         if (m->vals[a->keys[i].val].set) rc = write_key(w, a, &a->keys[i], &m->vals[a->keys[i].val], err);
     if (!rc)
-        rc = em_gguf_writer_set_u32(w, "general.file_type", (uint32_t)em_convert_file_type(o->type),
+        rc = em_gguf_writer_set_u32(w, "general.file_type",
+                                    (uint32_t)(m->file_type >= 0 ? m->file_type
+                                                                 : em_convert_file_type(o->type)),
                                     err);
     if (!rc) rc = em_gguf_writer_set_u32(w, "general.quantization_version", 2, err);
     const char *tok_dir = o->tokenizer_dir ? o->tokenizer_dir : o->src_dir;
@@ -507,10 +577,23 @@ static void transpose_k(const float *blk, int64_t nope, int64_t kv_lora, uint64_
 static uint64_t group_rows(const cv_out *o, const int64_t *dims) {
     switch (o->rule->xf) {
     case CV_X_STACK: return o->rows / (uint64_t)o->n_parts;
+    case CV_X_MXFP4: return o->rows / ((uint64_t)o->n_parts / 2);
     case CV_X_KV_B_K: return (uint64_t)dims[CV_D_KV_LORA];
     case CV_X_KV_B_V: return (uint64_t)dims[CV_D_V];
     default: return o->rows;
     }
+}
+
+/* FUSE_MUL: multiplies s->f32 (the first factor's elements [first, first + count)) by the
+ * same elements of the second factor, in f32 as llama.cpp's converter does. */
+static int fuse_second(cv_stream *s, const cv_out *o, uint64_t first, uint64_t count, em_err *err) {
+    const em_safetensors_tensor *t = o->parts[1];
+    int rc = read_elems(s, t, first, count, err);
+    if (!rc) rc = grow((void **)&s->tmp, &s->tmp_cap, (size_t)count * sizeof(float), "values", err);
+    if (rc) return rc;
+    em_st_convert_f32(t->dtype, s->raw, s->tmp, (size_t)count);
+    for (uint64_t i = 0; i < count; i++) s->f32[i] *= s->tmp[i];
+    return EM_OK;
 }
 
 /* Fills s->f32 (or s->tmp, via *vals) with output rows [r0, r0 + nrows) as f32. */
@@ -535,8 +618,10 @@ static int produce_rows(cv_stream *s, const cv_out *o, const int64_t *dims, uint
     chunk_job j = { .s = s, .dtype = t->dtype, .raw = s->raw, .f32 = s->f32, .n = count };
     em_pool_run(s->pool, s->n_tasks, job_widen, &j);
     *vals = s->f32;
-    if (o->rule->xf == CV_X_NEG_EXP) {
+    if (o->rule->xf == CV_X_NEG_EXP || o->rule->xf == CV_X_NEG_EXP_HEAD) {
         for (uint64_t i = 0; i < count; i++) s->f32[i] = -expf(s->f32[i]);
+    } else if (o->rule->xf == CV_X_FUSE_MUL) {
+        rc = fuse_second(s, o, first, count, err);
     } else if (o->rule->xf == CV_X_KV_B_K) {
         rc = grow((void **)&s->tmp, &s->tmp_cap, (size_t)(nrows * o->row_elems) * sizeof(float),
                   "values", err);
@@ -544,7 +629,7 @@ static int produce_rows(cv_stream *s, const cv_out *o, const int64_t *dims, uint
         transpose_k(s->f32, nope, kv_lora, rin, nrows, s->tmp);
         *vals = s->tmp;
     }
-    return EM_OK;
+    return rc;
 }
 
 /* The error of the sampled rows in this chunk: sum (x - deq(q(x)))^2 and sum x^2. */
@@ -625,9 +710,68 @@ static int stream_d2t(cv_stream *s, const cv_out *o, const int64_t *dims, em_err
     return rc;
 }
 
+/* Reads bytes [off, off + n) of source t into buf (at least n bytes). */
+static int read_bytes(cv_stream *s, const em_safetensors_tensor *t, uint64_t off, uint64_t n,
+                      uint8_t *buf, em_err *err) {
+    if (off > t->n_bytes || n > t->n_bytes - off)
+        return em_err_set(err, EM_EINVAL, "converter: read past tensor '%s'", t->name);
+    int fd = source_fd(s, t, err);
+    if (fd < 0) return fd;
+    int rc = em_pread_full(fd, buf, (size_t)n, t->file_offset + off, t->path, err);
+    if (rc) return em_err_prefix(err, "tensor '%s'", t->name);
+    s->prog.bytes_done += n;
+    return EM_OK;
+}
+
+/* compressed-tensors MXFP4 -> ggml block_mxfp4, losslessly: per block of 32 values of a row,
+ * the E8M0 scale byte is copied as the block's exponent, and the 32 four-bit E2M1 codes
+ * (source: sequential pairs, value 2i in the low nibble of byte i, 2i+1 in the high one) are
+ * re-paired as ggml stores them (byte j = code j | code j+16 << 4). Both formats decode a code
+ * c with scale byte e to E2M1(c) * 2^(e - 127) (ggml: doubled E2M1 values times 2^(e-127)/2),
+ * so every value is unchanged. */
+static void repack_mxfp4_rows(const uint8_t *packed, const uint8_t *scale, uint64_t rows,
+                              uint64_t cols, uint8_t *out) {
+    uint64_t blocks = cols / 32;
+    for (uint64_t r = 0; r < rows; r++)
+        for (uint64_t b = 0; b < blocks; b++) {
+            const uint8_t *src = packed + r * (cols / 2) + b * 16;
+            uint8_t *dst = out + (r * blocks + b) * 17;
+            uint8_t code[32];
+            for (int i = 0; i < 16; i++) {
+                code[2 * i] = src[i] & 0x0F;
+                code[2 * i + 1] = src[i] >> 4;
+            }
+            dst[0] = scale[r * blocks + b];
+            for (int j = 0; j < 16; j++) dst[1 + j] = (uint8_t)(code[j] | code[j + 16] << 4);
+        }
+}
+
+static int stream_mxfp4(cv_stream *s, const cv_out *o, em_err *err) {
+    uint64_t cols = o->row_elems, G = o->rows / ((uint64_t)o->n_parts / 2);
+    uint64_t step = CHUNK_ELEMS / cols ? CHUNK_ELEMS / cols : 1;
+    int rc = EM_OK;
+    for (uint64_t r0 = 0; !rc && r0 < o->rows;) {
+        uint64_t g = r0 / G, rin = r0 - g * G, end = (g + 1) * G;
+        uint64_t r1 = r0 + step < end ? r0 + step : end, n = r1 - r0;
+        const em_safetensors_tensor *pk = o->parts[2 * g], *sc = o->parts[2 * g + 1];
+        rc = grow((void **)&s->raw, &s->raw_cap, (size_t)(n * (cols / 2 + cols / 32)), "source bytes", err);
+        if (!rc) rc = grow((void **)&s->q, &s->q_cap, (size_t)(n * o->row_bytes), "output", err);
+        if (!rc) rc = read_bytes(s, pk, rin * (cols / 2), n * (cols / 2), s->raw, err);
+        if (!rc) rc = read_bytes(s, sc, rin * (cols / 32), n * (cols / 32), s->raw + n * (cols / 2), err);
+        if (rc) break;
+        repack_mxfp4_rows(s->raw, s->raw + n * (cols / 2), n, cols, s->q);
+        rc = em_gguf_writer_write_data(s->w, s->q, n * o->row_bytes, err);
+        if (!rc) rc = check_cancel(s, err);
+        report_progress(s, o->name);
+        r0 = r1;
+    }
+    return rc;
+}
+
 static int stream_tensor(cv_stream *s, const cv_out *o, const int64_t *dims, rmse_acc *acc,
                          em_err *err) {
     if (o->rule->xf == CV_X_D2T) return stream_d2t(s, o, dims, err);
+    if (o->rule->xf == CV_X_MXFP4) return stream_mxfp4(s, o, err);
     uint64_t G = group_rows(o, dims);
     if (G == 0 || o->row_elems == 0)
         return em_err_set(err, EM_EFORMAT, "converter: tensor '%s' has an empty dimension", o->name);
@@ -775,7 +919,9 @@ static int stream_all(cv_stream *s, const cv_plan *p, const int64_t *dims, em_co
         const cv_out *o = &p->outs[i];
         rmse_acc acc = { 0 };
         rc = stream_tensor(s, o, dims, &acc, err);
-        if (!rc && o->type != EM_TYPE_F32 && o->type != EM_TYPE_I64) rc = add_qstat(rep, o, &acc, err);
+        /* repacked MXFP4 is lossless: no error to measure */
+        if (!rc && o->type != EM_TYPE_F32 && o->type != EM_TYPE_I64 && o->rule->xf != CV_X_MXFP4)
+            rc = add_qstat(rep, o, &acc, err);
         s->prog.tensors_done++;
         report_progress(s, o->name);
     }
@@ -816,6 +962,7 @@ static void report_setup(em_convert_report *rep, const em_convert_opts *o, const
     snprintf(rep->layout, sizeof rep->layout, "%s", m->layout);
     snprintf(rep->markov, sizeof rep->markov, "%s", m->markov);
     snprintf(rep->src_dir, sizeof rep->src_dir, "%s", o->src_dir);
+    snprintf(rep->note, sizeof rep->note, "%s", m->note);
     rep->n_src_tensors = (int64_t)em_safetensors_count(m->st);
 }
 
@@ -830,6 +977,7 @@ static int convert_model(const em_convert_opts *o, em_hf_config *cfg, const char
     m->st = st;
     m->cfg_path = cfg_path;
     m->dims[CV_D_ONE] = 1;
+    m->file_type = -1;
     cv_plan plan = { 0 };
     em_gguf_writer *w = NULL;
     rc = a->setup(m, err);
@@ -838,6 +986,7 @@ static int convert_model(const em_convert_opts *o, em_hf_config *cfg, const char
         report_setup(rep, o, a, m);
         rep->n_src_mapped = plan.n_used - plan.n_dropped;
         rep->n_src_dropped = plan.n_dropped;
+        rep->n_src_skipped = plan.n_skipped;
         em_gguf_write_opts wo = { .max_shard_bytes = o->max_shard_bytes };
         rc = em_gguf_writer_create(&w, o->out_path, &wo, err);
     }

@@ -2,7 +2,9 @@
  * files that Ember runs and llama.cpp loads. The only interface of the layer.
  *
  * What is converted: Kimi-Linear targets (architecture "kimi-linear", Moonshot and
- * transformers-5 tensor names) and DFlash/DSpark drafters (architecture "dflash"; DSpark is
+ * transformers-5 tensor names), Kimi-K3 targets (architecture "kimi-k3", the
+ * KimiK3ForConditionalGeneration release with compressed-tensors MXFP4 experts kept as ggml
+ * MXFP4) and DFlash/DSpark drafters (architecture "dflash"; DSpark is
  * the mode with Markov tensors) in the z-lab, DeepSpec and SpecForge layouts. Names, shapes,
  * keys and transforms follow llama.cpp's converter (docs/convert.md has the tables).
  *
@@ -73,11 +75,12 @@ typedef struct em_convert_shard {
 
 /* The validation report of one conversion. */
 typedef struct em_convert_report {
-    char arch[32];     /* "kimi-linear" or "dflash" */
+    char arch[32];     /* "kimi-linear", "kimi-k3" or "dflash" */
     char mode[16];     /* drafters: "dspark" (Markov head) or "dflash"; targets: "" */
     char layout[32];   /* "moonshot", "transformers", "z-lab", "deepspec", "specforge", ... */
     char markov[16];   /* drafters: "vanilla", "gated", "rnn" or "none" */
     char src_dir[512];
+    char note[160];    /* an architecture's remark ("" when none; K3: MXFP4 experts kept) */
     int type;          /* the requested --type */
     int n_threads;
     int rmse_rows;
@@ -85,6 +88,8 @@ typedef struct em_convert_report {
     int64_t n_src_tensors;    /* tensors in the checkpoint */
     int64_t n_src_mapped;     /* of them, mapped into the GGUF */
     int64_t n_src_dropped;    /* of them, training-only tensors left out on purpose (t2d) */
+    int64_t n_src_skipped;    /* of them, parts of the release the GGUF leaves out (K3's vision
+                                 tower and projector: text only) */
     int64_t n_out_tensors;    /* tensors in the GGUF */
     uint64_t src_bytes;        /* sizes of the safetensors files */
     uint64_t src_tensor_bytes; /* bytes of tensor data in them */

@@ -34,6 +34,8 @@ enum cv_dim {
     CV_D_KV_B,    /* heads * (nope + v) */
     CV_D_O_IN,    /* heads * v */
     CV_D_Q_LORA,
+    /* Kimi-K3 */
+    CV_D_LAT,     /* routed-expert width: routed_expert_hidden_size (latent MoE), else hidden */
     /* drafter (Qwen3 backbone, heads) */
     CV_D_DVOCAB,  /* draft_vocab_size */
     CV_D_HEAD_DIM,
@@ -65,6 +67,12 @@ enum {
     CV_C_RNN = 1u << 11,    /* drafter: rnn Markov head */
     CV_C_CONF = 1u << 12,   /* drafter: confidence head */
     CV_C_BIAS = 1u << 13,   /* drafter: attention_bias */
+    CV_C_MXFP4 = 1u << 14,  /* K3: routed experts in compressed-tensors MXFP4 */
+    CV_C_DENSEXP = 1u << 15, /* K3: routed experts as plain float weights */
+    CV_C_LATENT = 1u << 16, /* K3: latent MoE (routed_expert_down/up_proj) */
+    CV_C_LATNORM = 1u << 17, /* K3: routed_expert_norm (latent_moe_use_norm) */
+    CV_C_ATTNRES = 1u << 18, /* K3: block attention residuals (attn_res_block_size > 0) */
+    CV_C_MLAGATE = 1u << 19, /* K3: MLA sigmoid output gate (mla_use_output_gate) */
 };
 
 /* ---- tensor rules ---------------------------------------------------------------------- */
@@ -85,6 +93,11 @@ enum cv_xf {
     CV_X_KV_B_K,   /* kv_b [heads, nope+v, kv_lora]: the k part, transposed -> [nope, kv_lora, heads] */
     CV_X_KV_B_V,   /* the v part -> ne [kv_lora, v, heads] */
     CV_X_D2T,      /* draft->target offsets (int) -> absolute target ids, I64 */
+    CV_X_NEG_EXP_HEAD, /* y = -exp(x) over the first KDA_HEADS values of a 1-D source that may
+                        * be longer (K3's A_log is padded) */
+    CV_X_FUSE_MUL, /* y = src * alt elementwise in f32 (K3 res_norm x res_proj -> res score) */
+    CV_X_MXFP4,    /* NEXP pairs (src = weight_packed U8 [out, in/2], alt = weight_scale U8
+                    * [out, in/32]) -> ggml MXFP4 ne [in, out, NEXP], repacked losslessly */
 };
 
 /* Type classes of the policy (em_convert_policy). */
@@ -93,6 +106,7 @@ enum cv_class {
     CV_K_F32,        /* norms, biases, ssm_a, dt bias, conv weights, confidence head */
     CV_K_ROUTER,     /* MoE router weights: F32 (selection is sensitive to near ties) */
     CV_K_I64,        /* integer maps (d2t) */
+    CV_K_MXFP4,      /* already MXFP4 in the source: kept MXFP4 whatever --type says */
 };
 
 typedef struct cv_rule {
@@ -102,7 +116,8 @@ typedef struct cv_rule {
     uint8_t cls;       /* enum cv_class */
     uint32_t when;     /* CV_C_* bits that must all hold */
     const char *src;   /* source name; "{L}" layer, "{E}" expert */
-    const char *alt;   /* another spelling of the source, or NULL */
+    const char *alt;   /* another spelling of the source, or NULL; FUSE_MUL: the second factor;
+                        * MXFP4: the scale tensor ("{E}") */
     const char *dst;   /* GGUF name; "{L}" layer (NULL for CV_DROP) */
     uint8_t src_n;     /* expected source shape, outermost first (one expert for STACK) */
     uint8_t src_dims[4];
@@ -128,6 +143,8 @@ enum cv_vid {
     CV_V_CONV_KERNEL, CV_V_KDA_HEAD_DIM, CV_V_Q_LORA, CV_V_KV_LORA, CV_V_ROPE_DIMS,
     CV_V_KEY_LEN_MLA, CV_V_VALUE_LEN_MLA, CV_V_FF_EXP, CV_V_SHARED, CV_V_DENSE_LEAD,
     CV_V_EXPERT_SCALE, CV_V_EXPERT_NORM,
+    /* Kimi-K3 */
+    CV_V_GATE_LB, CV_V_LATENT, CV_V_ATTN_RES_BLOCK, CV_V_SITU_BETA, CV_V_SITU_LIN_BETA,
     /* RoPE scaling */
     CV_V_ROPE_SCALING, CV_V_ROPE_FACTOR, CV_V_ROPE_ORIG_CTX, CV_V_YARN_BETA_FAST,
     CV_V_YARN_BETA_SLOW, CV_V_YARN_ATTN_FACTOR, CV_V_YARN_LOG_MUL,
@@ -167,6 +184,8 @@ typedef struct cv_model {
     cv_val vals[CV_V_COUNT];
     char mode[16], layout[32], markov[16];
     const char *vocab_arch;              /* the arch the tokenizer loader is told */
+    int file_type;                       /* general.file_type override; -1: from --type */
+    char note[160];                      /* a line for the report (K3: MXFP4 experts kept) */
 } cv_model;
 
 typedef struct cv_arch {
@@ -176,11 +195,21 @@ typedef struct cv_arch {
     const cv_key *keys;
     size_t n_keys;
     const char *optional_prefix; /* a source may also carry this prefix ("model.") */
+    const char *const *skip_prefixes; /* NULL-terminated: sources consumed and not written
+                                       * (K3's vision tower), counted in the report */
     int (*setup)(cv_model *m, em_err *err);
 } cv_arch;
 
 extern const cv_arch em_cv_arch_kimi_linear;
 extern const cv_arch em_cv_arch_dflash;
+extern const cv_arch em_cv_arch_kimi_k3;
+
+/* Shared by the Kimi-Linear and Kimi-K3 setups (map_kimi.c): the common dimensions, the
+ * common key values (lead = leading dense layers), and the checks both architectures make
+ * (quantization and activation are the caller's). */
+void em_cv_kimi_dims(cv_model *m, const em_hf_kimi *k);
+int em_cv_kimi_values(cv_model *m, const em_hf_kimi *k, int64_t lead, em_err *err);
+int em_cv_kimi_common_check(const cv_model *m, const em_hf_kimi *k, int64_t *lead, em_err *err);
 
 /* The architecture of a parsed config; EM_EUNSUPPORTED for what the converter cannot write. */
 int em_cv_arch_for(const em_hf_config *cfg, const char *cfg_path, const cv_arch **out,

@@ -164,43 +164,52 @@ static int unsupported(const cv_model *m, em_err *err, const char *what) {
     return em_err_set(err, EM_EUNSUPPORTED, "%s: %s", m->cfg_path, what);
 }
 
-/* What llama.cpp's kimi-linear can express; everything else is refused by name. */
-static int kimi_check(const cv_model *m, const em_hf_kimi *k, em_err *err) {
+/* What both Kimi architectures need from a config (llama.cpp's kimi-linear and kimi-k3 share
+ * the layer skeleton): NoPE MLA, one head count, a context length, "first k dense, then
+ * MoE". *lead gets the number of leading dense layers. */
+int em_cv_kimi_common_check(const cv_model *m, const em_hf_kimi *k, int64_t *lead, em_err *err) {
     char what[256];
-    if (k->is_k3)
-        return unsupported(m, err, "model_type kimi_k3: the converter writes kimi-linear only");
-    if (k->quant_method[0]) {
-        snprintf(what, sizeof what, "quantization_config.quant_method '%s': only unquantized "
-                 "(F32/F16/BF16) checkpoints are converted", k->quant_method);
-        return unsupported(m, err, what);
-    }
     if (!k->mla_use_nope)
-        return unsupported(m, err, "mla_use_nope is false: llama.cpp's kimi-linear MLA is NoPE");
-    if (strcmp(k->hidden_act, "silu") != 0) {
-        snprintf(what, sizeof what, "hidden_act '%s': kimi-linear uses silu", k->hidden_act);
-        return unsupported(m, err, what);
-    }
+        return unsupported(m, err, "mla_use_nope is false: llama.cpp's Kimi MLA is NoPE");
     if (k->n_kda && k->kda_num_heads != k->num_attention_heads) {
         snprintf(what, sizeof what, "KDA heads (%lld) differ from num_attention_heads (%lld): "
-                 "llama.cpp's kimi-linear has one head count", (long long)k->kda_num_heads,
+                 "llama.cpp's Kimi models have one head count", (long long)k->kda_num_heads,
                  (long long)k->num_attention_heads);
         return unsupported(m, err, what);
     }
     if (k->model_max_length <= 0)
         return em_err_set(err, EM_EFORMAT, "%s: no context length (model_max_length or "
                           "max_position_embeddings)", m->cfg_path);
-    int64_t lead = 0;
-    while (lead < k->n_layers && k->mlp[lead] == EM_HF_MLP_DENSE) lead++;
-    for (int l = (int)lead; l < k->n_layers; l++)
+    int64_t n = 0;
+    while (n < k->n_layers && k->mlp[n] == EM_HF_MLP_DENSE) n++;
+    for (int l = (int)n; l < k->n_layers; l++)
         if (k->mlp[l] != EM_HF_MLP_MOE) {
             snprintf(what, sizeof what, "layer %d is dense after MoE layers: GGUF expresses only "
                      "'first k layers dense' (leading_dense_block_count)", l);
             return unsupported(m, err, what);
         }
+    *lead = n;
     return EM_OK;
 }
 
-static void kimi_dims(cv_model *m, const em_hf_kimi *k) {
+/* What llama.cpp's kimi-linear can express; everything else is refused by name. */
+static int kimi_check(const cv_model *m, const em_hf_kimi *k, int64_t *lead, em_err *err) {
+    char what[256];
+    if (k->is_k3) /* em_cv_arch_for sends K3 to map_k3.c; a direct caller gets told */
+        return unsupported(m, err, "model_type kimi_k3 is converted as kimi-k3, not kimi-linear");
+    if (k->quant_method[0]) {
+        snprintf(what, sizeof what, "quantization_config.quant_method '%s': only unquantized "
+                 "(F32/F16/BF16) checkpoints are converted", k->quant_method);
+        return unsupported(m, err, what);
+    }
+    if (strcmp(k->hidden_act, "silu") != 0) {
+        snprintf(what, sizeof what, "hidden_act '%s': kimi-linear uses silu", k->hidden_act);
+        return unsupported(m, err, what);
+    }
+    return em_cv_kimi_common_check(m, k, lead, err);
+}
+
+void em_cv_kimi_dims(cv_model *m, const em_hf_kimi *k) {
     int64_t *d = m->dims;
     d[CV_D_EMBD] = k->hidden_size;
     d[CV_D_VOCAB] = k->vocab_size;
@@ -221,9 +230,10 @@ static void kimi_dims(cv_model *m, const em_hf_kimi *k) {
     d[CV_D_KV_B] = k->num_attention_heads * (k->qk_nope_head_dim + k->v_head_dim);
     d[CV_D_O_IN] = k->num_attention_heads * k->v_head_dim;
     d[CV_D_Q_LORA] = k->q_lora_rank;
+    d[CV_D_LAT] = k->routed_expert_hidden_size > 0 ? k->routed_expert_hidden_size : k->hidden_size;
 }
 
-static int kimi_values(cv_model *m, const em_hf_kimi *k, int64_t lead, em_err *err) {
+int em_cv_kimi_values(cv_model *m, const em_hf_kimi *k, int64_t lead, em_err *err) {
     em_cv_set_u(m, CV_V_CTX, (uint64_t)k->model_max_length);
     em_cv_set_u(m, CV_V_EMBD, (uint64_t)k->hidden_size);
     em_cv_set_u(m, CV_V_BLOCKS, (uint64_t)k->num_hidden_layers);
@@ -269,25 +279,23 @@ static int kimi_values(cv_model *m, const em_hf_kimi *k, int64_t lead, em_err *e
 
 static int kimi_setup(cv_model *m, em_err *err) {
     const em_hf_kimi *k = &m->cfg->kimi;
-    int rc = kimi_check(m, k, err);
+    int64_t lead = 0;
+    int rc = kimi_check(m, k, &lead, err);
     if (rc) return rc;
-    kimi_dims(m, k);
+    em_cv_kimi_dims(m, k);
     m->flags = (k->has_q_lora ? CV_C_QLORA : CV_C_NOQLORA) |
                (k->num_shared_experts > 0 ? CV_C_SHEXP : 0) |
                (k->tie_word_embeddings ? CV_C_TIED : CV_C_UNTIED);
     m->n_layers = k->n_layers;
-    int64_t lead = 0;
-    for (int l = 0; l < k->n_layers; l++) {
+    for (int l = 0; l < k->n_layers; l++)
         m->layer_flags[l] = (k->attn[l] == EM_HF_ATTN_MLA ? CV_C_MLA : CV_C_KDA) |
                             (k->mlp[l] == EM_HF_MLP_MOE ? CV_C_MOE : CV_C_DENSE);
-        if (k->mlp[l] == EM_HF_MLP_DENSE) lead++;
-    }
     snprintf(m->mode, sizeof m->mode, "%s", "");
     /* Moonshot tensor names; transformers 5.17 writes them back (dense MLP aside, see above) */
     snprintf(m->layout, sizeof m->layout, "%s", "moonshot");
     snprintf(m->markov, sizeof m->markov, "%s", "");
     m->vocab_arch = "kimi-linear";
-    return kimi_values(m, k, lead, err);
+    return em_cv_kimi_values(m, k, lead, err);
 }
 
 const cv_arch em_cv_arch_kimi_linear = {

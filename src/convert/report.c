@@ -80,6 +80,7 @@ static json_t *report_json(const em_convert_report *rep) {
     json_object_set_new(o, "source_tensors", json_integer(rep->n_src_tensors));
     json_object_set_new(o, "source_tensors_mapped", json_integer(rep->n_src_mapped));
     json_object_set_new(o, "source_tensors_dropped", json_integer(rep->n_src_dropped));
+    json_object_set_new(o, "source_tensors_skipped", json_integer(rep->n_src_skipped));
     json_object_set_new(o, "gguf_tensors", json_integer(rep->n_out_tensors));
     json_object_set_new(o, "source_bytes", json_u64(rep->src_bytes));
     json_object_set_new(o, "source_tensor_bytes", json_u64(rep->src_tensor_bytes));
@@ -94,6 +95,7 @@ static json_t *report_json(const em_convert_report *rep) {
     json_object_set_new(o, "tokens", json_integer(rep->n_tokens));
     json_object_set_new(o, "threads", json_integer(rep->n_threads));
     json_object_set_new(o, "seconds", json_real(rep->seconds));
+    json_object_set_new(o, "note", json_string(rep->note));
     return o;
 }
 
@@ -138,10 +140,13 @@ void em_convert_report_print(const em_convert_report *rep, FILE *f) {
             rep->mode, rep->markov[0] && strcmp(rep->markov, "none") ? ", markov head " : "",
             rep->markov[0] && strcmp(rep->markov, "none") ? rep->markov : "", rep->layout);
     fprintf(f, "  type           %s (%s)\n", em_type_name(rep->type), em_convert_policy(rep->type));
+    if (rep->note[0]) fprintf(f, "  note           %s\n", rep->note);
     fprintf(f, "  parameters     %llu\n", (unsigned long long)rep->n_params);
     fprintf(f, "  tensors        %lld of %lld source tensors mapped", (long long)rep->n_src_mapped,
             (long long)rep->n_src_tensors);
     if (rep->n_src_dropped) fprintf(f, ", %lld training-only dropped", (long long)rep->n_src_dropped);
+    if (rep->n_src_skipped)
+        fprintf(f, ", %lld skipped (vision tower / projector: text only)", (long long)rep->n_src_skipped);
     fprintf(f, "; %lld GGUF tensors (", (long long)rep->n_out_tensors);
     const char *sep = "";
     for (int t = 0; t < EM_TYPE_COUNT; t++)

@@ -4,13 +4,17 @@
  * Invariants: used <= budget at all times; a slot is in the index only once fully read; a
  * pinned slot (in use by the current run) is never evicted; a run that fails leaves no pin
  * and no partial slot. Victims: LRU (oldest access) or LFU with exponential aging (lowest
- * decayed access count; the history covers every expert, resident or not), ties to LRU. */
+ * decayed access count; the history covers every expert, resident or not), ties to LRU.
+ * Slot buffers are mapped anonymous memory: an evicted one is kept on a free list for the
+ * next miss (no page faults, no heap fragmentation) as long as held + free bytes stay within
+ * the budget, and unmapped otherwise, so the cache never holds more than its budget. */
 #include "experts/experts_impl.h"
 
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 typedef struct slot {
     int layer, expert;
@@ -38,13 +42,67 @@ struct em_expert_cache {
     slot *slots;
     int n_slots, cap_slots;
     uint64_t used, tick, runs;
+    struct free_buf *free_list; /* evicted slot buffers kept for reuse */
+    uint64_t free_bytes;
+    uint64_t inflight;          /* buffers of a batch being read (not yet in `used`) */
+    int *held;                  /* [n_layers] experts of each layer in the cache */
     em_expert_stats *stats;   /* [n_layers] */
     /* a run's scratch, sized for the largest layer (a run never lists more experts) */
     int *hit;
     uint64_t (*miss)[2];
     struct pending *batch;
     em_xio_req *reqs;
+    int *call_idx;            /* one batch call's union indices and data */
+    em_expert_data *call_data;
 };
+
+typedef struct free_buf { /* lives in the first bytes of an unused slot buffer */
+    struct free_buf *next;
+    uint64_t bytes;
+} free_buf;
+
+/* A slot buffer of `bytes` (a multiple of the page size) for a batch being read: a kept one
+ * of that size, else fresh mapped memory (after unmapping kept ones of other sizes as far as
+ * held + kept + in flight would pass the budget). */
+static uint8_t *buf_get(em_expert_cache *c, uint64_t bytes, em_err *err) {
+    for (free_buf **p = &c->free_list; *p; p = &(*p)->next)
+        if ((*p)->bytes == bytes) {
+            free_buf *f = *p;
+            *p = f->next;
+            c->free_bytes -= bytes;
+            c->inflight += bytes;
+            return (uint8_t *)f;
+        }
+    while (c->free_list && c->used + c->free_bytes + c->inflight + bytes > c->opts.budget) {
+        free_buf *f = c->free_list;
+        c->free_list = f->next;
+        c->free_bytes -= f->bytes;
+        munmap(f, (size_t)f->bytes);
+    }
+    void *m = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        char b[32];
+        em_err_set(err, EM_ENOMEM, "experts: cannot map a slot of %s", em_format_size(bytes, b, sizeof b));
+        return NULL;
+    }
+    c->inflight += bytes;
+    return m;
+}
+
+/* Takes back a buffer (of a failed batch when inflight, else of an evicted slot): kept for
+ * reuse while held + kept + in flight bytes fit the budget, else unmapped. */
+static void buf_put(em_expert_cache *c, uint8_t *buf, uint64_t bytes, bool inflight) {
+    if (inflight) c->inflight -= bytes;
+    if (c->used + c->free_bytes + c->inflight + bytes <= c->opts.budget) {
+        free_buf *f = (free_buf *)(void *)buf;
+        f->next = c->free_list;
+        f->bytes = bytes;
+        c->free_list = f;
+        c->free_bytes += bytes;
+        return;
+    }
+    munmap(buf, (size_t)bytes);
+}
 
 typedef struct pending {
     int idx;           /* in the union */
@@ -91,7 +149,8 @@ int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
     c->slot_bytes = em_calloc(nl, sizeof *c->slot_bytes, "expert cache slots", err);
     c->part_off = em_calloc(nl, sizeof *c->part_off, "expert cache slots", err);
     c->stats = em_calloc(nl, sizeof *c->stats, "expert cache stats", err);
-    int rc = c->layer_base && c->slot_bytes && c->part_off && c->stats ? EM_OK : EM_ENOMEM;
+    c->held = em_calloc(nl, sizeof *c->held, "expert cache index", err);
+    int rc = c->layer_base && c->slot_bytes && c->part_off && c->stats && c->held ? EM_OK : EM_ENOMEM;
     uint64_t largest = 0;
     for (int l = 0; !rc && l < c->n_layers; l++) {
         c->layer_base[l + 1] = c->layer_base[l] + em_expert_store_layer(s, l)->n_expert;
@@ -117,7 +176,9 @@ int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
         c->miss = em_calloc((size_t)max_x, sizeof *c->miss, "expert run scratch", err);
         c->batch = em_calloc((size_t)max_x, sizeof(pending), "expert run scratch", err);
         c->reqs = em_calloc((size_t)max_x * EM_EXPERT_NPARTS, sizeof *c->reqs, "expert run scratch", err);
-        if (!c->hit || !c->miss || !c->batch || !c->reqs) rc = EM_ENOMEM;
+        c->call_idx = em_calloc((size_t)max_x, sizeof *c->call_idx, "expert run scratch", err);
+        c->call_data = em_calloc((size_t)max_x, sizeof *c->call_data, "expert run scratch", err);
+        if (!c->hit || !c->miss || !c->batch || !c->reqs || !c->call_idx || !c->call_data) rc = EM_ENOMEM;
     }
     if (!rc && c->opts.lfu_halflife <= 0)
         c->opts.lfu_halflife = 8.0 * (double)(opts->budget / (largest ? largest : 1));
@@ -132,7 +193,12 @@ int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
 
 void em_expert_cache_free(em_expert_cache *c) {
     if (!c) return;
-    for (int i = 0; i < c->n_slots; i++) free(c->slots[i].buf);
+    for (int i = 0; i < c->n_slots; i++) munmap(c->slots[i].buf, (size_t)c->slots[i].bytes);
+    while (c->free_list) {
+        free_buf *f = c->free_list;
+        c->free_list = f->next;
+        munmap(f, (size_t)f->bytes);
+    }
     free(c->slots);
     em_xio_close(c->io);
     free(c->meta);
@@ -140,10 +206,13 @@ void em_expert_cache_free(em_expert_cache *c) {
     free(c->slot_bytes);
     free(c->part_off);
     free(c->stats);
+    free(c->held);
     free(c->hit);
     free(c->miss);
     free(c->batch);
     free(c->reqs);
+    free(c->call_idx);
+    free(c->call_data);
     free(c);
 }
 
@@ -174,8 +243,9 @@ static bool evict_before(const em_expert_cache *c, const slot *a, const slot *b)
 static void remove_slot(em_expert_cache *c, int i) {
     slot *s = &c->slots[i];
     meta_of(c, s->layer, s->expert)->slot = -1;
+    c->held[s->layer]--;
     c->used -= s->bytes;
-    free(s->buf);
+    buf_put(c, s->buf, s->bytes, false);
     if (i != c->n_slots - 1) {
         c->slots[i] = c->slots[c->n_slots - 1];
         meta_of(c, c->slots[i].layer, c->slots[i].expert)->slot = i;
@@ -222,24 +292,31 @@ typedef struct run_state {
     int *hit;          /* union indices that hit, pinned until computed */
     int n_hit;
     bool hits_done;
-    em_expert_fn fn;
+    em_expert_batch_fn fn;
     void *ctx;
+    double overlap_s;  /* seconds spent computing hits while reads were in flight */
 } run_state;
 
-/* Computes every pinned hit, unpinning each after use (or all of them on failure). */
+/* One call of fn over the pinned experts idx[0..n) (union indices), then their pins go. */
+static int call_batch(run_state *st, const int *idx, int n, em_err *err) {
+    em_expert_cache *c = st->c;
+    for (int j = 0; j < n; j++) {
+        c->call_idx[j] = idx[j];
+        c->call_data[j] = data_of(c, &c->slots[meta_of(c, st->layer, st->experts[idx[j]])->slot]);
+    }
+    int rc = n > 0 ? st->fn(st->ctx, c->call_idx, c->call_data, n, err) : EM_OK;
+    for (int j = 0; j < n; j++) c->slots[meta_of(c, st->layer, st->experts[idx[j]])->slot].pins--;
+    return rc;
+}
+
+/* Computes every pinned hit in one call, unpinning them after use (or on failure). */
 static int run_hits(void *vctx, em_err *err) {
     run_state *st = vctx;
     if (st->hits_done) return EM_OK;
     st->hits_done = true;
-    int rc = EM_OK;
-    for (int j = 0; j < st->n_hit; j++) {
-        slot *s = &st->c->slots[meta_of(st->c, st->layer, st->experts[st->hit[j]])->slot];
-        if (!rc) {
-            em_expert_data d = data_of(st->c, s);
-            rc = st->fn(st->ctx, st->hit[j], &d, err);
-        }
-        s->pins--;
-    }
+    double t0 = em_time_now();
+    int rc = call_batch(st, st->hit, st->n_hit, err);
+    st->overlap_s += em_time_now() - t0;
     return rc;
 }
 
@@ -262,12 +339,14 @@ static int load_batch(run_state *st, pending *batch, int n, em_xio_req *reqs, em
                                       .need = r.offset + r.bytes - a0,
                                       .dst = batch[b].buf + c->part_off[st->layer][p]};
         }
+    double t0 = em_time_now(), o0 = st->overlap_s;
     int rc = em_xio_read(c->io, reqs, nr, run_hits, st, err);
     em_expert_stats *ls = &c->stats[st->layer];
+    ls->read_seconds += em_time_now() - t0 - (st->overlap_s - o0);
     ls->reads += (uint64_t)nr;
     for (int i = 0; i < nr; i++) ls->bytes_read += reqs[i].got;
     if (rc) {
-        for (int b = 0; b < n; b++) free(batch[b].buf);
+        for (int b = 0; b < n; b++) buf_put(c, batch[b].buf, batch[b].bytes, true);
         return rc;
     }
     for (int b = 0; b < n; b++) { /* complete: now they enter the index, pinned */
@@ -275,18 +354,14 @@ static int load_batch(run_state *st, pending *batch, int n, em_xio_req *reqs, em
         c->slots[c->n_slots] = (slot){.layer = st->layer, .expert = e, .buf = batch[b].buf,
                                       .bytes = batch[b].bytes, .pins = 1};
         meta_of(c, st->layer, e)->slot = c->n_slots++;
+        c->held[st->layer]++;
         c->used += batch[b].bytes;
+        c->inflight -= batch[b].bytes;
         ls->misses++;
     }
-    for (int b = 0; b < n; b++) {
-        slot *s = &c->slots[meta_of(c, st->layer, st->experts[batch[b].idx])->slot];
-        if (!rc) {
-            em_expert_data d = data_of(c, s);
-            rc = st->fn(st->ctx, batch[b].idx, &d, err);
-        }
-        s->pins--;
-    }
-    return rc;
+    int *idx = st->c->hit + st->n_hit; /* free room after the hits' indices */
+    for (int b = 0; b < n; b++) idx[b] = batch[b].idx;
+    return call_batch(st, idx, n, err);
 }
 
 static int check_run(em_expert_cache *c, int layer, const int *experts, int n, em_err *err) {
@@ -334,17 +409,17 @@ static int next_batch(run_state *st, const uint64_t (*miss)[2], int n_miss, int 
     assert(ok);
     (void)ok;
     for (int b = 0; b < *nb; b++) {
-        batch[b].buf = em_aligned_alloc(EM_DIRECT_ALIGN, sb, "expert slot", err);
+        batch[b].buf = buf_get(c, sb, err);
         if (!batch[b].buf) {
-            for (int j = 0; j < b; j++) free(batch[j].buf);
+            for (int j = 0; j < b; j++) buf_put(c, batch[j].buf, sb, true);
             return EM_ENOMEM;
         }
     }
     return EM_OK;
 }
 
-int em_expert_cache_run(em_expert_cache *c, int layer, const int *experts, int n,
-                        em_expert_fn fn, void *ctx, em_err *err) {
+int em_expert_cache_run_batch(em_expert_cache *c, int layer, const int *experts, int n,
+                              em_expert_batch_fn fn, void *ctx, em_err *err) {
     int rc = check_run(c, layer, experts, n, err);
     if (rc) return rc;
     if (n == 0) return EM_OK;
@@ -388,6 +463,27 @@ int em_expert_cache_run(em_expert_cache *c, int layer, const int *experts, int n
     return rc;
 }
 
+/* The one-expert-at-a-time form: fn is called for each expert of each batch. */
+typedef struct single_ctx {
+    em_expert_fn fn;
+    void *ctx;
+} single_ctx;
+
+static int call_single(void *vctx, const int *idx, const em_expert_data *d, int n, em_err *err) {
+    const single_ctx *s = vctx;
+    for (int j = 0; j < n; j++) {
+        int rc = s->fn(s->ctx, idx[j], &d[j], err);
+        if (rc) return rc;
+    }
+    return EM_OK;
+}
+
+int em_expert_cache_run(em_expert_cache *c, int layer, const int *experts, int n,
+                        em_expert_fn fn, void *ctx, em_err *err) {
+    single_ctx s = {.fn = fn, .ctx = ctx};
+    return em_expert_cache_run_batch(c, layer, experts, n, call_single, &s, err);
+}
+
 /* ---- statistics, hints, hooks ------------------------------------------------------------ */
 
 void em_expert_cache_stats(const em_expert_cache *c, int layer, em_expert_stats *out) {
@@ -398,6 +494,7 @@ void em_expert_cache_stats(const em_expert_cache *c, int layer, em_expert_stats 
         out->reads += c->stats[l].reads;
         out->hits += c->stats[l].hits;
         out->misses += c->stats[l].misses;
+        out->read_seconds += c->stats[l].read_seconds;
     }
 }
 
@@ -444,21 +541,24 @@ uint64_t em_expert_cache_miss_bytes(const em_expert_cache *c, int layer, const i
     return b;
 }
 
+/* Expected bytes layer l would read for n_rows rows of k uniform choices (0: no experts). */
+static double layer_estimate(const em_expert_cache *c, int l, int n_rows, int k) {
+    const em_expert_layer *L = em_expert_store_layer(c->store, l);
+    if (!L || L->n_expert == 0 || n_rows <= 0 || k <= 0) return 0.0;
+    double X = L->n_expert, kk = k < L->n_expert ? k : L->n_expert;
+    double distinct = X * (1.0 - pow(1.0 - kk / X, n_rows));
+    double miss = distinct * (1.0 - c->held[l] / X);
+    return miss * (double)read_bytes(c, l, 0);
+}
+
 uint64_t em_expert_cache_estimate(const em_expert_cache *c, int n_rows, int k) {
-    int *held = calloc((size_t)c->n_layers + 1, sizeof *held);
-    if (!held) return 0;
-    for (int i = 0; i < c->n_slots; i++) held[c->slots[i].layer]++;
     double total = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        const em_expert_layer *L = em_expert_store_layer(c->store, l);
-        if (L->n_expert == 0 || n_rows <= 0 || k <= 0) continue;
-        double X = L->n_expert, kk = k < L->n_expert ? k : L->n_expert;
-        double distinct = X * (1.0 - pow(1.0 - kk / X, n_rows));
-        double miss = distinct * (1.0 - held[l] / X);
-        total += miss * (double)read_bytes(c, l, 0);
-    }
-    free(held);
+    for (int l = 0; l < c->n_layers; l++) total += layer_estimate(c, l, n_rows, k);
     return (uint64_t)(total + 0.5);
+}
+
+uint64_t em_expert_cache_estimate_layer(const em_expert_cache *c, int layer, int n_rows, int k) {
+    return (uint64_t)(layer_estimate(c, layer, n_rows, k) + 0.5);
 }
 
 void em_expert_cache_fault_arm(em_expert_cache *c, int kind, uint64_t after_n_reads) {

@@ -165,3 +165,14 @@ int em_expert_store_range(const em_expert_store *s, int layer, int expert, int p
 }
 
 uint64_t em_expert_store_total_bytes(const em_expert_store *s) { return s->total; }
+
+uint64_t em_experts_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    fclose(f);
+    return found && kib < (UINT64_MAX >> 10) ? (uint64_t)kib << 10 : 0;
+}

@@ -90,7 +90,9 @@ typedef struct em_gguf_tensor {
     int shard;             /* index of the file holding the data */
     uint64_t offset;       /* relative to the shard's data section */
     uint64_t file_offset;  /* absolute, in the shard file (for pread / O_DIRECT) */
-    const void *data;      /* in the mapping; bytes long */
+    const void *data;      /* in the mapping; bytes long (NULL when missing) */
+    bool missing;          /* its data lies past the end of the file (opened with
+                              allow_missing_data only; never true otherwise) */
 } em_gguf_tensor;
 
 /* One file of a (possibly split) model. */
@@ -101,6 +103,8 @@ typedef struct em_gguf_shard {
     uint64_t file_size;
     uint64_t data_offset;  /* start of the data section */
     int64_t n_tensors;     /* tensors stored in this file */
+    uint64_t missing_bytes; /* allow_missing_data: how far the tensor data the infos describe
+                               runs past the end of the file (0: complete) */
 } em_gguf_shard;
 
 typedef struct em_gguf em_gguf;
@@ -112,6 +116,20 @@ typedef struct em_gguf em_gguf;
  * checked against each other; a missing shard is EM_ENOTFOUND, a shard whose split.no,
  * split.count or split.tensors.count disagrees is EM_EFORMAT. */
 int em_gguf_open(em_gguf **out, const char *path, em_err *err);
+/* Options of em_gguf_open_ex. allow_missing_data: a tensor whose data runs past the end of
+ * its file (a file cut short, as by an interrupted download) is kept, marked missing with
+ * data NULL, instead of failing the open; everything else is checked as by em_gguf_open
+ * (alignment, overlaps, overflow). For callers that only need metadata and tensor infos,
+ * or that check em_gguf_missing before reading data. */
+typedef struct em_gguf_open_opts {
+    bool allow_missing_data;
+} em_gguf_open_opts;
+/* em_gguf_open with options (NULL: as em_gguf_open). */
+int em_gguf_open_ex(em_gguf **out, const char *path, const em_gguf_open_opts *opts, em_err *err);
+/* Missing tensor data (allow_missing_data): bytes missing over all shards, the number of
+ * missing tensors (if n non-NULL) and the first missing tensor in file order (if first
+ * non-NULL; NULL when none). Returns the byte count (0: nothing missing). */
+uint64_t em_gguf_missing(const em_gguf *g, int64_t *n, const em_gguf_tensor **first);
 /* Opens exactly one file, even if it is a shard (split.* keys are then plain metadata). */
 int em_gguf_open_single(em_gguf **out, const char *path, em_err *err);
 /* Parses a GGUF held in memory (one file, no shards); name is used in messages. Nothing
@@ -251,6 +269,12 @@ int em_gguf_writer_write_tensor(em_gguf_writer *w, const char *name, const void 
 /* Streams the next n bytes of tensor data, in declaration order; a chunk may span tensor
  * boundaries. Alignment padding is inserted automatically. */
 int em_gguf_writer_write_data(em_gguf_writer *w, const void *data, uint64_t n, em_err *err);
+/* Like em_gguf_writer_write_data, but the next n bytes of tensor data are not written: the
+ * file position moves past them (lseek), so they are a hole that reads as zeros and takes no
+ * disk space on file systems with sparse files. For shape-only files (the real geometry of a
+ * model too large for the disk, metadata and tensor infos intact); padding and headers are
+ * still written, and a shard that ends in a hole is extended to its full size (ftruncate). */
+int em_gguf_writer_skip_data(em_gguf_writer *w, uint64_t n, em_err *err);
 /* Checks that every tensor's data was written, flushes, fsyncs and renames the files into
  * place. */
 int em_gguf_writer_finish(em_gguf_writer *w, em_err *err);

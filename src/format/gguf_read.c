@@ -7,7 +7,9 @@
  * size) whatever the header claims; sizes are computed with overflow checks. Values point
  * into the file bytes, which stay mapped until em_gguf_close. Parsing never recurses more
  * than EM_GGUF_MAX_DEPTH levels. Errors name the file, the byte offset and the key or
- * tensor being read. This file must not write anything. */
+ * tensor being read. This file must not write anything. Tensor data past the end of a file
+ * fails the open, unless the caller asked for allow_missing_data: then such a tensor is marked
+ * missing (data NULL) and the shard records how many bytes are missing. */
 #include "format/gguf_impl.h"
 
 #include "quant/quant.h"
@@ -81,6 +83,7 @@ typedef struct gguf_file {
     em_gguf_str *tnames; /* names in the file; freed once the model is assembled */
     uint64_t *tat;       /* byte offset of each tensor info; likewise */
     char *names;         /* NUL-terminated copies of keys and tensor names */
+    bool allow_missing;  /* em_gguf_open_opts.allow_missing_data */
 } gguf_file;
 
 typedef struct parser {
@@ -434,35 +437,39 @@ static int place_tensors(parser *ps, gguf_file *f, uint64_t header_end) {
     uint64_t data_offset = em_align_up(header_end, a);
     f->info.data_offset = data_offset;
     if (f->n_tensors == 0) return EM_OK;
-    if (data_offset > ps->size) {
+    if (data_offset > ps->size && !f->allow_missing) {
         snprintf(ps->what, sizeof ps->what, "data section");
         return fail(ps, header_end, EM_EFORMAT,
                     "starts at byte %llu (alignment %llu), past the end of the file (%llu bytes)",
                     (unsigned long long)data_offset, (unsigned long long)a,
                     (unsigned long long)ps->size);
     }
-    uint64_t data_size = ps->size - data_offset;
+    /* allow_missing: a data section cut short (or absent) holds what the file has */
+    uint64_t data_size = data_offset <= ps->size ? ps->size - data_offset : 0, wanted_end = 0;
     span *spans = em_malloc((size_t)f->n_tensors * sizeof *spans, "GGUF tensor spans", ps->err);
     if (!spans) return EM_ENOMEM;
     int rc = EM_OK;
     for (int64_t i = 0; i < f->n_tensors && !rc; i++) {
         em_gguf_tensor *t = &f->tensors[i];
-        uint64_t end;
+        uint64_t end = 0;
         set_what(ps, "tensor", f->tnames[i].ptr, f->tnames[i].len);
         if (t->offset % a)
             rc = fail(ps, f->tat[i], EM_EFORMAT, "data offset %llu is not a multiple of the alignment %llu",
                       (unsigned long long)t->offset, (unsigned long long)a);
-        else if (em_add_overflow(t->offset, t->bytes, &end) || end > data_size)
+        else if (em_add_overflow(t->offset, t->bytes, &end) || (end > data_size && !f->allow_missing))
             rc = fail(ps, f->tat[i], EM_EFORMAT,
                       "data at data-section offset %llu, %llu bytes, runs past the end of the file "
                       "(the data section holds %llu bytes from byte %llu)",
                       (unsigned long long)t->offset, (unsigned long long)t->bytes,
                       (unsigned long long)data_size, (unsigned long long)data_offset);
         if (rc) break;
-        t->file_offset = data_offset + t->offset;
-        t->data = ps->b + t->file_offset;
+        if (end > wanted_end) wanted_end = end;
+        t->missing = end > data_size;
+        if (em_add_overflow(data_offset, t->offset, &t->file_offset)) t->file_offset = UINT64_MAX;
+        t->data = t->missing ? NULL : ps->b + t->file_offset;
         spans[i] = (span){ t->offset, t->offset + t->bytes, i };
     }
+    f->info.missing_bytes = wanted_end > data_size ? wanted_end - data_size : 0;
     if (!rc) {
         qsort(spans, (size_t)f->n_tensors, sizeof *spans, cmp_span);
         int64_t prev = -1;
@@ -549,8 +556,9 @@ static int file_parse(gguf_file *f, em_err *err) {
     return EM_OK;
 }
 
-static int file_open(gguf_file *f, const char *path, em_err *err) {
+static int file_open(gguf_file *f, const char *path, bool allow_missing, em_err *err) {
     memset(f, 0, sizeof *f);
+    f->allow_missing = allow_missing;
     f->path = em_strdup(path, err);
     if (!f->path) return EM_ENOMEM;
     int rc = em_mmap_open(&f->map, path, err);
@@ -656,7 +664,7 @@ static int model_of_file(em_gguf **out, const char *path, gguf_file *f, em_err *
 int em_gguf_open_single(em_gguf **out, const char *path, em_err *err) {
     gguf_file f;
     *out = NULL;
-    int rc = file_open(&f, path, err);
+    int rc = file_open(&f, path, false, err);
     return rc ? rc : model_of_file(out, path, &f, err);
 }
 
@@ -788,7 +796,7 @@ static int open_split(em_gguf **out, const char *path, gguf_file *given, const s
             rc = em_err_set(err, EM_ENOTFOUND, "%s: missing shard %s (shard %u of %u)", path, name,
                             i + 1, sk->count);
         else
-            rc = file_open(&g->files[i], name, err);
+            rc = file_open(&g->files[i], name, given->allow_missing, err);
     }
     free(name);
     /* shard 0 carries the metadata, split.tensors.count included */
@@ -814,10 +822,29 @@ static int open_split(em_gguf **out, const char *path, gguf_file *given, const s
 }
 
 int em_gguf_open(em_gguf **out, const char *path, em_err *err) {
+    return em_gguf_open_ex(out, path, NULL, err);
+}
+
+uint64_t em_gguf_missing(const em_gguf *g, int64_t *n, const em_gguf_tensor **first) {
+    uint64_t bytes = 0;
+    int64_t count = 0;
+    const em_gguf_tensor *f = NULL;
+    for (int s = 0; s < g->n_shards; s++) bytes += g->files[s].info.missing_bytes;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].missing) {
+            if (!f) f = &g->tensors[i];
+            count++;
+        }
+    if (n) *n = count;
+    if (first) *first = f;
+    return bytes;
+}
+
+int em_gguf_open_ex(em_gguf **out, const char *path, const em_gguf_open_opts *opts, em_err *err) {
     gguf_file f;
     split_keys sk;
     *out = NULL;
-    int rc = file_open(&f, path, err);
+    int rc = file_open(&f, path, opts && opts->allow_missing_data, err);
     if (rc) return rc;
     if ((rc = read_split_keys(&f, &sk, err))) {
         file_free(&f);

@@ -11,7 +11,9 @@
  * their final names and renamed only after every byte is written and fsynced; until then
  * (and on any failure) em_gguf_writer_free removes them. The layout matches ggml's writer:
  * header, keys, tensor infos, zero padding to the alignment, then each tensor's data padded
- * to the alignment (the last one too). */
+ * to the alignment (the last one too). Data skipped with em_gguf_writer_skip_data is a hole
+ * (lseek past it; the shard is extended with ftruncate at close): the same file as if zeros
+ * had been written, without the disk space. */
 #include "format/gguf_impl.h"
 
 #include "quant/quant.h"
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- growable byte buffers ----------------------------------------------------------- */
@@ -662,6 +665,19 @@ static int out_write(em_gguf_writer *w, const void *p, uint64_t n, em_err *err) 
     return rc;
 }
 
+/* Moves the open shard's position n bytes on without writing them (a hole). */
+static int out_skip(em_gguf_writer *w, uint64_t n, em_err *err) {
+    int rc = flush_buf(w, err);
+    uint64_t end;
+    if (!rc && (em_add_overflow(w->pos, n, &end) || end > (uint64_t)INT64_MAX))
+        rc = em_err_set(err, EM_EOVERFLOW, "%s: file offset overflows", open_path(w));
+    if (!rc && lseek(w->fd, (off_t)end, SEEK_SET) < 0)
+        rc = em_err_set(err, EM_EIO, "%s: cannot seek to %llu: %s", open_path(w),
+                        (unsigned long long)end, strerror(errno));
+    if (!rc) w->pos = end;
+    return rc;
+}
+
 static int out_pad(em_gguf_writer *w, em_err *err) {
     static const uint8_t zeros[256];
     int rc = EM_OK;
@@ -700,6 +716,11 @@ static int open_shard(em_gguf_writer *w, int s, em_err *err) {
 static int close_shard(em_gguf_writer *w, em_err *err) {
     int rc = flush_buf(w, err);
     const char *path = open_path(w);
+    /* a shard that ends in a hole (skip_data) is shorter on disk than its data: extend it */
+    struct stat sb;
+    if (!rc && fstat(w->fd, &sb) == 0 && (uint64_t)sb.st_size < w->pos && ftruncate(w->fd, (off_t)w->pos) != 0)
+        rc = em_err_set(err, EM_EIO, "%s: cannot extend to %llu bytes: %s", path,
+                        (unsigned long long)w->pos, strerror(errno));
     if (!rc && fsync(w->fd) != 0)
         rc = em_err_set(err, EM_EIO, "%s: fsync failed: %s", path, strerror(errno));
     if (close(w->fd) != 0 && !rc)
@@ -752,6 +773,26 @@ int em_gguf_writer_write_data(em_gguf_writer *w, const void *data, uint64_t n, e
         if (k > n) k = n;
         rc = out_write(w, p, k, err);
         p += k;
+        n -= k;
+        w->cur_done += k;
+        if (!rc && w->cur_done == t->bytes) rc = complete_tensor(w, err);
+    }
+    return rc ? fail_state(w, rc) : EM_OK;
+}
+
+int em_gguf_writer_skip_data(em_gguf_writer *w, uint64_t n, em_err *err) {
+    int rc = start_writing(w, err);
+    if (rc) return w->state == W_FINISHED ? rc : fail_state(w, rc);
+    while (n && !rc) {
+        if (w->cur >= w->n_tensors) {
+            rc = em_err_set(err, EM_EINVAL, "%s: %llu bytes of data beyond the declared tensors",
+                            w->path, (unsigned long long)n);
+            break;
+        }
+        const wtensor *t = &w->tensors[w->cur];
+        uint64_t k = t->bytes - w->cur_done;
+        if (k > n) k = n;
+        rc = out_skip(w, k, err);
         n -= k;
         w->cur_done += k;
         if (!rc && w->cur_done == t->bytes) rc = complete_tensor(w, err);

@@ -30,7 +30,7 @@ static const struct {
     [EM_ST_I16] = { "I16", 2 },         [EM_ST_I8] = { "I8", 1 },
     [EM_ST_U64] = { "U64", 8 },         [EM_ST_U32] = { "U32", 4 },
     [EM_ST_U16] = { "U16", 2 },         [EM_ST_U8] = { "U8", 1 },
-    [EM_ST_BOOL] = { "BOOL", 1 },
+    [EM_ST_BOOL] = { "BOOL", 1 },       [EM_ST_F8_E8M0] = { "F8_E8M0", 1 },
 };
 
 const char *em_st_dtype_name(enum em_st_dtype t) {
@@ -758,6 +758,14 @@ float em_st_f8_e5m2_to_f32(uint8_t v) {
     return em_fp16_to_fp32((uint16_t)(v << 8));
 }
 
+float em_st_f8_e8m0_to_f32(uint8_t v) {
+    if (v == 0xff) return NAN;
+    float f;
+    uint32_t bits = v ? (uint32_t)v << 23 : 1u << 22; /* 2^-127 is the f32 subnormal 2^-1 * 2^-126 */
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 #define CONVERT_LOOP(ctype, expr)                                                                  \
     for (size_t i = 0; i < n; i++) {                                                               \
         ctype x;                                                                                   \
@@ -785,6 +793,7 @@ void em_st_convert_f32(enum em_st_dtype dtype, const void *src, float *dst, size
     case EM_ST_U16: CONVERT_LOOP(uint16_t, (float)x) break;
     case EM_ST_U8: CONVERT_LOOP(uint8_t, (float)x) break;
     case EM_ST_BOOL: CONVERT_LOOP(uint8_t, x ? 1.0f : 0.0f) break;
+    case EM_ST_F8_E8M0: CONVERT_LOOP(uint8_t, em_st_f8_e8m0_to_f32(x)) break;
     case EM_ST_DTYPE_COUNT: break;
     }
 }

@@ -20,8 +20,9 @@
 
 #include "base/base.h"
 
-/* Element types. The byte-sized set of the safetensors crate; sub-byte and exotic types
- * (F4, F6_*, F8_E8M0, C64, ...) are refused at open with EM_EUNSUPPORTED. */
+/* Element types. The byte-sized set of the safetensors crate, plus F8_E8M0 (the shared
+ * exponents of MXFP4 scales); sub-byte and exotic types (F4, F6_*, C64, ...) are refused at
+ * open with EM_EUNSUPPORTED. */
 enum em_st_dtype {
     EM_ST_F32 = 0,
     EM_ST_F16,
@@ -38,6 +39,7 @@ enum em_st_dtype {
     EM_ST_U16,
     EM_ST_U8,
     EM_ST_BOOL,
+    EM_ST_F8_E8M0, /* OCP E8M0: an exponent only, 2^(v - 127); 0xff is NaN */
     EM_ST_DTYPE_COUNT
 };
 
@@ -109,6 +111,7 @@ const char *em_safetensors_metadata_get(const em_safetensors *st, const char *ke
 /* Exact decodes of the 8-bit floats (every value is representable in f32). */
 float em_st_f8_e4m3_to_f32(uint8_t v);
 float em_st_f8_e5m2_to_f32(uint8_t v);
+float em_st_f8_e8m0_to_f32(uint8_t v);
 
 /* Converts n elements of type `dtype` from `src` (unaligned, little-endian) to f32. Floats
  * widen exactly (F64 rounds to nearest); integers convert with C rounding to nearest

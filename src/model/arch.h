@@ -7,6 +7,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 
+/* kimi-linear and kimi-k3 (the variant is read from the file) */
 int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, em_err *err);
 
 #endif

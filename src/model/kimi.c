@@ -1,7 +1,9 @@
 /* The kimi-linear target: the forward pass over a batch of rows (embedding, per layer
  * RMSNorm -> KDA or MLA -> residual -> RMSNorm -> dense MLP or MoE -> residual, final norm,
  * lm head), the KDA layer's projections around the recurrent core of kda.c, and the target
- * ops of model.h (verify / commit / prefill / cost / reset).
+ * ops of model.h (verify / commit / prefill / cost / reset). The same target runs kimi-k3:
+ * its extra parts (AttnRes layer inputs, full-rank KDA gate, bounded decay gate; kimi_k3.c,
+ * mla.c, moe.c) switch on from the hyperparameters and leave kimi-linear's path unchanged.
  *
  * State: per KDA layer a committed em_kda_state and a transition log; per MLA layer a latent
  * cache of n_ctx rows, where rows < pos are committed and rows >= pos are scratch that a
@@ -14,10 +16,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Rough machine rates for cost estimates before any verify was timed. */
-#define COST_BYTES_PER_S 20e9
-#define COST_FLOPS_PER_THREAD 20e9
 
 enum step_mode {
     STEP_LOGGED,   /* verify: KDA transitions into the logs, committed state untouched */
@@ -69,8 +67,9 @@ static int act_slot(int act_type) {
     }
 }
 
-int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
-            em_err *err) {
+/* The activations of a for weights w, converted on first use. */
+static int acts_for(kimi_acts *a, const em_mat *w, em_pool *pool, em_arena *arena, const em_act **act,
+                    em_err *err) {
     int slot = act_slot(em_dot_act_type(w->type));
     if (slot < 0)
         return em_err_set(err, EM_EUNSUPPORTED, "no activation type for weights of type %s", em_type_name(w->type));
@@ -84,7 +83,28 @@ int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool,
         if (rc) return rc;
         a->have[slot] = true;
     }
-    return em_matmul_act(pool, w, &a->act[slot], y, ldy, err);
+    *act = &a->act[slot];
+    return EM_OK;
+}
+
+int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
+            em_err *err) {
+    const em_act *act;
+    int rc = acts_for(a, w, pool, arena, &act, err);
+    return rc ? rc : em_matmul_act(pool, w, act, y, ldy, err);
+}
+
+int kimi_mm_many(const kimi_mm_out *out, int n_out, em_pool *pool, em_arena *arena, em_err *err) {
+    em_mm_item items[EM_MATMUL_MULTI_MAX];
+    if (n_out > EM_MATMUL_MULTI_MAX) return em_err_set(err, EM_EINVAL, "%d products in one run (at most %d)", n_out, EM_MATMUL_MULTI_MAX);
+    for (int i = 0; i < n_out; i++) {
+        int rc = acts_for(out[i].x, out[i].w, pool, arena, &items[i].act, err);
+        if (rc) return rc;
+        items[i].w = out[i].w;
+        items[i].y = out[i].y;
+        items[i].ldy = out[i].ldy;
+    }
+    return em_matmul_multi(pool, items, n_out, err);
 }
 
 /* Resets the step arena, re-making it in one block when the last step outgrew it. */
@@ -122,23 +142,25 @@ static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float
     float *g2 = kimi_falloc(a, (uint64_t)n * D, "KDA output gate rows", err);
     float *o = kimi_falloc(a, (uint64_t)n * D, "KDA output rows", err);
     float *b = kimi_falloc(a, (uint64_t)n * hp->kda_heads, "KDA beta rows", err);
-    float *low = kimi_falloc(a, (uint64_t)n * hd, "KDA low-rank rows", err);
-    if (!qkv || !f || !g2 || !o || !b || !low) return EM_ENOMEM;
-    kimi_acts xa, la;
+    float *low_f = kimi_falloc(a, (uint64_t)n * hd, "KDA gate low-rank rows", err);
+    float *low_g = kimi_falloc(a, (uint64_t)n * hd, "KDA output gate low-rank rows", err);
+    if (!qkv || !f || !g2 || !o || !b || !low_f || !low_g) return EM_ENOMEM;
+    /* every product of the normed input in one pool run, then the two low-rank ups in one */
+    kimi_acts xa, fa, ga;
     kimi_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
-    int rc;
-    if ((rc = kimi_mm(&xa, &w->q, qkv, 3 * D, pool, a, err)) ||
-        (rc = kimi_mm(&xa, &w->k, qkv + D, 3 * D, pool, a, err)) ||
-        (rc = kimi_mm(&xa, &w->v, qkv + 2 * D, 3 * D, pool, a, err)) ||
-        (rc = kimi_mm(&xa, &w->beta, b, hp->kda_heads, pool, a, err)) ||
-        (rc = kimi_mm(&xa, &w->f_a, low, hd, pool, a, err)))
-        return rc;
-    kimi_acts_init(&la, low, hd, hd, n);
-    if ((rc = kimi_mm(&la, &w->f_b, f, D, pool, a, err)) ||
-        (rc = kimi_mm(&xa, &w->g_a, low, hd, pool, a, err)))
-        return rc;
-    kimi_acts_init(&la, low, hd, hd, n);
-    if ((rc = kimi_mm(&la, &w->g_b, g2, D, pool, a, err))) return rc;
+    const bool full_gate = w->g.rows > 0; /* K3: g2 = ssm_g x, no low-rank pair */
+    const kimi_mm_out from_x[] = {
+        { &xa, &w->q, qkv, 3 * D },         { &xa, &w->k, qkv + D, 3 * D },
+        { &xa, &w->v, qkv + 2 * D, 3 * D }, { &xa, &w->beta, b, hp->kda_heads },
+        { &xa, &w->f_a, low_f, hd },
+        full_gate ? (kimi_mm_out){ &xa, &w->g, g2, D } : (kimi_mm_out){ &xa, &w->g_a, low_g, hd },
+    };
+    int rc = kimi_mm_many(from_x, 6, pool, a, err);
+    if (rc) return rc;
+    kimi_acts_init(&fa, low_f, hd, hd, n);
+    kimi_acts_init(&ga, low_g, hd, hd, n);
+    const kimi_mm_out from_low[] = { { &fa, &w->f_b, f, D }, { &ga, &w->g_b, g2, D } };
+    if ((rc = kimi_mm_many(from_low, full_gate ? 1 : 2, pool, a, err))) return rc;
 
     em_kda_state *st = &k->kda_state[ly->slot];
     if (mode == STEP_COMMIT)
@@ -173,6 +195,8 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
     float *h = kimi_falloc(a, (uint64_t)n * E, "normed rows", err);
     float *y = kimi_falloc(a, (uint64_t)n * E, "layer output rows", err);
     if (!x || !h || !y) return EM_ENOMEM;
+    kimi_resbank bank; /* K3 AttnRes (off for kimi-linear: every layer input is x) */
+    if ((rc = kimi_res_init(&bank, hp, n, a, err))) return rc;
     int moe_index = 0;
     for (int t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)k->w.tok_embd.data + (uint64_t)tok[t] * k->w.tok_embd.row_bytes;
@@ -180,14 +204,16 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
     }
     for (int l = 0; l < hp->n_layer; l++) {
         const kimi_layer *ly = &k->w.layers[l];
-        rmsnorm_rows(x, ly->attn_norm, hp->rms_eps, n, E, h);
+        rmsnorm_rows(kimi_res_input(&bank, x, ly->attn_res, 0, n), ly->attn_norm, hp->rms_eps, n, E, h);
+        const bool restart = kimi_res_push(&bank, l, x); /* the stream restarts from y */
         if (ly->kind == KIMI_KDA)
             rc = kda_layer(k, ly, n, mode, h, y, err);
         else
             rc = kimi_mla_forward(hp, &ly->mla, k->mla_cache[ly->slot], pos, n, h, y, k->pool, a, err);
         if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->kind == KIMI_KDA ? "KDA" : "MLA");
-        for (int64_t i = 0; i < n * E; i++) x[i] += y[i];
-        rmsnorm_rows(x, ly->ffn_norm, hp->rms_eps, n, E, h);
+        if (restart) memcpy(x, y, (size_t)n * (size_t)E * sizeof(float));
+        else for (int64_t i = 0; i < n * E; i++) x[i] += y[i];
+        rmsnorm_rows(kimi_res_input(&bank, x, ly->ffn_res, 0, n), ly->ffn_norm, hp->rms_eps, n, E, h);
         const em_target_info *info = &k->base.info;
         kimi_route_out ro = {
             .ids = so->routes ? so->routes + (int64_t)moe_index * hp->n_expert_used : NULL,
@@ -206,7 +232,7 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
     }
     if (!so->logits || so->first_logit >= n) return EM_OK;
     int r0 = so->first_logit, m = n - r0;
-    rmsnorm_rows(x + r0 * E, k->w.output_norm, hp->rms_eps, m, E, h);
+    rmsnorm_rows(kimi_res_input(&bank, x, k->w.output_res, r0, m), k->w.output_norm, hp->rms_eps, m, E, h);
     kimi_acts ha;
     kimi_acts_init(&ha, h, E, E, m);
     return kimi_mm(&ha, &k->w.output, so->logits, hp->n_vocab, k->pool, a, err);
@@ -226,13 +252,24 @@ static double raw_cost(const kimi *k, int n, int64_t pos, uint64_t *bytes_out) {
     double attn = 2.0 * n * (double)(pos + n) * hp->mla_heads * (2.0 * hp->kv_lora + hp->rope) * hp->n_mla;
     double flops = 2.0 * n * ((double)k->dense_bytes + (double)hp->n_expert_used * k->n_moe * k->expert_bytes) + attn;
     if (bytes_out) *bytes_out = (uint64_t)bytes;
-    return bytes / COST_BYTES_PER_S + flops / (COST_FLOPS_PER_THREAD * em_pool_threads(k->pool));
+    return em_nominal_seconds(bytes, flops, em_pool_threads(k->pool));
 }
 
 static em_cost kimi_cost(const em_target *t, int n) {
     const kimi *k = (const kimi *)t;
-    double s = raw_cost(k, n, t->pos, NULL) * k->cost_scale;
-    return (em_cost){ .seconds = s, .bytes_read = 0 }; /* every weight is mapped: no storage reads */
+    double nominal = raw_cost(k, n, t->pos, NULL);
+    double io_s; /* routed experts the cache would miss (moe.c; 0 when resident) */
+    uint64_t io = kimi_experts_cost(k->w.experts, n, k->hp.n_expert_used, &io_s);
+    return (em_cost){ .seconds = nominal * k->cost_scale + io_s, .bytes_read = io,
+                      .nominal_seconds = nominal + (double)io / EM_NOMINAL_DISK_BPS };
+}
+
+static int kimi_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err) {
+    return kimi_experts_stats(((const kimi *)t)->w.experts, layer, out, err);
+}
+
+static int kimi_expert_fault(em_target *t, int kind, uint64_t after_n_reads, em_err *err) {
+    return kimi_experts_fault(((kimi *)t)->w.experts, kind, after_n_reads, err);
 }
 
 static void cost_learn(kimi *k, int n, int64_t pos, double seconds) {
@@ -356,6 +393,8 @@ static const em_target_ops kimi_ops = {
     .cost = kimi_cost,
     .reset = kimi_reset,
     .close = kimi_close,
+    .expert_stats = kimi_expert_stats,
+    .expert_fault = kimi_expert_fault,
 };
 
 /* ---- open --------------------------------------------------------------------------------- */
@@ -372,12 +411,14 @@ static void cost_setup(kimi *k) {
         const kimi_ffn_w *f = &ly->ffn;
         if (ly->kind == KIMI_KDA)
             b += mat_bytes(&d->q) + mat_bytes(&d->k) + mat_bytes(&d->v) + mat_bytes(&d->f_a) + mat_bytes(&d->f_b) +
-                 mat_bytes(&d->beta) + mat_bytes(&d->g_a) + mat_bytes(&d->g_b) + mat_bytes(&d->out);
+                 mat_bytes(&d->beta) + mat_bytes(&d->g_a) + mat_bytes(&d->g_b) + mat_bytes(&d->out) +
+                 mat_bytes(&d->g);
         else
             b += mat_bytes(&m->q) + mat_bytes(&m->q_a) + mat_bytes(&m->q_b) + mat_bytes(&m->kv_a) +
-                 mat_bytes(&m->k_b) + mat_bytes(&m->v_b) + mat_bytes(&m->out);
+                 mat_bytes(&m->k_b) + mat_bytes(&m->v_b) + mat_bytes(&m->out) + mat_bytes(&m->gate);
         if (f->moe) {
-            b += mat_bytes(&f->router) + mat_bytes(&f->gate_sh) + mat_bytes(&f->up_sh) + mat_bytes(&f->down_sh);
+            b += mat_bytes(&f->router) + mat_bytes(&f->gate_sh) + mat_bytes(&f->up_sh) + mat_bytes(&f->down_sh) +
+                 mat_bytes(&f->routed_down) + mat_bytes(&f->routed_up);
             k->expert_bytes = (mat_bytes(&f->gate_exps) + mat_bytes(&f->up_exps) + mat_bytes(&f->down_exps)) /
                               (uint64_t)hp->n_expert;
             k->n_moe++;
@@ -395,7 +436,7 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     int64_t n_ctx = opts->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < EM_MODEL_DEFAULT_CTX ? hp->n_ctx_train : EM_MODEL_DEFAULT_CTX;
     k->base.info = (em_target_info){
-        .arch = "kimi-linear", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+        .arch = hp->k3 ? "kimi-k3" : "kimi-linear", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
         .n_ctx = (int)n_ctx, .max_verify = opts->max_verify, .n_feat = opts->n_feature_layers * hp->n_embd,
     };
     if (opts->max_verify > n_ctx) k->base.info.max_verify = (int)n_ctx;
@@ -415,6 +456,7 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     k->kda_dims = (em_kda_dims){
         .n_head = hp->kda_heads, .head_dim = hp->kda_head_dim, .d_conv = hp->d_conv,
         .norm_eps = hp->rms_eps, .l2_eps = KIMI_L2_EPS,
+        .bounded_gate = hp->gate_bounded, .gate_lower_bound = hp->gate_lb,
     };
     k->kda_state = em_calloc((size_t)hp->n_kda + 1, sizeof *k->kda_state, "KDA states", err);
     k->kda_log = em_calloc((size_t)hp->n_kda + 1, sizeof *k->kda_log, "KDA logs", err);
@@ -454,6 +496,7 @@ int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, 
         return rc;
     }
     rc = make_state(k, opts, err);
+    if (!rc) rc = kimi_experts_open(g, &k->hp, &k->w, opts, err);
     if (rc) {
         kimi_close(&k->base);
         return rc;

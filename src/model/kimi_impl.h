@@ -39,10 +39,19 @@ typedef struct kimi_hparams {
     int n_group, n_group_used; /* group-limited routing; 1, 1: off */
     float expert_scale;
     bool expert_norm;    /* renormalize the chosen weights */
+    /* kimi-k3 (all zero for kimi-linear) */
+    bool k3;
+    int n_latent;        /* expert_latent_length: routed experts work at this width; 0: n_embd */
+    int res_block;       /* attn_res.block_size: block attention residuals; 0: plain residuals */
+    bool situ;           /* SiTU instead of SwiGLU in every MLP (dense, shared, routed) */
+    float situ_beta, situ_lin_beta;
+    bool gate_bounded;   /* KDA decay g = gate_lb * sigmoid(exp(A_log) (f + dt_bias)) */
+    float gate_lb;
 } kimi_hparams;
 
 typedef struct kimi_kda_w {
     em_mat q, k, v, f_a, f_b, beta, g_a, g_b, out;
+    em_mat g;        /* K3: full-rank output gate (rows 0: low-rank g_a, g_b) */
     em_kda_params p; /* conv taps, ssm_a, dt_bias, o_norm (f32, in w.store) */
 } kimi_kda_w;
 
@@ -55,6 +64,7 @@ typedef struct kimi_mla_w {
     em_mat k_b;               /* [n_head * kv_lora] rows of nope: W_UK^T per head */
     em_mat v_b;               /* [n_head * v_head] rows of kv_lora: W_UV per head */
     em_mat out;
+    em_mat gate;              /* K3: sigmoid output gate [n_head * v_head] rows (rows 0: none) */
 } kimi_mla_w;
 
 typedef struct kimi_ffn_w {
@@ -65,11 +75,19 @@ typedef struct kimi_ffn_w {
     em_mat gate_exps, up_exps;        /* [n_expert * n_ff_exp] rows of n_embd */
     em_mat down_exps;                 /* [n_expert * n_embd] rows of n_ff_exp */
     em_mat gate_sh, up_sh, down_sh;   /* shared expert (rows == 0: none) */
+    /* K3 latent MoE (routed_down.rows == 0: experts at n_embd): experts work on routed_down x
+     * ([n_latent] rows of n_embd); their sum is RMSNormed (routed_norm, may be NULL) and mapped
+     * back by routed_up ([n_embd] rows of n_latent) */
+    em_mat routed_down, routed_up;
+    const float *routed_norm;
+    int layer;                        /* the model layer (experts/ addresses it so) */
+    struct kimi_experts *xs;          /* routed-expert storage (moe.c); NULL: resident, no stats */
 } kimi_ffn_w;
 
 typedef struct kimi_layer {
     int kind, slot;                   /* slot: index among the KDA or the MLA layers */
     const float *attn_norm, *ffn_norm;
+    const float *attn_res, *ffn_res;  /* K3 AttnRes score vectors [n_embd] (NULL: none) */
     kimi_kda_w kda;
     kimi_mla_w mla;
     kimi_ffn_w ffn;
@@ -79,13 +97,29 @@ typedef struct kimi_weights {
     em_mat tok_embd;                  /* [n_vocab] rows of n_embd */
     const float *output_norm;
     em_mat output;                    /* [n_vocab] rows of n_embd */
+    const float *output_res;          /* K3 AttnRes score before the output norm (NULL: none) */
     kimi_layer *layers;               /* [n_layer] */
     em_arena *store;                  /* f32 vectors made at load */
+    struct kimi_experts *experts;     /* routed-expert storage (kimi_experts_open) */
 } kimi_weights;
 
 /* Reads and checks hyperparameters and weights; on failure everything is released. */
 int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err);
 void kimi_unload(kimi_hparams *hp, kimi_weights *w);
+
+/* ---- routed-expert storage (moe.c) ------------------------------------------------------
+ * Resident: experts are used in place from the mapping. SSD: an experts/ store and cache read
+ * them on demand. Either way each MoE layer's route union runs each needed expert once. */
+typedef struct kimi_experts kimi_experts;
+/* Chooses the storage mode (opts->moe_storage, opts->expert_cache_bytes), sets w->experts and
+ * every MoE layer's ffn.xs / ffn.layer, logs the one-line summary. kimi_unload frees it. */
+int kimi_experts_open(em_gguf *g, const kimi_hparams *hp, kimi_weights *w, const em_model_opts *opts,
+                      em_err *err);
+void kimi_experts_close(kimi_experts *x);
+/* Storage bytes and seconds a verify of n rows would read now (0 when resident). */
+uint64_t kimi_experts_cost(const kimi_experts *x, int n, int k_used, double *seconds);
+int kimi_experts_stats(const kimi_experts *x, int layer, em_target_expert_counts *out, em_err *err);
+int kimi_experts_fault(kimi_experts *x, int kind, uint64_t after_n_reads, em_err *err);
 
 /* ---- per-step helpers (kimi.c) -------------------------------------------------------- */
 
@@ -101,6 +135,15 @@ void kimi_acts_init(kimi_acts *a, const float *x, int64_t ldx, int64_t cols, int
 /* y[j][r] = w[r] . x[j] through the activation cache (scratch from arena). */
 int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
             em_err *err);
+/* Several products in one pool run (em_matmul_multi): out[i].y = out[i].w . out[i].x. */
+typedef struct kimi_mm_out {
+    kimi_acts *x;
+    const em_mat *w;
+    float *y;
+    int64_t ldy;
+} kimi_mm_out;
+int kimi_mm_many(const kimi_mm_out *out, int n_out, em_pool *pool, em_arena *arena,
+                 em_err *err);
 /* count floats from the arena, or EM_ENOMEM with `what` in the message. */
 float *kimi_falloc(em_arena *arena, uint64_t count, const char *what, em_err *err);
 
@@ -130,5 +173,38 @@ int kimi_ffn_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const f
  * +inf when nothing is left). */
 void kimi_route(const kimi_hparams *hp, const float *logits, const float *bias, int *ids,
                 float *weights, float *margin, float *scratch /* [3 * n_expert + n_group] */);
+
+/* ---- kimi-k3 parts (kimi_k3.c) ----------------------------------------------------------- */
+
+/* The MLP activation of every FFN in place of silu(gate) * up: SiTU for K3, else SwiGLU. */
+void kimi_glu(const kimi_hparams *hp, const float *gate, const float *up, int64_t n, float *y);
+
+/* Latent MoE around the routed experts. in: xr = routed_down h ([n][L], from the arena) and yr
+ * (a zeroed [n][L] for the experts' weighted sum), or h and y themselves when the layer
+ * has no latent projection. out: y = routed_up RMSNorm(yr) (no-op without latent). */
+int kimi_latent_in(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
+                   const float **xr, float **yr, em_pool *pool, em_arena *arena, em_err *err);
+int kimi_latent_out(const kimi_hparams *hp, const kimi_ffn_w *w, int n, float *yr, float *y,
+                    em_pool *pool, em_arena *arena, em_err *err);
+
+/* Block attention residuals over one step's rows: a bank of layer inputs (one per block) that
+ * every layer half mixes with the current stream x by softmax scores (llama.cpp's res_mix):
+ *   s_j = sum_d RMSNorm(r_j)_d w_d over the banked r_j and x;  mix = sum_j softmax(s)_j r_j
+ * With res_block == 0 the bank is off and every input is x itself. */
+typedef struct kimi_resbank {
+    int block;      /* hp->res_block */
+    int n_bank, n;  /* banked so far; rows per bank */
+    int64_t E;
+    float eps;
+    float *rows;    /* [max banks][n][E] */
+    float *mix;     /* [n][E] */
+    float *p;       /* [max banks + 1] scores, then weights, of one row */
+} kimi_resbank;
+int kimi_res_init(kimi_resbank *b, const kimi_hparams *hp, int n, em_arena *arena, em_err *err);
+/* Rows [r0, r0 + m) of a layer half's input: x (no bank) or the mix with score vector w. */
+const float *kimi_res_input(kimi_resbank *b, const float *x, const float *w, int r0, int m);
+/* At the start of layer l (after its attention input was mixed): banks x when l opens a
+ * block; true if it did (the stream then restarts from the attention output). */
+bool kimi_res_push(kimi_resbank *b, int l, const float *x);
 
 #endif

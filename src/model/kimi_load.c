@@ -1,19 +1,21 @@
-/* Loading a kimi-linear GGUF (llama.cpp's layout): hyperparameters from `kimi-linear.*` keys
- * and every tensor of every layer, each checked for presence, shape and type before use, so a
- * bad file ends here with a message naming the file and the key or tensor, never later in
+/* Loading a kimi-linear or kimi-k3 GGUF (llama.cpp's layout): hyperparameters from the
+ * `ARCH.*` keys (ARCH = general.architecture) and every tensor of every layer, each checked
+ * for presence, shape and type before use, so a bad file ends here with a message naming the file and the key or tensor, never later in
  * the forward pass. Matrices stay in the mapping (em_mat views); vectors are dequantized to
  * f32 into w->store. Layer kinds come from attention.head_count_kv (0 = KDA, else MLA), dense
- * vs MoE from leading_dense_block_count, as llama.cpp reads them.
+ * vs MoE from leading_dense_block_count, as llama.cpp reads them. kimi-k3 adds (each checked
+ * the same way) q-LoRA MLA with an output gate, the full-rank KDA output gate and the bounded
+ * decay gate, SiTU, latent MoE and the AttnRes score vectors (kimi_impl.h).
  *
  * Must not: read past a tensor's bytes (the GGUF reader bounds them, shapes are checked
  * against the sizes derived here) or keep pointers into the file past em_gguf_close. */
 #include "model/kimi_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define ARCH "kimi-linear"
 #define MAX_DIM (1 << 20)      /* any single size (heads, widths) */
 #define MAX_VOCAB (1 << 24)
 #define MAX_LAYERS 4096
@@ -22,6 +24,7 @@
 typedef struct loader {
     em_gguf *g;
     const char *path;
+    const char *arch;  /* the key prefix: kimi-linear or kimi-k3 */
     kimi_hparams *hp;
     kimi_weights *w;
 } loader;
@@ -31,7 +34,7 @@ typedef struct loader {
 static int key_int(loader *L, const char *suffix, bool required, int64_t def, int64_t lo,
                    int64_t hi, int *out, em_err *err) {
     char key[128];
-    snprintf(key, sizeof key, ARCH ".%s", suffix);
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     int64_t v;
     int rc = em_gguf_get_int(L->g, key, &v, err);
     if (rc == EM_ENOTFOUND && !required) {
@@ -49,7 +52,7 @@ static int key_int(loader *L, const char *suffix, bool required, int64_t def, in
 static int key_float(loader *L, const char *suffix, bool required, double def, float *out,
                      em_err *err) {
     char key[128];
-    snprintf(key, sizeof key, ARCH ".%s", suffix);
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     double v;
     int rc = em_gguf_get_float(L->g, key, &v, err);
     if (rc == EM_ENOTFOUND && !required) {
@@ -65,7 +68,7 @@ static int key_float(loader *L, const char *suffix, bool required, double def, f
 
 static int key_bool(loader *L, const char *suffix, bool def, bool *out, em_err *err) {
     char key[128];
-    snprintf(key, sizeof key, ARCH ".%s", suffix);
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
     int rc = em_gguf_get_bool(L->g, key, out, err);
     if (rc == EM_ENOTFOUND) {
         *out = def;
@@ -74,10 +77,65 @@ static int key_bool(loader *L, const char *suffix, bool def, bool *out, em_err *
     return rc;
 }
 
+/* expert_feed_forward_length: one integer, or one per layer (llama.cpp's get_key_or_arr); the
+ * per-layer form must give every MoE layer the same width. */
+static int read_ff_exp(loader *L, em_err *err) {
+    kimi_hparams *hp = L->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_feed_forward_length", L->arch);
+    int64_t i = em_gguf_find_key(L->g, key);
+    if (i < 0 || em_gguf_value_at(L->g, i).type != EM_GGUF_ARRAY)
+        return key_int(L, "expert_feed_forward_length", true, 0, 1, MAX_DIM, &hp->n_ff_exp, err);
+    em_gguf_value v = em_gguf_value_at(L->g, i);
+    if (em_gguf_arr_count(v.arr) != (uint64_t)hp->n_layer)
+        return em_err_set(err, EM_EFORMAT, "%s: key %s has %llu entries, want %d (block_count)", L->path, key,
+                          (unsigned long long)em_gguf_arr_count(v.arr), hp->n_layer);
+    for (int l = hp->n_lead_dense; l < hp->n_layer; l++) {
+        int64_t f;
+        int rc = em_gguf_arr_get_int(v.arr, (uint64_t)l, &f, err);
+        if (rc) return em_err_prefix(err, "%s: key %s", L->path, key);
+        if (f < 1 || f > MAX_DIM)
+            return em_err_set(err, EM_EFORMAT, "%s: key %s[%d] = %lld is out of range [1, %d]", L->path, key, l,
+                              (long long)f, MAX_DIM);
+        if (l > hp->n_lead_dense && f != hp->n_ff_exp)
+            return em_err_set(err, EM_EUNSUPPORTED, "%s: key %s: MoE layers of different expert widths (%d, %lld)",
+                              L->path, key, hp->n_ff_exp, (long long)f);
+        hp->n_ff_exp = (int)f;
+    }
+    return EM_OK;
+}
+
+/* kimi-k3's own keys: the AttnRes block (required), SiTU's betas (required), the latent
+ * expert width and the KDA gate's lower bound (optional, as llama.cpp reads them). */
+static int read_k3_hparams(loader *L, em_err *err) {
+    kimi_hparams *hp = L->hp;
+    int rc;
+    float lb = 0.0f;
+    if ((rc = key_int(L, "attn_res.block_size", true, 0, 0, MAX_LAYERS, &hp->res_block, err)) ||
+        (rc = key_float(L, "activation.situ_beta", true, 0, &hp->situ_beta, err)) ||
+        (rc = key_float(L, "activation.situ_linear_beta", true, 0, &hp->situ_lin_beta, err)) ||
+        (rc = key_int(L, "expert_latent_length", false, 0, 0, MAX_DIM, &hp->n_latent, err)) ||
+        (rc = key_float(L, "kda.gate_lower_bound", false, -INFINITY, &lb, err)))
+        return rc;
+    if (!(hp->situ_beta > 0.0f))
+        return em_err_set(err, EM_EFORMAT, "%s: key %s.activation.situ_beta = %g must be positive", L->path, L->arch,
+                          hp->situ_beta);
+    hp->situ = true;
+    if (lb > -INFINITY) {
+        if (!(lb < 0.0f))
+            return em_err_set(err, EM_EFORMAT, "%s: key %s.kda.gate_lower_bound = %g must be negative", L->path,
+                              L->arch, lb);
+        hp->gate_bounded = true;
+        hp->gate_lb = lb;
+    }
+    return EM_OK;
+}
+
 /* attention.head_count_kv: one integer per layer (or one for all); 0 marks a KDA layer. */
 static int read_layer_kinds(loader *L, em_err *err) {
     kimi_hparams *hp = L->hp;
-    const char *key = ARCH ".attention.head_count_kv";
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", L->arch);
     hp->kind = em_calloc((size_t)hp->n_layer, sizeof *hp->kind, "layer kinds", err);
     if (!hp->kind) return EM_ENOMEM;
     int64_t i = em_gguf_find_key(L->g, key);
@@ -115,8 +173,8 @@ static int read_hparams(loader *L, em_err *err) {
         return rc;
     hp->n_ctx_train = ctx;
     if (!(hp->rms_eps >= 0.0f && hp->rms_eps < 1.0f))
-        return em_err_set(err, EM_EFORMAT, "%s: key " ARCH ".attention.layer_norm_rms_epsilon = %g is out of range",
-                          L->path, hp->rms_eps);
+        return em_err_set(err, EM_EFORMAT, "%s: key %s.attention.layer_norm_rms_epsilon = %g is out of range",
+                          L->path, L->arch, hp->rms_eps);
     if ((rc = read_layer_kinds(L, err))) return rc;
     if (hp->n_kda > 0) {
         if ((rc = key_int(L, "kda.head_dim", true, 0, 1, MAX_DIM, &hp->kda_head_dim, err)) ||
@@ -152,17 +210,17 @@ static int read_hparams(loader *L, em_err *err) {
     if (hp->n_lead_dense < hp->n_layer) {
         int gating = 0;
         if ((rc = key_int(L, "expert_used_count", true, 0, 1, hp->n_expert, &hp->n_expert_used, err)) ||
-            (rc = key_int(L, "expert_feed_forward_length", true, 0, 1, MAX_DIM, &hp->n_ff_exp, err)) ||
+            (rc = read_ff_exp(L, err)) ||
             (rc = key_int(L, "expert_shared_count", false, 0, 0, 64, &hp->n_shared, err)) ||
             (rc = key_int(L, "expert_gating_func", true, 0, 0, 16, &gating, err)) ||
             (rc = key_int(L, "expert_group_count", false, 1, 1, hp->n_expert, &hp->n_group, err)) ||
             (rc = key_int(L, "expert_group_used_count", false, 1, 1, hp->n_group, &hp->n_group_used, err)) ||
             (rc = key_float(L, "expert_weights_scale", false, 1.0, &hp->expert_scale, err)) ||
-            (rc = key_bool(L, "expert_weights_norm", true, &hp->expert_norm, err)))
+            (rc = key_bool(L, "expert_weights_norm", !hp->k3, &hp->expert_norm, err))) /* llama.cpp: k3 default off */
             return rc;
         if (gating != 2)
-            return em_err_set(err, EM_EUNSUPPORTED, "%s: key " ARCH ".expert_gating_func = %d; kimi-linear routes with sigmoid (2)",
-                              L->path, gating);
+            return em_err_set(err, EM_EUNSUPPORTED, "%s: key %s.expert_gating_func = %d; %s routes with sigmoid (2)",
+                              L->path, L->arch, gating, L->arch);
         if (hp->n_expert % hp->n_group != 0)
             return em_err_set(err, EM_EFORMAT, "%s: %d experts do not split into %d groups", L->path, hp->n_expert,
                               hp->n_group);
@@ -173,6 +231,7 @@ static int read_hparams(loader *L, em_err *err) {
         if ((int64_t)hp->n_shared * hp->n_ff_exp > MAX_DIM)
             return em_err_set(err, EM_EFORMAT, "%s: shared expert width too large", L->path);
     }
+    if (hp->k3 && (rc = read_k3_hparams(L, err))) return rc;
     return EM_OK;
 }
 
@@ -247,6 +306,11 @@ static int get_f32(loader *L, const char *name, int64_t n, int64_t lead, const f
                           em_type_name(t->type));
     float *dst = em_arena_alloc(L->w->store, (size_t)n * sizeof(float));
     if (!dst) return em_err_set(err, EM_ENOMEM, "out of memory loading tensor %s", name);
+    if (t->missing) { /* a file cut short: zeros, and no forward will run (target.c) */
+        memset(dst, 0, (size_t)n * sizeof(float));
+        *out = dst;
+        return EM_OK;
+    }
     int rc = em_dequantize(t->type, t->data, dst, n, err);
     if (rc) return em_err_prefix(err, "%s: tensor %s", L->path, name);
     *out = dst;
@@ -267,8 +331,9 @@ static int load_kda(loader *L, int l, kimi_kda_w *k, em_err *err) {
         (rc = get_mat(L, NAME(n, "blk.%d.ssm_f_a.weight", l), E, hd, 1, &k->f_a, err)) ||
         (rc = get_mat(L, NAME(n, "blk.%d.ssm_f_b.weight", l), hd, D, 1, &k->f_b, err)) ||
         (rc = get_mat(L, NAME(n, "blk.%d.ssm_beta.weight", l), E, hp->kda_heads, 1, &k->beta, err)) ||
-        (rc = get_mat(L, NAME(n, "blk.%d.ssm_g_a.weight", l), E, hd, 1, &k->g_a, err)) ||
-        (rc = get_mat(L, NAME(n, "blk.%d.ssm_g_b.weight", l), hd, D, 1, &k->g_b, err)) ||
+        (rc = hp->k3 ? get_mat(L, NAME(n, "blk.%d.ssm_g.weight", l), E, D, 1, &k->g, err)
+                     : get_mat(L, NAME(n, "blk.%d.ssm_g_a.weight", l), E, hd, 1, &k->g_a, err)) ||
+        (rc = hp->k3 ? 0 : get_mat(L, NAME(n, "blk.%d.ssm_g_b.weight", l), hd, D, 1, &k->g_b, err)) ||
         (rc = get_mat(L, NAME(n, "blk.%d.attn_output.weight", l), D, E, 1, &k->out, err)) ||
         (rc = get_f32(L, NAME(n, "blk.%d.ssm_conv1d_q.weight", l), D * hp->d_conv, hp->d_conv, &cq, err)) ||
         (rc = get_f32(L, NAME(n, "blk.%d.ssm_conv1d_k.weight", l), D * hp->d_conv, hp->d_conv, &ck, err)) ||
@@ -300,6 +365,9 @@ static int load_mla(loader *L, int l, kimi_mla_w *m, em_err *err) {
         (rc = get_mat(L, NAME(n, "blk.%d.attn_v_b.weight", l), hp->kv_lora, hp->v_head, H, &m->v_b, err)) ||
         (rc = get_mat(L, NAME(n, "blk.%d.attn_output.weight", l), H * hp->v_head, E, 1, &m->out, err)))
         return rc;
+    if (hp->k3 && em_gguf_find_tensor(L->g, NAME(n, "blk.%d.attn_gate.weight", l)) &&
+        (rc = get_mat(L, n, E, H * hp->v_head, 1, &m->gate, err)))
+        return rc;
     return EM_OK;
 }
 
@@ -307,6 +375,7 @@ static int load_mla(loader *L, int l, kimi_mla_w *m, em_err *err) {
  * reference (float types are used in place: their dots take f32 activations). */
 static int router_as_float(loader *L, const char *name, em_mat *r, em_err *err) {
     if (r->type == EM_TYPE_F32 || r->type == EM_TYPE_F16 || r->type == EM_TYPE_BF16) return EM_OK;
+    if (!r->data) return EM_OK; /* missing (a file cut short): no forward will run */
     uint64_t count = (uint64_t)r->rows * (uint64_t)r->cols;
     float *dst = em_arena_alloc(L->w->store, count * sizeof(float));
     if (!dst) return em_err_set(err, EM_ENOMEM, "out of memory converting router %s to f32", name);
@@ -315,9 +384,24 @@ static int router_as_float(loader *L, const char *name, em_mat *r, em_err *err) 
     return em_mat_init(r, EM_TYPE_F32, r->rows, r->cols, dst, err);
 }
 
+/* K3's latent projections around the routed experts (experts at width lat). */
+static int load_latent(loader *L, int l, int64_t lat, kimi_ffn_w *f, em_err *err) {
+    const int64_t E = L->hp->n_embd;
+    char n[96];
+    int rc;
+    if ((rc = get_mat(L, NAME(n, "blk.%d.ffn_routed_down.weight", l), E, lat, 1, &f->routed_down, err)) ||
+        (rc = get_mat(L, NAME(n, "blk.%d.ffn_routed_up.weight", l), lat, E, 1, &f->routed_up, err)))
+        return rc;
+    if (em_gguf_find_tensor(L->g, NAME(n, "blk.%d.ffn_routed_norm.weight", l)) &&
+        (rc = get_f32(L, n, lat, 0, &f->routed_norm, err)))
+        return rc;
+    return EM_OK;
+}
+
 static int load_ffn(loader *L, int l, kimi_ffn_w *f, em_err *err) {
     const kimi_hparams *hp = L->hp;
-    const int64_t E = hp->n_embd, X = hp->n_expert, F = hp->n_ff_exp;
+    const int64_t X = hp->n_expert, F = hp->n_ff_exp;
+    const int64_t E = hp->n_embd, Lx = hp->n_latent > 0 ? hp->n_latent : E; /* expert width */
     char n[96];
     int rc;
     f->moe = l >= hp->n_lead_dense;
@@ -331,9 +415,10 @@ static int load_ffn(loader *L, int l, kimi_ffn_w *f, em_err *err) {
     if ((rc = get_mat(L, NAME(n, "blk.%d.ffn_gate_inp.weight", l), E, X, 1, &f->router, err)) ||
         (rc = router_as_float(L, n, &f->router, err)) ||
         (rc = get_f32(L, NAME(n, "blk.%d.exp_probs_b.bias", l), X, 0, &f->router_bias, err)) ||
-        (rc = get_mat(L, NAME(n, "blk.%d.ffn_gate_exps.weight", l), E, F, X, &f->gate_exps, err)) ||
-        (rc = get_mat(L, NAME(n, "blk.%d.ffn_up_exps.weight", l), E, F, X, &f->up_exps, err)) ||
-        (rc = get_mat(L, NAME(n, "blk.%d.ffn_down_exps.weight", l), F, E, X, &f->down_exps, err)))
+        (rc = get_mat(L, NAME(n, "blk.%d.ffn_gate_exps.weight", l), Lx, F, X, &f->gate_exps, err)) ||
+        (rc = get_mat(L, NAME(n, "blk.%d.ffn_up_exps.weight", l), Lx, F, X, &f->up_exps, err)) ||
+        (rc = get_mat(L, NAME(n, "blk.%d.ffn_down_exps.weight", l), F, Lx, X, &f->down_exps, err)) ||
+        (rc = hp->n_latent > 0 ? load_latent(L, l, Lx, f, err) : 0))
         return rc;
     if (hp->n_shared > 0) {
         const int64_t S = (int64_t)hp->n_shared * F;
@@ -358,13 +443,22 @@ static int load_globals(loader *L, em_err *err) {
     int rc;
     if ((rc = get_mat(L, "token_embd.weight", hp->n_embd, hp->n_vocab, 1, &w->tok_embd, err)) ||
         (rc = get_f32(L, "output_norm.weight", hp->n_embd, 0, &w->output_norm, err)) ||
-        (rc = get_mat(L, "output.weight", hp->n_embd, hp->n_vocab, 1, &w->output, err)))
+        (rc = get_mat(L, "output.weight", hp->n_embd, hp->n_vocab, 1, &w->output, err)) ||
+        (rc = hp->res_block > 0 ? get_f32(L, "output_res_score.weight", hp->n_embd, 0, &w->output_res, err) : 0))
         return rc;
     const em_type_info *ti = em_type_get(w->tok_embd.type);
     if (!ti || !ti->to_float)
         return em_err_set(err, EM_EUNSUPPORTED, "%s: token_embd.weight has type %s, which Ember cannot read", L->path,
                           em_type_name(w->tok_embd.type));
     return EM_OK;
+}
+
+/* K3 AttnRes: the fused score vectors of both layer halves. */
+static int load_res_scores(loader *L, int l, kimi_layer *ly, em_err *err) {
+    if (L->hp->res_block <= 0) return EM_OK;
+    char n[96];
+    int rc = get_f32(L, NAME(n, "blk.%d.attn_res_score.weight", l), L->hp->n_embd, 0, &ly->attn_res, err);
+    return rc ? rc : get_f32(L, NAME(n, "blk.%d.ffn_res_score.weight", l), L->hp->n_embd, 0, &ly->ffn_res, err);
 }
 
 static int load_layers(loader *L, em_err *err) {
@@ -381,6 +475,7 @@ static int load_layers(loader *L, em_err *err) {
         int rc;
         if ((rc = get_f32(L, NAME(n, "blk.%d.attn_norm.weight", l), hp->n_embd, 0, &ly->attn_norm, err)) ||
             (rc = get_f32(L, NAME(n, "blk.%d.ffn_norm.weight", l), hp->n_embd, 0, &ly->ffn_norm, err)) ||
+            (rc = load_res_scores(L, l, ly, err)) ||
             (rc = ly->kind == KIMI_KDA ? load_kda(L, l, &ly->kda, err) : load_mla(L, l, &ly->mla, err)) ||
             (rc = load_ffn(L, l, &ly->ffn, err)))
             return rc;
@@ -392,7 +487,14 @@ int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err) {
     *hp = (kimi_hparams){ 0 };
     *w = (kimi_weights){ 0 };
     loader L = { .g = g, .path = em_gguf_path(g), .hp = hp, .w = w };
-    int rc = em_arena_create(&w->store, 1u << 20, err);
+    char arch[32];
+    int rc = em_gguf_get_cstr(g, "general.architecture", arch, sizeof arch, err);
+    if (rc) return rc;
+    if (strcmp(arch, "kimi-linear") && strcmp(arch, "kimi-k3"))
+        return em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not a Kimi model", L.path, arch);
+    hp->k3 = !strcmp(arch, "kimi-k3");
+    L.arch = hp->k3 ? "kimi-k3" : "kimi-linear";
+    rc = em_arena_create(&w->store, 1u << 20, err);
     if (!rc) rc = read_hparams(&L, err);
     if (!rc) rc = load_globals(&L, err);
     if (!rc) rc = load_layers(&L, err);
@@ -401,6 +503,8 @@ int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err) {
 }
 
 void kimi_unload(kimi_hparams *hp, kimi_weights *w) {
+    kimi_experts_close(w->experts);
+    w->experts = NULL;
     free(hp->kind);
     hp->kind = NULL;
     free(w->layers);

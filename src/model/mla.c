@@ -6,6 +6,7 @@
  *   ctx_h = sum_u softmax(s)(u) c_u;   o_h = W_UV_h ctx_h        (attn_v_b)
  *   y     = W_o [o_0 | ... | o_{H-1}]
  * which equals the expanded form (k = [W_UK c | k_pe], v = W_UV c) of transformers.
+ * kimi-k3 gates the head outputs before W_o: o <- o * sigmoid(W_gate x) (x: the normed input).
  * Heads run in parallel on the pool; each head has its own scratch, so the result does not
  * depend on the thread count. Writes only cache rows [pos, pos + n). */
 #include "model/kimi_impl.h"
@@ -123,6 +124,12 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     for (int i = 0; i < H; i++)
         if (job->rc[i]) return em_err_set(err, job->rc[i], "MLA head %d failed", i);
 
+    if (w->gate.rows > 0) { /* K3 output gate */
+        float *g = kimi_falloc(arena, (uint64_t)n * ldo, "MLA output gate rows", err);
+        if (!g) return EM_ENOMEM;
+        if ((rc = kimi_mm(&xa, &w->gate, g, ldo, pool, arena, err))) return rc;
+        for (int64_t i = 0; i < (int64_t)n * ldo; i++) o[i] *= em_sigmoidf(g[i]);
+    }
     kimi_acts oa;
     kimi_acts_init(&oa, o, ldo, ldo, n);
     return kimi_mm(&oa, &w->out, y, hp->n_embd, pool, arena, err);

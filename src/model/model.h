@@ -40,12 +40,32 @@ typedef struct em_rows {
                           was); NULL: not reported */
 } em_rows;
 
-/* An estimate of one verify: seconds of compute and bytes it would read from storage (0 when
- * every weight is resident). */
+/* An estimate of one verify: seconds (calibrated by the verifies timed so far), bytes it would
+ * read from storage (0 when every weight is resident), and nominal_seconds: the same estimate
+ * at the fixed rates of compute.h's nominal machine, which depends on nothing timed (the cache's
+ * content aside), so decisions made on it are reproducible. */
 typedef struct em_cost {
     double seconds;
     uint64_t bytes_read;
+    double nominal_seconds;
 } em_cost;
+
+/* Routed-expert storage counters (em_target_expert_stats). In resident mode every expert use
+ * counts as a hit and nothing is read. An expert use is one (forward step, MoE layer, distinct
+ * expert among the step's rows): hits + misses = uses. */
+typedef struct em_target_expert_counts {
+    uint64_t bytes_read;     /* bytes transferred from storage (reads widened to 4 KiB) */
+    uint64_t reads;          /* read requests issued (three per missed expert) */
+    uint64_t hits, misses;
+    double read_seconds;     /* time waiting for reads (hits computed meanwhile not counted) */
+    uint64_t cache_bytes;    /* bytes the expert cache holds now (0 when resident) */
+    uint64_t cache_budget;   /* its budget (0 when resident) */
+    uint64_t slot_bytes;     /* the most one expert takes in the cache (0 when resident) */
+    uint64_t n_experts;      /* routed experts in the model (all MoE layers) */
+    uint64_t resident_bytes; /* tensor bytes kept in memory (mapped) */
+    uint64_t file_bytes;     /* routed-expert bytes read from the file on demand (0: resident) */
+    int storage;             /* EM_MOE_RESIDENT or EM_MOE_SSD */
+} em_target_expert_counts;
 
 typedef struct em_target_ops {
     int (*verify)(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err);
@@ -54,6 +74,10 @@ typedef struct em_target_ops {
     em_cost (*cost)(const em_target *t, int n);
     void (*reset)(em_target *t);
     void (*close)(em_target *t);
+    /* optional (NULL: no routed experts): counters of one layer (-1: all) */
+    int (*expert_stats)(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
+    /* optional test hook: arms the expert reader's fault shim (EM_EXPERT_FAULT_* of experts.h) */
+    int (*expert_fault)(em_target *t, int kind, uint64_t after_n_reads, em_err *err);
 } em_target_ops;
 
 typedef struct em_target_info {
@@ -80,12 +104,19 @@ struct em_target {
     int64_t pos;       /* committed positions */
     int pending;       /* rows of the last verify that commit may still take; -1: none */
     em_target_stats stats;
+    char missing_data[256]; /* non-empty: the file lacks tensor data (cut short); verify and
+                               prefill fail with this message, nothing reads the data */
 };
 
 #define EM_MODEL_DEFAULT_CTX 4096
 #define EM_MODEL_DEFAULT_MAX_VERIFY 16
 #define EM_MODEL_DEFAULT_UBATCH 128
 #define EM_MODEL_MAX_FEATURE_LAYERS 16
+
+/* Where routed experts live. RESIDENT: in the mapped file, like every other weight. SSD: read
+ * on demand through a byte-budgeted cache (experts/); everything else stays mapped. AUTO:
+ * resident when all tensors fit in the memory available at open (MemAvailable), else SSD. */
+enum em_moe_storage { EM_MOE_AUTO = 0, EM_MOE_RESIDENT = 1, EM_MOE_SSD = 2 };
 
 typedef struct em_model_opts {
     int n_threads;      /* 0: em_cpu_count() */
@@ -94,10 +125,13 @@ typedef struct em_model_opts {
     int ubatch;         /* rows per step of a prefill; 0: EM_MODEL_DEFAULT_UBATCH */
     const int *feature_layers; /* capture the residual stream after these layers (0-based) */
     int n_feature_layers;
+    int moe_storage;    /* enum em_moe_storage */
+    uint64_t expert_cache_bytes; /* SSD: the expert cache budget; 0: half the memory available
+                                    after the resident weights (at least one expert, at most all) */
 } em_model_opts;
 
 /* Opens the model at path (a GGUF file; split shards are found from any shard's name) as a
- * target, choosing the architecture from general.architecture (kimi-linear). opts may be NULL.
+ * target, choosing the architecture from general.architecture (kimi-linear, kimi-k3). opts may be NULL.
  * Errors name the file and the key or tensor: a missing or misshapen tensor, a key of the wrong
  * type, an unsupported architecture or tensor type. */
 int em_model_open(em_target **out, const char *path, const em_model_opts *opts, em_err *err);
@@ -112,5 +146,11 @@ em_cost em_target_cost(const em_target *t, int n);
 void em_target_reset(em_target *t);
 int64_t em_target_position(const em_target *t);
 const em_target_info *em_target_get_info(const em_target *t);
+/* Routed-expert counters since open, for one layer (a model layer index) or all (-1); a
+ * target without routed experts gives zeros. */
+int em_target_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
+/* Test hook: the (after_n_reads + 1)-th expert read from now fails (kind: EM_EXPERT_FAULT_EIO
+ * or _SHORT of experts/experts.h). EM_EUNSUPPORTED unless experts are read from storage. */
+int em_target_expert_fault_arm(em_target *t, int kind, uint64_t after_n_reads, em_err *err);
 
 #endif

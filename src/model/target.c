@@ -4,6 +4,7 @@
  * common fields, which only the architectures' ops change. */
 #include "model/arch.h"
 
+#include <stdio.h>
 #include <string.h>
 
 typedef struct arch_entry {
@@ -13,6 +14,7 @@ typedef struct arch_entry {
 
 static const arch_entry archs[] = {
     { "kimi-linear", em_kimi_linear_open },
+    { "kimi-k3", em_kimi_linear_open }, /* the same target: kimi_load reads the variant */
 };
 
 static int resolve_opts(const em_model_opts *in, em_model_opts *o, em_err *err) {
@@ -23,6 +25,8 @@ static int resolve_opts(const em_model_opts *in, em_model_opts *o, em_err *err) 
         (o->n_feature_layers > 0 && !o->feature_layers))
         return em_err_set(err, EM_EINVAL, "model options: %d feature layers (at most %d)",
                           o->n_feature_layers, EM_MODEL_MAX_FEATURE_LAYERS);
+    if (o->moe_storage < EM_MOE_AUTO || o->moe_storage > EM_MOE_SSD)
+        return em_err_set(err, EM_EINVAL, "model options: moe_storage %d is not auto, resident or ssd", o->moe_storage);
     if (o->n_threads == 0) o->n_threads = em_cpu_count();
     if (o->max_verify == 0) o->max_verify = EM_MODEL_DEFAULT_MAX_VERIFY;
     if (o->ubatch == 0) o->ubatch = EM_MODEL_DEFAULT_UBATCH;
@@ -36,8 +40,21 @@ int em_model_open(em_target **out, const char *path, const em_model_opts *opts, 
     int rc = resolve_opts(opts, &o, err);
     if (rc) return rc;
     em_gguf *g = NULL;
-    rc = em_gguf_open(&g, path, err);
+    /* a file cut short (an interrupted download) opens, so its sizes can be reported; its
+     * missing data is refused before any forward reads it (check_data) */
+    rc = em_gguf_open_ex(&g, path, &(em_gguf_open_opts){ .allow_missing_data = true }, err);
     if (rc) return rc;
+    char missing[256] = "";
+    int64_t n_missing = 0;
+    const em_gguf_tensor *first = NULL;
+    const uint64_t lost = em_gguf_missing(g, &n_missing, &first);
+    if (first) {
+        snprintf(missing, sizeof missing,
+                 "%s: tensor data is missing (the file is %llu bytes short; %lld tensors, the first '%s' in %s): "
+                 "the file was cut short, download it again",
+                 path, (unsigned long long)lost, (long long)n_missing, first->name, em_gguf_shard_at(g, first->shard)->path);
+        em_log(EM_LOG_WARN, "%s; it opens for its sizes, but nothing can run on it", missing);
+    }
     char arch[64];
     rc = em_gguf_get_cstr(g, "general.architecture", arch, sizeof arch, err);
     if (rc) { /* the reader's message names the file and the key */
@@ -45,9 +62,13 @@ int em_model_open(em_target **out, const char *path, const em_model_opts *opts, 
         return rc;
     }
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-        if (!strcmp(arch, archs[i].name)) return archs[i].open(out, g, &o, err);
+        if (!strcmp(arch, archs[i].name)) {
+            rc = archs[i].open(out, g, &o, err);
+            if (!rc) snprintf((*out)->missing_data, sizeof (*out)->missing_data, "%s", missing);
+            return rc;
+        }
     em_gguf_close(g);
-    return em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: kimi-linear)",
+    return em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: kimi-linear, kimi-k3)",
                       path, arch);
 }
 
@@ -72,13 +93,22 @@ static int check_rows(const em_target *t, const char *what, const int32_t *tok, 
     return EM_OK;
 }
 
+/* A forward on a file cut short would read past its end (SIGBUS on the mapping). */
+static int check_data(const em_target *t, const char *what, em_err *err) {
+    return t->missing_data[0] ? em_err_set(err, EM_EFORMAT, "%s: %s", what, t->missing_data) : EM_OK;
+}
+
 int em_target_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
-    int rc = check_rows(t, "verify", tok, n, out, err);
+    int rc = check_data(t, "verify", err);
+    if (rc) return rc;
+    rc = check_rows(t, "verify", tok, n, out, err);
     if (rc) return rc;
     return t->ops->verify(t, tok, n, out, err);
 }
 
 int em_target_commit(em_target *t, int k, em_err *err) {
+    int rc = check_data(t, "commit", err);
+    if (rc) return rc;
     if (t->pending < 0)
         return em_err_set(err, EM_EINVAL, "commit: no verify to commit from");
     if (k < 0 || k > t->pending)
@@ -88,7 +118,9 @@ int em_target_commit(em_target *t, int k, em_err *err) {
 
 int em_target_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
     static const em_rows none = { 0 };
-    int rc = check_rows(t, "prefill", tok, n, out ? out : &none, err);
+    int rc = check_data(t, "prefill", err);
+    if (rc) return rc;
+    rc = check_rows(t, "prefill", tok, n, out ? out : &none, err);
     if (rc) return rc;
     return t->ops->prefill(t, tok, n, out ? out : &none, err);
 }
@@ -103,3 +135,17 @@ void em_target_reset(em_target *t) { t->ops->reset(t); }
 int64_t em_target_position(const em_target *t) { return t->pos; }
 
 const em_target_info *em_target_get_info(const em_target *t) { return &t->info; }
+
+int em_target_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err) {
+    *out = (em_target_expert_counts){ .storage = EM_MOE_RESIDENT };
+    if (layer < -1 || layer >= t->info.n_layer)
+        return em_err_set(err, EM_EINVAL, "expert stats: layer %d is not a layer of this model (0..%d)", layer,
+                          t->info.n_layer - 1);
+    return t->ops->expert_stats ? t->ops->expert_stats(t, layer, out, err) : EM_OK;
+}
+
+int em_target_expert_fault_arm(em_target *t, int kind, uint64_t after_n_reads, em_err *err) {
+    if (!t->ops->expert_fault)
+        return em_err_set(err, EM_EUNSUPPORTED, "expert fault: this target reads no experts from storage");
+    return t->ops->expert_fault(t, kind, after_n_reads, err);
+}

@@ -1,7 +1,7 @@
 /* Internal to quant/: the per-type row converters behind the type table in quant.c.
  * Each converts n values (n a multiple of the type's block size, already checked by the
  * caller) between f32 and the packed layout of blocks.h, with results bit-identical to
- * ggml's to_float / reference quantizers (see dequant.c, quantize.c, quantize_k.c). */
+ * ggml's to_float / reference quantizers (see dequant.c, dequant_iq.c, quantize.c, quantize_k.c). */
 #ifndef EM_QUANT_CONVERT_H
 #define EM_QUANT_CONVERT_H
 
@@ -33,6 +33,16 @@ void em_dequant_q4_K(const void *src, float *dst, int64_t n);
 void em_dequant_q5_K(const void *src, float *dst, int64_t n);
 void em_dequant_q6_K(const void *src, float *dst, int64_t n);
 void em_dequant_q8_K(const void *src, float *dst, int64_t n);
+/* IQ formats (dequant_iq.c) */
+void em_dequant_iq2_xxs(const void *src, float *dst, int64_t n);
+void em_dequant_iq2_xs(const void *src, float *dst, int64_t n);
+void em_dequant_iq2_s(const void *src, float *dst, int64_t n);
+void em_dequant_iq3_xxs(const void *src, float *dst, int64_t n);
+void em_dequant_iq3_s(const void *src, float *dst, int64_t n);
+void em_dequant_iq1_s(const void *src, float *dst, int64_t n);
+void em_dequant_iq1_m(const void *src, float *dst, int64_t n);
+void em_dequant_iq4_nl(const void *src, float *dst, int64_t n);
+void em_dequant_iq4_xs(const void *src, float *dst, int64_t n);
 
 /* ---- from f32 (quantize.c: plain and 32-value blocks; quantize_k.c: 256-value blocks) ---- */
 void em_quant_f32(const float *src, void *dst, int64_t n);

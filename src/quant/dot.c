@@ -1,4 +1,5 @@
-/* Dot products of weight rows with activation rows: the scalar reference kernels, the
+/* Dot products of weight rows with activation rows: the scalar reference kernels (the IQ
+ * formats' in dot_iq.c), the
  * weight -> activation type pairing, and runtime ISA dispatch (cpuid, EMBER_ISA).
  *
  * The scalar kernels are written for clarity, element by element from the block fields:
@@ -239,6 +240,11 @@ static const em_dot_fn scalar_kernels[EM_TYPE_COUNT] = {
     [EM_TYPE_MXFP4] = dot_mxfp4_scalar, [EM_TYPE_Q2_K] = dot_q2_K_scalar,
     [EM_TYPE_Q3_K] = dot_q3_K_scalar,   [EM_TYPE_Q4_K] = dot_q4_K_scalar,
     [EM_TYPE_Q5_K] = dot_q5_K_scalar,   [EM_TYPE_Q6_K] = dot_q6_K_scalar,
+    [EM_TYPE_IQ2_XXS] = em_dot_iq2_xxs_scalar, [EM_TYPE_IQ2_XS] = em_dot_iq2_xs_scalar,
+    [EM_TYPE_IQ2_S] = em_dot_iq2_s_scalar,     [EM_TYPE_IQ3_XXS] = em_dot_iq3_xxs_scalar,
+    [EM_TYPE_IQ3_S] = em_dot_iq3_s_scalar,     [EM_TYPE_IQ1_S] = em_dot_iq1_s_scalar,
+    [EM_TYPE_IQ1_M] = em_dot_iq1_m_scalar,     [EM_TYPE_IQ4_NL] = em_dot_iq4_nl_scalar,
+    [EM_TYPE_IQ4_XS] = em_dot_iq4_xs_scalar,
 };
 
 /* ---- type pairing -------------------------------------------------------------------- */
@@ -253,7 +259,16 @@ int em_dot_act_type(int wtype) {
     case EM_TYPE_Q4_1:
     case EM_TYPE_Q5_0:
     case EM_TYPE_Q5_1:
-    case EM_TYPE_MXFP4: return EM_TYPE_Q8_0;
+    case EM_TYPE_MXFP4:
+    case EM_TYPE_IQ4_NL: return EM_TYPE_Q8_0;
+    case EM_TYPE_IQ2_XXS:
+    case EM_TYPE_IQ2_XS:
+    case EM_TYPE_IQ2_S:
+    case EM_TYPE_IQ3_XXS:
+    case EM_TYPE_IQ3_S:
+    case EM_TYPE_IQ1_S:
+    case EM_TYPE_IQ1_M:
+    case EM_TYPE_IQ4_XS:
     case EM_TYPE_Q2_K:
     case EM_TYPE_Q3_K:
     case EM_TYPE_Q4_K:

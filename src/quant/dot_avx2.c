@@ -420,4 +420,10 @@ const em_dot_fn em_dot_kernels_avx2[EM_TYPE_COUNT] = {
     [EM_TYPE_MXFP4] = dot_mxfp4_avx2, [EM_TYPE_Q2_K] = dot_q2_K_avx2,
     [EM_TYPE_Q3_K] = dot_q3_K_avx2,   [EM_TYPE_Q4_K] = dot_q4_K_avx2,
     [EM_TYPE_Q5_K] = dot_q5_K_avx2,   [EM_TYPE_Q6_K] = dot_q6_K_avx2,
+    /* the IQ formats: dot_iq_avx2.c */
+    [EM_TYPE_IQ2_XXS] = em_dot_iq2_xxs_avx2, [EM_TYPE_IQ2_XS] = em_dot_iq2_xs_avx2,
+    [EM_TYPE_IQ2_S] = em_dot_iq2_s_avx2,     [EM_TYPE_IQ3_XXS] = em_dot_iq3_xxs_avx2,
+    [EM_TYPE_IQ3_S] = em_dot_iq3_s_avx2,     [EM_TYPE_IQ1_S] = em_dot_iq1_s_avx2,
+    [EM_TYPE_IQ1_M] = em_dot_iq1_m_avx2,     [EM_TYPE_IQ4_NL] = em_dot_iq4_nl_avx2,
+    [EM_TYPE_IQ4_XS] = em_dot_iq4_xs_avx2,
 };

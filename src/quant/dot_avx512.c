@@ -1,5 +1,6 @@
 /* AVX-512 (F/BW/VL/DQ + VNNI) dot-product kernels for every weight type with a dot: F32, F16,
- * BF16, the 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) and Q2_K..Q6_K.
+ * BF16, the 32-value block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4) and Q2_K..Q6_K (IQ1_M's and
+ * IQ4_XS's are in dot_iq_avx512.c; the other IQ types use their AVX2 kernels).
  * em_dot_kernels_avx512 lists them; a type without an entry would fall back to AVX2 in
  * dispatch (dot.c), which calls this file only on CPUs with all of those extensions (and so
  * with AVX2: block tails here reuse the AVX2 kernels).
@@ -501,4 +502,6 @@ const em_dot_fn em_dot_kernels_avx512[EM_TYPE_COUNT] = {
     [EM_TYPE_MXFP4] = dot_mxfp4_avx512, [EM_TYPE_Q2_K] = dot_q2_K_avx512,
     [EM_TYPE_Q3_K] = dot_q3_K_avx512, [EM_TYPE_Q4_K] = dot_q4_K_avx512,
     [EM_TYPE_Q5_K] = dot_q5_K_avx512, [EM_TYPE_Q6_K] = dot_q6_K_avx512,
+    /* IQ formats (dot_iq_avx512.c); the other IQ types fall back to AVX2 (faster for them) */
+    [EM_TYPE_IQ1_M] = em_dot_iq1_m_avx512, [EM_TYPE_IQ4_XS] = em_dot_iq4_xs_avx512,
 };

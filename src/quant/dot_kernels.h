@@ -22,6 +22,19 @@ extern const em_dot_fn em_dot_kernels_avx2[EM_TYPE_COUNT];
 /* Defined in dot_avx512.c (compiled with AVX-512 F/BW/VL/DQ/VNNI). */
 extern const em_dot_fn em_dot_kernels_avx512[EM_TYPE_COUNT];
 
+/* Scalar IQ kernels (dot_iq.c), entries of dot.c's scalar table. */
+#define EM_DOT_IQ_SCALAR(X) X(iq2_xxs) X(iq2_xs) X(iq2_s) X(iq3_xxs) X(iq3_s) X(iq1_s) X(iq1_m) X(iq4_nl) X(iq4_xs)
+#define EM_DOT_DECLARE_SCALAR(t) float em_dot_##t##_scalar(const void *w, const void *act, int64_t n);
+EM_DOT_IQ_SCALAR(EM_DOT_DECLARE_SCALAR)
+#undef EM_DOT_DECLARE_SCALAR
+/* AVX2 IQ kernels (dot_iq_avx2.c), entries of em_dot_kernels_avx2: every IQ type. */
+#define EM_DOT_DECLARE_AVX2(t) float em_dot_##t##_avx2(const void *w, const void *act, int64_t n);
+EM_DOT_IQ_SCALAR(EM_DOT_DECLARE_AVX2)
+#undef EM_DOT_DECLARE_AVX2
+/* AVX-512 IQ kernels (dot_iq_avx512.c), entries of em_dot_kernels_avx512. */
+float em_dot_iq1_m_avx512(const void *w, const void *act, int64_t n);
+float em_dot_iq4_xs_avx512(const void *w, const void *act, int64_t n);
+
 /* 2^(e-128): the E8M0 scale of an MXFP4 block, halved because the code points are doubled
  * E2M1 values. e < 2 are fp32 subnormals. */
 static inline float em_dot_e8m0_half(uint8_t e) {

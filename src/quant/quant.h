@@ -86,7 +86,9 @@ int em_quantize(int type, const float *src, void *dst, int64_t n, em_err *err);
  *   Q8_0 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 (ggml pairs Q4_1 / Q5_1 with Q8_1; Ember
  *        uses Q8_0 and sums the activation block in the kernel: same quants, one less
  *        activation format, and no fp16 rounding of the block sum);
- *   Q8_K for Q2_K .. Q6_K;
+ *   Q8_0 also for IQ4_NL;
+ *   Q8_K for Q2_K .. Q6_K and IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS
+ *        (as ggml pairs them);
  *   F32  for F32, F16, BF16 (ggml rounds activations to F16 / BF16; Ember keeps f32).
  * Quantized kernels accumulate int8 x int8 products per block in integers and scale them
  * by d_w * d_a, so every ISA computes the same sum up to float rounding. The scalar kernels

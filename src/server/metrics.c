@@ -1,7 +1,8 @@
 /* server/metrics.c: the server's counters and their Prometheus text exposition (GET /metrics).
  * Counters only grow; the two gauges (queued, processing) are read by the caller at render
  * time. One mutex guards everything here; updates are a handful per request, never per
- * token. Expert counters stay zero while every expert is resident (no storage reads yet). */
+ * token. Expert counters are the target's own totals (model.h em_target_expert_stats), copied
+ * after each generation; resident experts count every use as a cache hit and read nothing. */
 #include "server/server_impl.h"
 
 #include <stdio.h>
@@ -52,6 +53,16 @@ void em_srv_metrics_generation(em_srv_metrics *m, const em_spec_result *r, int n
     m->c.passes += r->passes;
     m->c.drafted += r->drafted;
     m->c.accepted += r->accepted;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void em_srv_metrics_experts(em_srv_metrics *m, const em_target *t) {
+    em_target_expert_counts x;
+    if (em_target_expert_stats(t, -1, &x, NULL)) return;
+    pthread_mutex_lock(&m->mu);
+    m->c.expert_bytes_read = x.bytes_read;
+    m->c.expert_hits = x.hits;
+    m->c.expert_misses = x.misses;
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -51,6 +51,7 @@ typedef struct em_server_model {
     const char *id;            /* the model name clients see and send (alias or file name) */
     const char *path;          /* the model file (also accepted as a model name) */
     em_spec *spec;             /* the decode loop over the loaded target (used by the worker only) */
+    const em_target *target;   /* that target, for its expert counters (worker only); may be NULL */
     const em_tok *tok;         /* the target's tokenizer (thread-safe) */
     em_target_info info;       /* n_vocab, n_embd, n_ctx, ... */
     int64_t n_ctx_train;       /* the file's context length; 0: unknown */

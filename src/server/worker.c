@@ -299,6 +299,7 @@ static void run_job(em_server *s, em_srv_job *j) {
         rc = em_srv_text_push(&g.text, b, n, &g.err);
     }
     em_srv_metrics_generation(&s->metrics, &res, g.n_gen, g.cancelled);
+    if (s->model.target) em_srv_metrics_experts(&s->metrics, s->model.target);
     em_srv_stats st = { .n_prompt = res.n_prompt, .n_gen = g.n_gen, .prompt_s = res.prompt_seconds,
                         .gen_s = res.gen_seconds, .drafted = res.drafted, .accepted = res.accepted };
     const char *finish = !g.text.matched && res.finish == EM_SPEC_LENGTH ? EM_SRV_FINISH_LENGTH : EM_SRV_FINISH_STOP;

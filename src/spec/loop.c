@@ -1,85 +1,183 @@
-/* spec/loop.c: the ONE decode loop behind spec.h. A generate call resets the target, prefills
- * the prompt (last row's logits only), takes the first token from that row, then runs steps
+/* spec/loop.c: the ONE decode loop behind spec.h. A generate call resets the target (and the
+ * drafter and feature ring), prefills the prompt in chunks (features of every prompt row into
+ * the ring when there is a drafter), takes the first token from the last row, then runs steps
  *
- *     draft -> choose width -> verify -> accept -> commit -> emit
+ *     drafter context += new committed rows (from the ring)
+ *     -> propose a block after the anchor -> schedule (how many drafts to verify)
+ *     -> verify [anchor, d_1..d_K] -> accept -> commit(1 + accepted) -> ring += their features
+ *     -> emit
  *
- * until end of generation, n_max tokens, a full context or a stop from the callback. Each
- * step verifies the root (the last emitted token, not yet in the target's state) followed by
- * the drafted tokens; accept decides how many drafts stand and samples the token after them
- * from the target's own row; commit folds root + accepted drafts into the state. There is no
- * drafter yet (issue 6 plugs DSpark in at draft_block/choose_width/accept_rows), so every step
- * drafts nothing, verifies one row and commits one: plain decoding is the width-1 case of
- * this loop, not a separate path.
+ * until end of generation, n_max tokens, a full context or a stop from the callback. The
+ * anchor is the last emitted token, not yet in the target's state. Plain decoding is this loop
+ * with no drafter: K = 0, width 1, no features.
  *
- * Invariants: every buffer is sized at create from the target's info (no allocation per
- * token; the sampler is made once per generate call because its parameters come with the
- * call). The target holds exactly the prompt and the emitted tokens before the root.
- * End-of-generation tokens (unless ignore_eog) end the call: they are not committed, not
- * passed to the callback and not counted in n_gen. Bytes the stream still holds back at the
- * end (a UTF-8 sequence the tokens left unfinished) come in one last callback with token -1.
+ * Invariants: every buffer is sized at create from the target's and drafter's info (nothing
+ * is allocated per step; the sampler is made once per generate call because its parameters
+ * come with the call). Before each step the target holds exactly the prompt and the emitted
+ * tokens before the anchor, the ring holds their features, and the drafter's context reaches
+ * the target's position once synced. Each pass verifies at most min(max width, context room,
+ * tokens still wanted) rows, so nothing past n_max is computed; end-of-generation tokens
+ * (unless ignore_eog) end the call inside a block: they and anything after them are not
+ * passed to the callback nor counted. Bytes the stream still holds back at the end come in
+ * one last callback with token -1.
  *
- * Timing: prompt_seconds is the prefill; gen_seconds runs from there to the end, so it covers
- * the n_gen - 1 tokens after the first (the first comes from the prefill's row).
+ * Sampling is lossless: drafts are drawn, slot by slot, from the drafter's corrected logits
+ * through the same sampler (filters, temperature) as the target's rows, and accept.c applies
+ * speculative rejection sampling against exactly those distributions; the width schedule is
+ * non-anticipating (schedule.c). All randomness comes from the call's seeded sampler.
  *
- * Must not: know any architecture (only model.h), or keep state between generate calls
- * beyond its buffers. */
+ * Timing: prompt_seconds is the prefill (with the drafter's prompt context); gen_seconds runs
+ * from there to the end; draft_seconds is the drafter's share of both.
+ *
+ * Must not: know any architecture (only model.h and draft.h), or keep state between generate
+ * calls beyond its buffers. */
 #include "spec/spec.h"
+#include "spec/spec_impl.h"
 
+#include "quant/quant.h"
+
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define PREFILL_CHUNK 128 /* prompt rows per prefill call (and per drafter context extension) */
+
 struct em_spec {
     em_target *target;
+    em_drafter *drafter;   /* NULL: plain decoding */
     const em_tok *tok;     /* NULL: no end-of-generation ids, no text */
     em_tok_stream *stream; /* NULL without tok */
-    int max_width;         /* rows a verify may take (1 while there is no drafter) */
+    int fixed_width;       /* 0: scheduled per pass */
+    int max_width;         /* rows a verify may take */
     int32_t n_vocab;
+    int n_feat;            /* 0 without a drafter */
+    int feat_rows;         /* rows of feats */
     float *logits;         /* [max_width][n_vocab]: rows of the last prefill/verify */
-    int32_t *rows;         /* [max_width]: the verified tokens, root first */
+    float *feats;          /* [feat_rows][n_feat]: captured features, and ring rows read back */
+    int32_t *rows;         /* [max_width]: the verified tokens, anchor first, then the drafts */
     int32_t *out;          /* [max_width]: the tokens a step emits (accepted drafts, then next) */
+    float *conf;           /* [max_width - 1]: confidence logits of the proposed slots */
+    em_sample_dist *dists; /* [max_width - 1]: the distribution each draft was drawn from */
+    em_spec_ring *ring;
+    em_spec_accept *accept;
 };
 
 /* One generate call's state. */
 typedef struct gen {
     em_spec *s;
     em_sampler *sampler;
+    bool greedy;
     const em_spec_params *p;
     em_spec_on_token on_token;
     void *ud;
     em_spec_result *res;
+    uint64_t rows_verified;
     bool done;
 } gen;
+
+int em_spec_feature_type(const char *name) {
+    static const struct { const char *name; int type; } types[] = {
+        { "f32", EM_TYPE_F32 }, { "f16", EM_TYPE_F16 }, { "bf16", EM_TYPE_BF16 }, { "q8_0", EM_TYPE_Q8_0 },
+    };
+    for (size_t i = 0; name && i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(name, types[i].name)) return types[i].type;
+    return -1;
+}
+
+/* ---- create ------------------------------------------------------------------------------- */
+
+/* The drafter fits the target: same vocabulary, features of the same width. */
+static int check_drafter(const em_target_info *ti, const em_draft_info *di, em_err *err) {
+    if (di->n_vocab != ti->n_vocab)
+        return em_err_set(err, EM_EINVAL, "spec: the drafter's vocabulary has %d ids, the target's %d", di->n_vocab,
+                          ti->n_vocab);
+    if (ti->n_feat == 0)
+        return em_err_set(err, EM_EINVAL, "spec: the target captures no features (open it with the drafter's %d tap "
+                          "layers as feature layers)", di->n_taps);
+    if (di->n_feat != ti->n_feat)
+        return em_err_set(err, EM_EINVAL, "spec: the drafter reads %d features per row (%d taps), the target "
+                          "captures %d (n_embd %d): the drafter does not fit this target", di->n_feat, di->n_taps,
+                          ti->n_feat, ti->n_embd);
+    if (di->n_drafts < 1 || di->n_drafts > EM_DRAFT_MAX_BLOCK)
+        return em_err_set(err, EM_EINVAL, "spec: the drafter proposes %d tokens per block (1..%d)", di->n_drafts,
+                          EM_DRAFT_MAX_BLOCK);
+    return EM_OK;
+}
+
+/* Rows per verify: the fixed width when given (checked), else the drafter's block. */
+static int resolve_width(const em_spec_opts *o, const em_target_info *ti, int *fixed, int *max_width, em_err *err) {
+    int w = o->verify_width;
+    if (w < 0) return em_err_set(err, EM_EINVAL, "spec: verify width %d is negative", w);
+    if (!o->drafter) {
+        if (w > 1)
+            return em_err_set(err, EM_EINVAL, "spec: a verify width of %d needs a drafter, and there is none "
+                              "(plain decoding verifies 1 row)", w);
+        *fixed = 1, *max_width = 1;
+        return EM_OK;
+    }
+    int block = o->drafter->info.n_drafts + 1;
+    if (w > block)
+        return em_err_set(err, EM_EINVAL, "spec: verify width %d is more than the drafter's block allows (%d drafts "
+                          "+ the anchor = %d rows)", w, block - 1, block);
+    if (w > ti->max_verify)
+        return em_err_set(err, EM_EINVAL, "spec: verify width %d is more than the target's %d rows with a fast "
+                          "commit", w, ti->max_verify);
+    *fixed = w;
+    *max_width = w ? w : (block < ti->max_verify ? block : ti->max_verify);
+    return EM_OK;
+}
+
+static int alloc_array(void **p, uint64_t count, size_t size, const char *what, em_err *err) {
+    uint64_t bytes;
+    if (em_mul_overflow(count, (uint64_t)size, &bytes) || bytes > SIZE_MAX)
+        return em_err_set(err, EM_EOVERFLOW, "spec: %s of %llu items does not fit in memory", what,
+                          (unsigned long long)count);
+    *p = em_malloc(bytes ? (size_t)bytes : 1, what, err);
+    return *p ? EM_OK : EM_ENOMEM;
+}
+
+static int alloc_buffers(em_spec *s, const em_spec_opts *o, const em_target_info *ti, em_err *err) {
+    int n_slots = s->max_width - 1;
+    int rc = alloc_array((void **)&s->logits, (uint64_t)s->max_width * (uint64_t)s->n_vocab, sizeof(float),
+                         "decode loop logits", err);
+    if (!rc) rc = alloc_array((void **)&s->rows, (uint64_t)s->max_width, sizeof(int32_t), "decode loop rows", err);
+    if (!rc) rc = alloc_array((void **)&s->out, (uint64_t)s->max_width, sizeof(int32_t), "decode loop tokens", err);
+    if (rc || !s->drafter) return rc;
+    s->feat_rows = s->max_width > PREFILL_CHUNK ? s->max_width : PREFILL_CHUNK;
+    rc = alloc_array((void **)&s->feats, (uint64_t)s->feat_rows * (uint64_t)s->n_feat, sizeof(float),
+                     "decode loop features", err);
+    if (!rc) rc = alloc_array((void **)&s->conf, (uint64_t)n_slots, sizeof(float), "draft confidences", err);
+    if (!rc && !(s->dists = em_calloc((size_t)n_slots, sizeof *s->dists, "draft distributions", err))) rc = EM_ENOMEM;
+    for (int k = 0; !rc && k < n_slots; k++) rc = em_sample_dist_init(&s->dists[k], s->n_vocab, err);
+    if (!rc) rc = em_spec_ring_create(&s->ring, s->n_feat, ti->n_ctx, o->feature_type, err);
+    if (!rc) rc = em_spec_accept_create(&s->accept, s->n_vocab, err);
+    return rc;
+}
 
 int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, em_err *err) {
     *out = NULL;
     if (!target) return em_err_set(err, EM_EINVAL, "spec: no target");
     em_spec_opts o = opts ? *opts : (em_spec_opts){ 0 };
-    if (o.verify_width < 0) return em_err_set(err, EM_EINVAL, "spec: verify width %d is negative", o.verify_width);
-    if (o.verify_width > 1)
-        return em_err_set(err, EM_EUNSUPPORTED,
-                          "spec: a verify width of %d needs a drafter, and there is none yet "
-                          "(plain decoding verifies 1 row)", o.verify_width);
     const em_target_info *info = em_target_get_info(target);
     if (info->n_vocab < 1) return em_err_set(err, EM_EINVAL, "spec: the target has no vocabulary");
+    int t = o.feature_type;
+    if (t != EM_TYPE_F32 && t != EM_TYPE_F16 && t != EM_TYPE_BF16 && t != EM_TYPE_Q8_0)
+        return em_err_set(err, EM_EINVAL, "spec: feature type %s is not f32, f16, bf16 or q8_0", em_type_name(t));
+    int rc = o.drafter ? check_drafter(info, &o.drafter->info, err) : EM_OK;
+    int fixed = 0, max_width = 1;
+    if (!rc) rc = resolve_width(&o, info, &fixed, &max_width, err);
+    if (rc) return rc;
 
     em_spec *s = em_calloc(1, sizeof *s, "decode loop", err);
     if (!s) return EM_ENOMEM;
     s->target = target;
+    s->drafter = max_width > 1 ? o.drafter : NULL; /* width 1 never drafts */
     s->tok = o.tok;
-    s->max_width = 1;
+    s->fixed_width = fixed;
+    s->max_width = max_width;
     s->n_vocab = info->n_vocab;
-    uint64_t n_logits;
-    int rc = EM_OK;
-    if (em_mul_overflow((uint64_t)s->max_width, (uint64_t)s->n_vocab, &n_logits) ||
-        n_logits > SIZE_MAX / sizeof(float))
-        rc = em_err_set(err, EM_EOVERFLOW, "spec: %d rows of %d logits do not fit in memory", s->max_width,
-                        s->n_vocab);
-    if (!rc && !(s->logits = em_malloc((size_t)n_logits * sizeof *s->logits, "decode loop logits", err)))
-        rc = EM_ENOMEM;
-    if (!rc && !(s->rows = em_malloc((size_t)s->max_width * sizeof *s->rows, "decode loop rows", err)))
-        rc = EM_ENOMEM;
-    if (!rc && !(s->out = em_malloc((size_t)s->max_width * sizeof *s->out, "decode loop tokens", err)))
-        rc = EM_ENOMEM;
+    s->n_feat = s->drafter ? info->n_feat : 0;
+    rc = alloc_buffers(s, &o, info, err);
     if (!rc && s->tok) rc = em_tok_stream_create(&s->stream, s->tok, EM_TOK_STREAM_SKIP_SPECIAL, err);
     if (rc) {
         em_spec_free(s);
@@ -92,9 +190,15 @@ int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, e
 void em_spec_free(em_spec *s) {
     if (!s) return;
     em_tok_stream_free(s->stream);
+    for (int k = 0; s->dists && k < s->max_width - 1; k++) em_sample_dist_free(&s->dists[k]);
+    free(s->dists);
+    em_spec_ring_free(s->ring);
+    em_spec_accept_free(s->accept);
     free(s->logits);
+    free(s->feats);
     free(s->rows);
     free(s->out);
+    free(s->conf);
     free(s);
 }
 
@@ -116,31 +220,92 @@ static int check_call(const em_spec *s, const int32_t *prompt, int n_prompt, con
     return EM_OK;
 }
 
-/* ---- the step's parts (issue 6 fills in the drafter) ----------------------------------- */
+/* ---- the drafter's side -------------------------------------------------------------------- */
 
-/* Proposes up to max tokens to follow root into drafts; returns how many. No drafter: none. */
-static int draft_block(gen *g, int32_t root, int32_t *drafts, int max) {
-    (void)g, (void)root, (void)drafts, (void)max;
-    return 0;
+/* Extends the drafter's context with the ring's rows up to the target's position. */
+static int sync_drafter(gen *g, em_err *err) {
+    em_spec *s = g->s;
+    em_drafter *d = s->drafter;
+    int64_t want = em_target_position(s->target);
+    while (d->info.n_ctx < want) {
+        int64_t have = d->info.n_ctx;
+        int n = want - have < s->feat_rows ? (int)(want - have) : s->feat_rows;
+        int rc = em_spec_ring_read(s->ring, have, n, s->feats, err);
+        if (!rc) rc = em_draft_add_context(d, s->feats, n, err);
+        if (rc) return em_err_prefix(err, "drafter context at position %lld", (long long)have);
+        if (d->info.n_ctx != have + n)
+            return em_err_set(err, EM_EINVAL, "drafter context: %d rows added at %lld, but it now holds %lld", n,
+                              (long long)have, (long long)d->info.n_ctx);
+    }
+    if (d->info.n_ctx != want)
+        return em_err_set(err, EM_EINVAL, "drafter context holds %lld rows, the target %lld",
+                          (long long)d->info.n_ctx, (long long)want);
+    return EM_OK;
 }
 
-/* Rows to verify: the root and as many drafts as are worth their cost and fit the context. */
-static int choose_width(const gen *g, int n_draft) {
-    const em_target *t = g->s->target;
-    int64_t room = (int64_t)em_target_get_info(t)->n_ctx - em_target_position(t);
-    int64_t width = 1 + (int64_t)n_draft;
-    if (width > g->s->max_width) width = g->s->max_width;
-    return (int)(width < room ? width : room);
+/* The drafter's chooser: slot k's token from its corrected logits. Greedy: the argmax. Else a
+ * draw from the filtered distribution, kept for acceptance. -1 (ends the block) when the
+ * slot has no usable logit. */
+static int32_t choose_draft(void *ud, int k, const float *logits) {
+    gen *g = ud;
+    em_spec *s = g->s;
+    if (k < 0 || k >= s->max_width - 1 || !logits) return -1;
+    if (g->greedy) return em_argmax(logits, s->n_vocab);
+    em_err ignored = { 0 };
+    if (em_sampler_dist(g->sampler, logits, &s->dists[k], &ignored)) return -1;
+    return em_sampler_draw(g->sampler, &s->dists[k]);
 }
 
-/* Given the verified rows (root + width-1 drafts) and their logits, decides how many drafts
- * stand and samples the target's token after them into *next; returns the drafts accepted.
- * Width 1: nothing to accept, the next token is sampled from the root's row. */
-static int accept_rows(gen *g, int width, int32_t *next, em_err *err) {
-    int n_acc = 0; /* greedy/rejection-sampling acceptance of rows 1..width-1 goes here */
-    (void)width;
-    int rc = em_sampler_sample(g->sampler, g->s->logits + (size_t)n_acc * (size_t)g->s->n_vocab, next, err);
-    return rc ? rc : n_acc;
+/* A pass costs the drafter's block plus the target's verify, both at the nominal rates of
+ * compute.h: weighing only the verify would make drafting look free and keep widths narrow
+ * when it is not, and timed costs would make a seeded run's widths, and so its random stream,
+ * depend on the machine's load. */
+typedef struct pass_cost {
+    const em_target *target;
+    double draft_seconds;
+} pass_cost;
+
+static double pass_seconds(void *ud, int n) {
+    const pass_cost *c = ud;
+    return c->draft_seconds + em_target_cost(c->target, n).nominal_seconds;
+}
+
+/* Drafts (into rows 1..) and chooses how many to verify (<= limit - 1); returns K. */
+static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
+    em_spec *s = g->s;
+    em_drafter *d = s->drafter;
+    double t0 = em_time_now();
+    int rc = sync_drafter(g, err);
+    int want = (s->fixed_width ? s->fixed_width : s->max_width) - 1;
+    if (want > limit - 1) want = limit - 1;
+    em_draft_out o = { .tokens = s->rows + 1, .conf_logits = d->info.has_confidence ? s->conf : NULL };
+    if (!rc) rc = em_draft_propose(d, anchor, want, choose_draft, g, &o, err);
+    g->res->draft_seconds += em_time_now() - t0;
+    if (rc) return em_err_prefix(err, "drafter: block after token %d", anchor);
+    if (o.n < 0 || o.n > want)
+        return em_err_set(err, EM_EINVAL, "drafter: %d proposals where at most %d were asked", o.n, want);
+    if (s->fixed_width) return o.n;
+    pass_cost cost = { s->target, d->info.block_seconds };
+    return em_spec_schedule(o.conf_logits, o.n, pass_seconds, &cost);
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+/* How many drafts stand and the token after them (*next), from the verified rows. */
+static int accept_rows(gen *g, int K, int32_t *next, em_err *err) {
+    em_spec *s = g->s;
+    if (!g->greedy) {
+        if (K == 0) {
+            int rc = em_sampler_sample(g->sampler, s->logits, next, err);
+            return rc ? rc : 0;
+        }
+        return em_spec_accept_sample(s->accept, g->sampler, s->logits, s->rows + 1, s->dists, K, next, err);
+    }
+    int acc = em_spec_accept_greedy(s->logits, s->n_vocab, s->rows + 1, K, next);
+    const float *row = s->logits + (size_t)acc * (size_t)s->n_vocab;
+    if (*next < 0 || row[*next] == -INFINITY)
+        return em_err_set(err, EM_EINVAL, "decode: verified row %d has no usable logit (all NaN or -inf)", acc);
+    return acc;
 }
 
 /* Hands one token to the caller; ends the call on end of generation, n_max or a stop. */
@@ -168,49 +333,76 @@ static int emit(gen *g, int32_t id, em_err *err) {
     return EM_OK;
 }
 
-/* One pass of the target: root (+ drafts) in, the accepted tokens and the next root out. */
-static int step(gen *g, int32_t *root, em_err *err) {
+/* One pass of the target: anchor (+ drafts) in, the accepted tokens and the next anchor out. */
+static int step(gen *g, int32_t *anchor, em_err *err) {
     em_spec *s = g->s;
-    int n_draft = draft_block(g, *root, s->rows + 1, s->max_width - 1);
-    int width = choose_width(g, n_draft);
-    if (width < 1) { /* the context is full: nothing more can be verified */
+    int64_t pos = em_target_position(s->target);
+    int64_t limit = (int64_t)em_target_get_info(s->target)->n_ctx - pos; /* rows that fit */
+    if (limit < 1) { /* the context is full: nothing more can be verified */
         g->res->finish = EM_SPEC_LENGTH;
         g->done = true;
         return EM_OK;
     }
-    s->rows[0] = *root;
-    em_rows rows = { .logits = s->logits };
-    int rc = em_target_verify(s->target, s->rows, width, &rows, err);
+    int64_t wanted = (int64_t)g->p->n_max - g->res->n_gen; /* a pass emits at most its width */
+    if (limit > wanted) limit = wanted;
+    if (limit > s->max_width) limit = s->max_width;
+    int K = s->drafter && limit > 1 ? draft_block(g, *anchor, (int)limit, err) : 0;
+    if (K < 0) return K;
+
+    s->rows[0] = *anchor;
+    em_rows rows = { .logits = s->logits, .features = s->drafter ? s->feats : NULL };
+    int rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
     if (rc) return rc;
     int32_t next;
-    int n_acc = accept_rows(g, width, &next, err);
+    int n_acc = accept_rows(g, K, &next, err);
     if (n_acc < 0) return n_acc;
     rc = em_target_commit(s->target, 1 + n_acc, err);
+    if (!rc && s->drafter) rc = em_spec_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
     if (rc) return rc;
-    g->res->drafted += (uint64_t)(width - 1);
+
+    g->rows_verified += (uint64_t)(K + 1);
+    g->res->drafted += (uint64_t)K;
     g->res->accepted += (uint64_t)n_acc;
+    g->res->accept_hist[n_acc]++;
     memcpy(s->out, s->rows + 1, (size_t)n_acc * sizeof *s->out);
     s->out[n_acc] = next;
     for (int i = 0; i <= n_acc && !g->done; i++) {
         rc = emit(g, s->out[i], err);
         if (rc) return rc;
     }
-    *root = next;
+    *anchor = next;
     return EM_OK;
+}
+
+/* The prompt in chunks: the last chunk's last row of logits, every row's features. */
+static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
+    em_spec *s = g->s;
+    for (int r0 = 0; r0 < n_prompt; r0 += PREFILL_CHUNK) {
+        int m = n_prompt - r0 < PREFILL_CHUNK ? n_prompt - r0 : PREFILL_CHUNK;
+        em_rows rows = { .logits = r0 + m == n_prompt ? s->logits : NULL, .last_only = true,
+                         .features = s->drafter ? s->feats : NULL };
+        int rc = em_target_prefill(s->target, prompt + r0, m, &rows, err);
+        if (!rc && s->drafter) rc = em_spec_ring_push(s->ring, r0, s->feats, m, err);
+        if (rc) return rc;
+    }
+    if (!s->drafter) return EM_OK;
+    double t0 = em_time_now();
+    int rc = sync_drafter(g, err);
+    g->res->draft_seconds += em_time_now() - t0;
+    return rc;
 }
 
 static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     em_spec *s = g->s;
     double t0 = em_time_now();
-    em_rows last = { .logits = s->logits, .last_only = true };
-    int rc = em_target_prefill(s->target, prompt, n_prompt, &last, err);
+    int rc = prefill(g, prompt, n_prompt, err);
     double t1 = em_time_now();
     g->res->prompt_seconds = t1 - t0;
     if (rc) return rc;
-    int32_t root;
-    rc = em_sampler_sample(g->sampler, s->logits, &root, err);
-    if (!rc) rc = emit(g, root, err);
-    while (!rc && !g->done) rc = step(g, &root, err);
+    int32_t anchor;
+    rc = em_sampler_sample(g->sampler, s->logits, &anchor, err);
+    if (!rc) rc = emit(g, anchor, err);
+    while (!rc && !g->done) rc = step(g, &anchor, err);
     g->res->gen_seconds = em_time_now() - t1;
     return rc;
 }
@@ -223,7 +415,7 @@ int em_spec_generate(em_spec *s, const int32_t *prompt, int n_prompt, const em_s
     res->n_prompt = n_prompt;
     int rc = check_call(s, prompt, n_prompt, p, err);
     if (rc) return rc;
-    gen g = { .s = s, .p = p, .on_token = on_token, .ud = ud, .res = res };
+    gen g = { .s = s, .p = p, .on_token = on_token, .ud = ud, .res = res, .greedy = p->sampling.temperature <= 0 };
     rc = em_sampler_create(&g.sampler, &p->sampling, s->n_vocab, err);
     if (rc) return em_err_prefix(err, "generate");
 
@@ -231,6 +423,10 @@ int em_spec_generate(em_spec *s, const int32_t *prompt, int n_prompt, const em_s
     size_t n;
     if (s->stream) em_tok_stream_flush(s->stream, &bytes, &n); /* drop what an aborted call left */
     em_target_reset(s->target);
+    if (s->drafter) {
+        em_draft_reset(s->drafter);
+        em_spec_ring_reset(s->ring);
+    }
     em_target_stats before = s->target->stats;
 
     rc = run(&g, prompt, n_prompt, err);
@@ -240,6 +436,7 @@ int em_spec_generate(em_spec *s, const int32_t *prompt, int n_prompt, const em_s
     res->fast_commits = after->fast_commits - before.fast_commits;
     res->full_replays = after->full_replays - before.full_replays;
     res->failed_fallbacks = after->failed_fallbacks - before.failed_fallbacks;
+    res->mean_verify_width = res->passes ? (double)g.rows_verified / (double)res->passes : 0.0;
     if (!rc && s->stream) {
         em_tok_stream_flush(s->stream, &bytes, &n);
         if (n && on_token) on_token(ud, -1, bytes, n);

@@ -1,15 +1,22 @@
 /* spec/: the ONE decode loop (draft -> schedule -> verify -> accept -> commit) over any target
- * behind model/model.h. Plain decoding is the same loop with no drafter (verify width 1).
- * The drafter, scheduler and rejection sampling of DSpark/DFlash plug in here (issue 6);
- * callers (ember run, ember serve) see only this header.
+ * behind model/model.h and any drafter behind draft/draft.h. Plain decoding is the same loop
+ * with no drafter (verify width 1). The feature ring (the target's captured features for the
+ * drafter's context), confidence/cost scheduling, greedy acceptance and lossless speculative
+ * rejection sampling live in spec/ (spec_impl.h); callers (ember run, ember serve) see only
+ * this header.
  *
- * A session owns one target's sequence: each em_spec_generate call starts from an empty
- * sequence (target reset), feeds the prompt (prefill), then generates until an
- * end-of-generation token, n_max tokens, a stop request from the callback, or an error. */
+ * A session owns one target's sequence (and borrows the drafter's context): each
+ * em_spec_generate call starts from an empty sequence (target, drafter and ring reset), feeds
+ * the prompt (prefill), then generates until an end-of-generation token, n_max tokens, a stop
+ * request from the callback, a full context, or an error. A pass may commit several tokens;
+ * the callback still sees them one by one and nothing past the token that ends the call.
+ * Greedy speculative output is token-identical to plain greedy output; sampled output has
+ * exactly the target's (filtered) distribution, reproducible per seed. */
 #ifndef EM_SPEC_H
 #define EM_SPEC_H
 
 #include "base/base.h"
+#include "draft/draft.h"
 #include "model/model.h"
 #include "sample/sample.h"
 #include "text/text.h"
@@ -18,8 +25,19 @@ typedef struct em_spec em_spec;
 
 typedef struct em_spec_opts {
     const em_tok *tok;    /* for end-of-generation ids and streamed text; may be NULL */
-    int verify_width;     /* 0: automatic (1 while there is no drafter) */
+    em_drafter *drafter;  /* borrowed; NULL: plain decoding (verify width 1). Its vocabulary
+                             and n_feat must equal the target's (the target opened with the
+                             drafter's taps as feature layers) */
+    int feature_type;     /* storage of the feature ring: EM_TYPE_F32 (0, the default),
+                             EM_TYPE_F16, EM_TYPE_BF16 or EM_TYPE_Q8_0 (quant/quant.h) */
+    int verify_width;     /* rows per target pass, the anchor plus width-1 drafts: 0 chooses
+                             per pass (confidence scheduling with the target's cost; the whole
+                             block without a confidence head); 1..n_drafts+1 (and at most the
+                             target's max_verify) fixes it; > 1 needs a drafter */
 } em_spec_opts;
+
+/* The feature type for a --feature-dtype name (f32, f16, bf16, q8_0); -1 when unknown. */
+int em_spec_feature_type(const char *name);
 
 typedef struct em_spec_params {
     em_sampler_params sampling;
@@ -37,13 +55,19 @@ typedef int (*em_spec_on_token)(void *ud, int32_t token, const char *bytes, size
 
 enum em_spec_finish { EM_SPEC_EOG = 0, EM_SPEC_LENGTH, EM_SPEC_STOPPED };
 
+#define EM_SPEC_MAX_WIDTH (EM_DRAFT_MAX_BLOCK + 1) /* rows one verify may take */
+
 typedef struct em_spec_result {
     int n_prompt, n_gen;
     enum em_spec_finish finish;
     double prompt_seconds, gen_seconds;
     /* speculation counters (zero drafted while plain) */
-    uint64_t passes, drafted, accepted;
+    uint64_t passes, drafted, accepted;  /* target verifies; drafts verified; drafts accepted */
     uint64_t fast_commits, full_replays, failed_fallbacks;
+    uint64_t accept_hist[EM_SPEC_MAX_WIDTH]; /* [i]: passes that accepted i drafts */
+    double mean_verify_width;  /* rows per verify (1 while plain; 0 without a pass) */
+    double draft_seconds;      /* in the drafter (context extension + proposals), part of the
+                                  prompt and generation times */
 } em_spec_result;
 
 int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, em_err *err);

@@ -1518,7 +1518,8 @@ static void usage(void) {
           "       compat_llama_ref make-llama-test BINS DIR [--writer ggml|ember] [--split-bytes N]\n"
           "       compat_llama_ref argmax OUT.f32 --n-vocab V\n"
           "       compat_llama_ref compare A.f32 B.f32 --n-vocab V [--rows R] [--tol T]\n"
-          "model options: --threads N, --flash-attn on|off|auto (off), --kv-type f32|f16 (f32),\n"
+          "model options: --threads N, --flash-attn on|off|auto (off; bench: auto),\n"
+          "               --kv-type f32|f16 (f32; bench: f16),\n"
           "               --no-repack, -v\n"
           "LIST: 1,2,3 or @FILE\n",
           stderr);

@@ -6,6 +6,10 @@
  *     random bytes (scale fields finite, plus some inf/NaN), and em_quantize against
  *     ggml_quantize_chunk (no importance matrix) on many kinds of rows (Q8_K: against
  *     quantize_row_q8_K_ref / dequantize_row_q8_K).
+ *   - the IQ types (read only in Ember): em_dequantize against to_float on many random blocks
+ *     (enough that every grid entry and sign pattern is drawn) and on data ggml quantized
+ *     itself (with a uniform importance matrix where ggml requires one; finite rows only,
+ *     and fewer shapes: ggml's IQ quantizers are slow).
  * Prints one line per check with PASS/FAIL; on a mismatch, the first differing block with
  * its bytes. Exit status 0 when everything matches, 1 on any mismatch, 2 when the library
  * cannot be used. Deterministic: fixed seeds. */
@@ -234,10 +238,31 @@ static bool compare_dequant(const type_case *tc, const uint8_t *bytes, int64_t n
     return ok;
 }
 
+/* ggml_quantize_requires_imatrix(): the types ggml_quantize_chunk asserts an imatrix for. */
+static bool needs_imatrix(int type) {
+    return type == GGML_TYPE_IQ2_XXS || type == GGML_TYPE_IQ2_XS || type == GGML_TYPE_IQ1_S;
+}
+
+static bool is_iq(int type) {
+    switch (type) {
+    case GGML_TYPE_IQ2_XXS: case GGML_TYPE_IQ2_XS: case GGML_TYPE_IQ2_S: case GGML_TYPE_IQ3_XXS:
+    case GGML_TYPE_IQ3_S: case GGML_TYPE_IQ1_S: case GGML_TYPE_IQ1_M: case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS: return true;
+    default: return false;
+    }
+}
+
 static void ggml_quantize_rows(checker *c, const type_case *tc, const float *x, void *dst,
                                int64_t rows, int64_t per_row) {
     if (tc->ggml_can_quantize) {
-        c->lib.ggml_quantize_chunk(tc->type, x, dst, 0, rows, per_row, NULL);
+        float *imatrix = NULL; /* uniform, where ggml refuses to quantize without one */
+        if (needs_imatrix(tc->type)) {
+            imatrix = malloc((size_t)per_row * sizeof *imatrix);
+            if (!imatrix) abort();
+            for (int64_t i = 0; i < per_row; i++) imatrix[i] = 1.0f;
+        }
+        c->lib.ggml_quantize_chunk(tc->type, x, dst, 0, rows, per_row, imatrix);
+        free(imatrix);
     } else {
         /* Q8_K: the reference row quantizer leaves bsums unwritten for all-zero blocks */
         memset(dst, 0, (size_t)(rows * per_row / tc->block_elems * tc->block_bytes));
@@ -305,6 +330,9 @@ static const int *half_fields(int type) {
                      q3k[] = { 108, -1 }, q6k[] = { 208, -1 }, none[] = { -1 };
     switch (type) {
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return d0;
+    case GGML_TYPE_IQ2_XXS: case GGML_TYPE_IQ2_XS: case GGML_TYPE_IQ2_S: case GGML_TYPE_IQ3_XXS:
+    case GGML_TYPE_IQ3_S: case GGML_TYPE_IQ1_S: case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ4_XS:
+        return d0; /* IQ1_M's d is spread over nibbles: see check_random_bytes */
     case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
         return d0m2;
     case GGML_TYPE_Q2_K: return q2k;
@@ -316,7 +344,9 @@ static const int *half_fields(int type) {
 
 /* Random block bytes with controlled scale fields, through both dequantizers. */
 static bool check_random_bytes(const type_case *tc, bool wild) {
-    const int64_t nblocks = 4096 / tc->block_elems + 64;
+    /* IQ types: 2048 blocks, 16K+ grid lookups each way, so every entry of the largest grid
+     * (IQ1_S's 2048) is drawn with near certainty */
+    const int64_t nblocks = is_iq(tc->type) ? 2048 : 4096 / tc->block_elems + 64;
     const size_t bytes = (size_t)(nblocks * tc->block_bytes);
     uint8_t *p = malloc(bytes);
     if (!p) return false;
@@ -336,6 +366,18 @@ static bool check_random_bytes(const type_case *tc, bool wild) {
             memcpy(blk, &u, 4);
         }
     }
+    /* IQ1_M: the fp16 d is the top nibbles of the four u16 scale words; its exponent's top
+     * bit is bit 14 of the last word (byte 55, bit 6). Clear it (finite d), or in wild mode
+     * set the whole exponent (bits 10..14: byte 53 bits 6-7, byte 55 bits 4-6) in 1 of 16. */
+    if (tc->type == GGML_TYPE_IQ1_M)
+        for (int64_t b = 0; b < nblocks; b++) {
+            uint8_t *blk = p + b * tc->block_bytes;
+            blk[55] &= (uint8_t)~0x40;
+            if (wild && rng_next(&s) % 16 == 0) {
+                blk[53] |= 0xc0;
+                blk[55] |= 0x70;
+            }
+        }
     if (tc->type == GGML_TYPE_MXFP4) /* every scale byte, 0 and 1 (subnormal scales) too */
         for (int64_t b = 0; b < nblocks; b++) p[b * tc->block_bytes] = (uint8_t)b;
     const bool ok = compare_dequant(tc, p, nblocks * tc->block_elems,
@@ -361,7 +403,9 @@ static void check_type(checker *c, int type) {
 
     bool deq_ok = true, quant_ok = true, rand_ok = true;
     const int unit = info->block_elems == 1 ? 32 : info->block_elems;
-    for (int sh = 0; sh < N_SHAPES; sh++) {
+    /* IQ types: the four smaller shapes, finite data (ggml's IQ searches assert on NaN) */
+    const int n_shapes = is_iq(type) ? N_SHAPES - 1 : N_SHAPES;
+    for (int sh = 0; sh < n_shapes; sh++) {
         const int64_t rows = shapes[sh][0], per_row = (int64_t)shapes[sh][1] * unit;
         float *x = malloc((size_t)(rows * per_row) * sizeof *x);
         if (!x) {
@@ -369,6 +413,7 @@ static void check_type(checker *c, int type) {
             break;
         }
         for (int kind = 0; kind < DATA_COUNT; kind++) {
+            if (is_iq(type) && kind == DATA_NONFINITE) continue;
             char label[64];
             snprintf(label, sizeof label, "%s rows", data_names[kind]);
             fill_rows(x, rows * per_row, kind, (uint64_t)(sh * 1000 + type));
@@ -381,7 +426,7 @@ static void check_type(checker *c, int type) {
         rand_ok = check_random_bytes(&tc, false) && check_random_bytes(&tc, true);
 
     const bool can_quant = info->from_float != NULL;
-    printf("%-6s dequant(ggml data) %s  dequant(random bytes) %s  quantize %s\n", info->name,
+    printf("%-8s dequant(ggml data) %s  dequant(random bytes) %s  quantize %s\n", info->name,
            !tc.ggml_to_float ? "n/a " : deq_ok ? "PASS" : "FAIL",
            !tc.ggml_to_float || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 ? "n/a "
            : rand_ok ? "PASS" : "FAIL",
@@ -435,6 +480,8 @@ int main(int argc, char **argv) {
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
         GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4, GGML_TYPE_Q2_K,
         GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K,
+        GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S, GGML_TYPE_IQ2_S,
+        GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M,
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (types[i] == GGML_TYPE_Q8_K && (!c.q8_K_quantize || !c.q8_K_dequantize)) {

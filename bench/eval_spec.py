@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""bench/eval_spec.py: the speculative-decoding eval of the default model pair (driven by
+bench/eval_spec.sh; standard library only).
+
+For each prompt set (HumanEval: the raw prompt, code completion; MT-Bench: the first turn in
+Kimi's chat format, --chat) and each temperature (greedy, and 0.7 with no top-k/top-p/min-p
+filter), every prompt runs `ember run --json` three ways, interleaved so machine load hits all
+three alike: plain (--draft none), speculative with the confidence/cost scheduler (the default,
+--verify-width 0) and speculative at --verify-width 8 (the whole 7-draft block every pass).
+Reported per set and temperature:
+  - tau: tokens committed per target pass, summed over prompts (sum(passes + accepted) /
+    sum(passes));
+  - per-position acceptance from the summed accept_hist (hist[i]: passes that accepted i
+    drafts): position k's rate is S(k) / S(k-1), S(k) = passes that accepted at least k drafts.
+    At width 8 every pass verifies 7 drafts (bar passes cut short by the token budget), so this
+    is the conditional acceptance of draft k given drafts 1..k-1 were accepted; under the
+    scheduler, passes that verified fewer than k drafts also count as rejections (a lower bound);
+  - generation tok/s (ember's tok_per_s: tokens after the first over the time after the
+    prompt), median over prompts, plain vs speculative, and the ratio of the medians;
+  - at greedy: whether every speculative run's tokens equal the plain run's (exit status 1 when
+    any differ).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODES = [
+    ("plain", ["--draft", "none"]),
+    ("spec", []),
+    ("w8", ["--verify-width", "8"]),
+]
+
+
+def load_prompts(path, limit):
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r["prompt"] for r in rows[:limit]]
+
+
+def run_one(args, prompt_file, chat, temp, seed, extra):
+    cmd = [args.ember, "run", "-f", prompt_file, "-n", str(args.n), "--threads", str(args.threads),
+           "--json", "--temp", str(temp), "--seed", str(seed)]
+    if temp > 0:
+        cmd += ["--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    if chat:
+        cmd.append("--chat")
+    cmd += args.model_args + extra
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if p.returncode != 0:
+        sys.exit("failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stderr.decode(errors="replace")))
+    last = p.stdout.decode("utf-8", errors="replace").rstrip("\n").rsplit("\n", 1)[-1]
+    return json.loads(last)
+
+
+def survival_rates(hist, width):
+    """Per-position acceptance S(k)/S(k-1), k = 1..width-1, from an accept histogram."""
+    s = [sum(hist[k:]) for k in range(len(hist) + 1)]
+    rates = []
+    for k in range(1, width):
+        prev = s[k - 1] if k - 1 < len(s) else 0
+        cur = s[k] if k < len(s) else 0
+        rates.append(cur / prev if prev else float("nan"))
+    return rates
+
+
+def summarize(results, mode):
+    passes = sum(r["spec"]["passes"] for r in results[mode])
+    accepted = sum(r["spec"]["accepted"] for r in results[mode])
+    drafted = sum(r["spec"]["drafted"] for r in results[mode])
+    hist = [0] * 9
+    for r in results[mode]:
+        for i, c in enumerate(r["spec"]["accept_hist"]):
+            hist[i] += c
+    rates = [r["tok_per_s"] for r in results[mode] if r["n_gen"] > 1]
+    return {
+        "tau": (passes + accepted) / passes if passes else float("nan"),
+        "accepted": accepted,
+        "drafted": drafted,
+        "hist": hist,
+        "pos": survival_rates(hist, 8),
+        "tok_s": statistics.median(rates) if rates else float("nan"),
+        "n_gen": sum(r["n_gen"] for r in results[mode]),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ember", default=os.environ.get("EMBER_BIN", "build/ember"))
+    ap.add_argument("--eval-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval"))
+    ap.add_argument("-n", type=int, default=128, help="tokens generated per prompt (default 128)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=64, help="prompts per set (default 64)")
+    ap.add_argument("--temps", default="0,0.7")
+    ap.add_argument("--sets", default="humaneval,mt_bench")
+    ap.add_argument("--json-out", help="also write every run's JSON summary here")
+    ap.add_argument("model_args", nargs="*", help="after --: -m TARGET --draft DRAFT (default: the default pair)")
+    args = ap.parse_args()
+    sets = {"humaneval": ("humaneval_64.jsonl", False), "mt_bench": ("mt_bench_64.jsonl", True)}
+    temps = [float(t) for t in args.temps.split(",")]
+    all_rows, identical_ok, dump = [], True, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.sets.split(","):
+            fname, chat = sets[name]
+            prompts = load_prompts(os.path.join(args.eval_dir, fname), args.limit)
+            files = []
+            for i, text in enumerate(prompts):
+                path = os.path.join(tmp, "%s_%d.txt" % (name, i))
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+                files.append(path)
+            for temp in temps:
+                results = {m: [] for m, _ in MODES}
+                for i, path in enumerate(files):
+                    for mode, extra in MODES:
+                        results[mode].append(run_one(args, path, chat, temp, i + 1, extra))
+                    print("\r%s T=%g: %d/%d" % (name, temp, i + 1, len(files)), end="", file=sys.stderr, flush=True)
+                print(file=sys.stderr)
+                row = {"set": name, "temp": temp, "n_prompts": len(files)}
+                for mode, _ in MODES:
+                    row[mode] = summarize(results, mode)
+                if temp == 0:
+                    for mode in ("spec", "w8"):
+                        same = sum(a["tokens"] == b["tokens"] for a, b in zip(results["plain"], results[mode]))
+                        row["identical_" + mode] = same
+                        identical_ok &= same == len(files)
+                all_rows.append(row)
+                dump.append({"set": name, "temp": temp, "runs": results})
+                print("%s T=%g: tau spec %.2f, w8 %.2f; tok/s plain %.0f, spec %.0f, w8 %.0f%s" % (
+                    name, temp, row["spec"]["tau"], row["w8"]["tau"], row["plain"]["tok_s"], row["spec"]["tok_s"],
+                    row["w8"]["tok_s"], "; greedy identical %d/%d, %d/%d" % (
+                        row["identical_spec"], len(files), row["identical_w8"], len(files)) if temp == 0 else ""),
+                      file=sys.stderr, flush=True)
+    print_tables(all_rows, args)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(dump, f)
+    if not identical_ok:
+        print("FAIL: speculative greedy tokens differ from plain greedy tokens", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_tables(rows, args):
+    print("\n%d tokens per prompt, %d threads; tok/s = median over prompts of generation tok/s; "
+          "spec = confidence/cost scheduler (default), w8 = --verify-width 8\n" % (args.n, args.threads))
+    print("| set | temp | prompts | tau spec | tau w8 | accepted/drafted spec | accepted/drafted w8 "
+          "| tok/s plain | tok/s spec | spec/plain | tok/s w8 | w8/plain | greedy identical (spec, w8) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        p, s, w = r["plain"], r["spec"], r["w8"]
+        ident = ("%d/%d, %d/%d" % (r["identical_spec"], r["n_prompts"], r["identical_w8"], r["n_prompts"])
+                 if "identical_spec" in r else "n/a (sampled)")
+        print("| %s | %g | %d | %.2f | %.2f | %d/%d | %d/%d | %.0f | %.0f | %.2fx | %.0f | %.2fx | %s |" % (
+            r["set"], r["temp"], r["n_prompts"], s["tau"], w["tau"], s["accepted"], s["drafted"], w["accepted"],
+            w["drafted"], p["tok_s"], s["tok_s"], s["tok_s"] / p["tok_s"], w["tok_s"], w["tok_s"] / p["tok_s"],
+            ident))
+    print("\nPer-position acceptance, S(k)/S(k-1) from the summed accept_hist (w8: conditional acceptance "
+          "of draft k; spec: a lower bound, narrower verifies count as rejections)\n")
+    print("| set | temp | mode | k=1 | k=2 | k=3 | k=4 | k=5 | k=6 | k=7 | accept_hist 0..7 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for mode in ("w8", "spec"):
+            m = r[mode]
+            print("| %s | %g | %s | %s | %s |" % (r["set"], r["temp"], mode, " | ".join("%.2f" % x for x in m["pos"]),
+                                                  " ".join(str(c) for c in m["hist"][:8])))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+/* draft/draft.c: the drafter interface's front door. Owns the argument checks every
+ * operation gets before it reaches an implementation (so implementations may assume sane
+ * pointers, counts and token ids) and the dispatch of em_draft_open to the DSpark/DFlash
+ * loader. Must not know any implementation's internals. */
+#include "draft/draft_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+
+int em_draft_open(em_drafter **out, const char *draft_path, const char *target_path,
+                  const em_draft_opts *opts, em_err *err) {
+    if (!out) return em_err_set(err, EM_EINVAL, "em_draft_open: out is NULL");
+    *out = NULL;
+    if (!draft_path || !*draft_path)
+        return em_err_set(err, EM_EINVAL, "em_draft_open: no drafter file given");
+    if (!target_path || !*target_path)
+        return em_err_set(err, EM_EINVAL, "em_draft_open: drafter %s: no target file given", draft_path);
+    em_draft_opts o = opts ? *opts : (em_draft_opts){ 0 };
+    if (o.n_threads < 0 || o.n_threads > 1024)
+        return em_err_set(err, EM_EINVAL, "em_draft_open: %d threads (want 0..1024)", o.n_threads);
+    if (o.n_ctx < 0)
+        return em_err_set(err, EM_EINVAL, "em_draft_open: context size %d is negative", o.n_ctx);
+    if (o.n_threads == 0) o.n_threads = em_cpu_count();
+    if (o.n_ctx == 0) o.n_ctx = EM_DRAFT_DEFAULT_CTX;
+    return em_dspark_open(out, draft_path, target_path, &o, err);
+}
+
+int em_draft_add_context(em_drafter *d, const float *feats, int n, em_err *err) {
+    if (!d) return em_err_set(err, EM_EINVAL, "em_draft_add_context: drafter is NULL");
+    if (n < 0) return em_err_set(err, EM_EINVAL, "em_draft_add_context: %d rows is negative", n);
+    if (n == 0) return EM_OK;
+    if (!feats) return em_err_set(err, EM_EINVAL, "em_draft_add_context: %d rows but no features", n);
+    /* a NaN or infinity would spread through fc into every later block without a trace */
+    const int64_t total = (int64_t)n * d->info.n_feat;
+    for (int64_t i = 0; i < total; i++)
+        if (!isfinite(feats[i]))
+            return em_err_set(err, EM_EINVAL, "em_draft_add_context: row %lld value %lld is not finite (%g)",
+                              (long long)(i / d->info.n_feat), (long long)(i % d->info.n_feat),
+                              (double)feats[i]);
+    return d->ops->add_context(d, feats, n, err);
+}
+
+int em_draft_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose choose, void *ud,
+                     em_draft_out *out, em_err *err) {
+    if (!d) return em_err_set(err, EM_EINVAL, "em_draft_propose: drafter is NULL");
+    if (!out) return em_err_set(err, EM_EINVAL, "em_draft_propose: out is NULL");
+    out->n = 0;
+    if (!out->tokens) return em_err_set(err, EM_EINVAL, "em_draft_propose: out->tokens is NULL");
+    if (!choose) return em_err_set(err, EM_EINVAL, "em_draft_propose: no chooser given");
+    if (n_max < 1)
+        return em_err_set(err, EM_EINVAL, "em_draft_propose: n_max %d (want >= 1)", n_max);
+    if (anchor < 0 || anchor >= d->info.n_vocab)
+        return em_err_set(err, EM_EINVAL, "em_draft_propose: anchor token %d is outside the vocabulary [0, %d)",
+                          (int)anchor, d->info.n_vocab);
+    return d->ops->propose(d, anchor, n_max, choose, ud, out, err);
+}
+
+void em_draft_reset(em_drafter *d) {
+    if (d) d->ops->reset(d);
+}
+
+void em_draft_close(em_drafter *d) {
+    if (d) d->ops->close(d);
+}
+
+const em_draft_info *em_draft_get_info(const em_drafter *d) { return d ? &d->info : NULL; }

@@ -1,0 +1,13 @@
+/* draft/ internals shared by its files (not part of the interface). */
+#ifndef EM_DRAFT_IMPL_H
+#define EM_DRAFT_IMPL_H
+
+#include "draft/draft.h"
+
+#define EM_DRAFT_DEFAULT_CTX 4096
+
+/* The DSpark/DFlash drafter (dspark.c). opts is complete (no zeros left to default). */
+int em_dspark_open(em_drafter **out, const char *draft_path, const char *target_path,
+                   const em_draft_opts *opts, em_err *err);
+
+#endif

@@ -1,0 +1,69 @@
+/* The DSpark/DFlash drafter's state, shared by its loader (dspark_load.c) and its forward
+ * pass (dspark.c). Matrices are em_mat views into the mapped GGUFs (the drafter's, and the
+ * target's for a borrowed embedding or LM head); vectors are f32 copies in `store`. */
+#ifndef EM_DSPARK_IMPL_H
+#define EM_DSPARK_IMPL_H
+
+#include "compute/compute.h"
+#include "draft/draft_impl.h"
+#include "format/gguf.h"
+
+enum { DSP_MARKOV_NONE = 0, DSP_MARKOV_VANILLA, DSP_MARKOV_GATED, DSP_MARKOV_RNN };
+
+/* Rows one add_context pass handles at once (longer inputs go in chunks). */
+#define DSP_CHUNK 32
+
+typedef struct dsp_layer {
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    const float *bq, *bk, *bv; /* NULL without attention bias */
+    em_mat wq, wk, wv, wo, gate, up, down;
+} dsp_layer;
+
+typedef struct dsp_hparams {
+    int d, n_layer, n_head, n_kv, hd, ff;
+    int vocab;     /* target vocabulary (Markov W1 rows, proposal ids) */
+    int dvocab;    /* LM head rows (== vocab unless a d2t table maps them) */
+    int rank;      /* Markov rank, 0: none */
+    int markov;    /* DSP_MARKOV_* */
+    int block;     /* B */
+    int slot0;     /* first slot that is a draft: 0 DSpark (anchor-as-first), 1 DFlash */
+    bool causal;   /* in-block attention causal (false for published drafters) */
+    bool conf, conf_markov;
+    float eps, softcap;
+    int32_t mask_id;
+    int rope_dims;
+    int target_embd, target_layers;
+} dsp_hparams;
+
+typedef struct dspark {
+    em_drafter base;
+    char *path, *target_path;
+    em_gguf *g, *tg; /* tg is kept open only while its tensors are borrowed */
+    em_pool *pool;
+    em_arena *store;
+    dsp_hparams hp;
+    em_rope rope;
+
+    em_mat fc, embd, head, w1, w2, gate_w, joint_w;
+    const float *hidden_norm, *out_norm, *gate_b, *joint_b, *conf_w, *conf_t;
+    float conf_b;
+    int32_t *d2t; /* [dvocab] target ids, or NULL */
+    dsp_layer *layers;
+
+    int64_t cap;  /* context rows the cache holds */
+    float *kc, *vc; /* [n_layer][cap][n_kv * hd] */
+
+    /* scratch, sized at open (rows = max(DSP_CHUNK, B)) */
+    float *h, *xn, *q, *k, *v, *att, *fg, *fu, *o, *base_logits, *bias, *row;
+    float *cs, *sn;          /* [rows][rope_dims / 2] */
+    float *scores;           /* [n_threads][cap + B] */
+    float *e, *state, *zin, *zout, *tmp;
+    void *act;
+    uint64_t act_bytes;
+} dspark;
+
+int dsp_load(dspark *s, const char *draft_path, const char *target_path, const em_draft_opts *o,
+             em_err *err);
+void dsp_unload(dspark *s);
+
+#endif

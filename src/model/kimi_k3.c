@@ -1,0 +1,111 @@
+/* The parts of the kimi-k3 architecture that kimi-linear lacks, used by the shared Kimi code
+ * (kimi.c, moe.c) when the hyperparameters switch them on (kimi-linear leaves them off and
+ * its path stays untouched):
+ *   - the SiTU MLP activation (compute/ em_situ) in every dense, shared and routed MLP;
+ *   - latent MoE: the routed experts run on routed_down x (width n_latent); their weighted
+ *     sum is RMSNormed (routed_norm, optional) and mapped back by routed_up; the router and
+ *     the shared experts see the full-width x (moe.c calls in / out around its expert loop);
+ *   - block attention residuals (AttnRes), as llama.cpp's kimi-k3 graph computes them: the
+ *     raw residual stream entering layer l is banked when l % block == 0 (after that layer's
+ *     attention input was mixed), and then the stream restarts from the attention output
+ *     alone; every layer half (and the output) reads
+ *        mix = sum_j p_j r_j + p_x x,  p = softmax_j(sum_d RMSNorm(r_j)_d w_d)   (r_j raw)
+ *     over the banked r_j and the current stream x (x itself while the bank is empty).
+ * Invariants: the bank lives in the step arena and holds rows of one step only (AttnRes mixes
+ * across layers, never across positions, so nothing of it is sequence state); each row is
+ * mixed on its own, so results never depend on the other rows of a batch. */
+#include "model/kimi_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+void kimi_glu(const kimi_hparams *hp, const float *gate, const float *up, int64_t n, float *y) {
+    if (hp->situ) em_situ(gate, up, hp->situ_beta, hp->situ_lin_beta, n, y);
+    else em_swiglu(gate, up, n, y);
+}
+
+/* ---- latent MoE --------------------------------------------------------------------------- */
+
+int kimi_latent_in(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
+                   const float **xr, float **yr, em_pool *pool, em_arena *arena, em_err *err) {
+    if (w->routed_down.rows == 0) {
+        *xr = h;
+        *yr = y;
+        return EM_OK;
+    }
+    const int64_t lat = w->routed_down.rows;
+    float *x = kimi_falloc(arena, (uint64_t)n * (uint64_t)lat, "latent expert input rows", err);
+    float *s = kimi_falloc(arena, (uint64_t)n * (uint64_t)lat, "latent expert sum rows", err);
+    if (!x || !s) return EM_ENOMEM;
+    kimi_acts ha;
+    kimi_acts_init(&ha, h, hp->n_embd, hp->n_embd, n);
+    int rc = kimi_mm(&ha, &w->routed_down, x, lat, pool, arena, err);
+    if (rc) return em_err_prefix(err, "routed_down");
+    memset(s, 0, (size_t)n * (size_t)lat * sizeof(float));
+    *xr = x;
+    *yr = s;
+    return EM_OK;
+}
+
+int kimi_latent_out(const kimi_hparams *hp, const kimi_ffn_w *w, int n, float *yr, float *y,
+                    em_pool *pool, em_arena *arena, em_err *err) {
+    if (w->routed_down.rows == 0) return EM_OK;
+    const int64_t lat = w->routed_down.rows;
+    if (w->routed_norm)
+        for (int t = 0; t < n; t++) em_rmsnorm(yr + t * lat, w->routed_norm, hp->rms_eps, lat, yr + t * lat);
+    kimi_acts sa;
+    kimi_acts_init(&sa, yr, lat, lat, n);
+    int rc = kimi_mm(&sa, &w->routed_up, y, hp->n_embd, pool, arena, err);
+    return rc ? em_err_prefix(err, "routed_up") : EM_OK;
+}
+
+/* ---- block attention residuals ------------------------------------------------------------ */
+
+int kimi_res_init(kimi_resbank *b, const kimi_hparams *hp, int n, em_arena *arena, em_err *err) {
+    *b = (kimi_resbank){ .block = hp->res_block, .n = n, .E = hp->n_embd, .eps = hp->rms_eps };
+    if (hp->res_block <= 0) return EM_OK;
+    const uint64_t max_banks = ((uint64_t)hp->n_layer + (uint64_t)hp->res_block - 1) / (uint64_t)hp->res_block;
+    b->rows = kimi_falloc(arena, max_banks * (uint64_t)n * (uint64_t)b->E, "AttnRes bank", err);
+    b->mix = kimi_falloc(arena, (uint64_t)n * (uint64_t)b->E, "AttnRes mixed rows", err);
+    b->p = kimi_falloc(arena, max_banks + 1, "AttnRes weights", err);
+    return b->rows && b->mix && b->p ? EM_OK : EM_ENOMEM;
+}
+
+/* sum_d RMSNorm(r)_d w_d: the norm's scale rounded to fp32 once (as the normed row would
+ * carry it), the dot in double. */
+static float res_score(const float *r, const float *w, int64_t E, float eps) {
+    double ss = 0.0, dot = 0.0;
+    for (int64_t d = 0; d < E; d++) {
+        ss += (double)r[d] * r[d];
+        dot += (double)r[d] * w[d];
+    }
+    const float scale = (float)(1.0 / sqrt(ss / (double)E + (double)eps));
+    return (float)(dot * scale);
+}
+
+const float *kimi_res_input(kimi_resbank *b, const float *x, const float *w, int r0, int m) {
+    const int64_t E = b->E;
+    if (b->block <= 0 || b->n_bank == 0 || !w) return x + (int64_t)r0 * E;
+    const int nb = b->n_bank;
+    const int64_t ld = (int64_t)b->n * E; /* floats between banks */
+    for (int t = r0; t < r0 + m; t++) {
+        const float *cur = x + (int64_t)t * E;
+        for (int j = 0; j < nb; j++) b->p[j] = res_score(b->rows + j * ld + (int64_t)t * E, w, E, b->eps);
+        b->p[nb] = res_score(cur, w, E, b->eps);
+        em_softmax(b->p, nb + 1);
+        float *out = b->mix + (int64_t)t * E;
+        for (int64_t d = 0; d < E; d++) {
+            float acc = 0.0f;
+            for (int j = 0; j < nb; j++) acc += b->p[j] * b->rows[j * ld + (int64_t)t * E + d];
+            out[d] = acc + b->p[nb] * cur[d];
+        }
+    }
+    return b->mix + (int64_t)r0 * E;
+}
+
+bool kimi_res_push(kimi_resbank *b, int l, const float *x) {
+    if (b->block <= 0 || l % b->block != 0) return false;
+    memcpy(b->rows + (int64_t)b->n_bank * b->n * b->E, x, (size_t)b->n * (size_t)b->E * sizeof(float));
+    b->n_bank++;
+    return true;
+}

@@ -1,0 +1,76 @@
+/* spec/ internals: the parts the decode loop (loop.c) is built from, each in its own file and
+ * unit-tested on its own (tests/test_spec.c):
+ *
+ *   ring.c      the feature ring: captured target features of committed positions, stored as
+ *               F32 / F16 / BF16 / Q8_0, read back as f32 for the drafter's context
+ *   schedule.c  how many drafts to verify: confidence survival against the target's cost
+ *   accept.c    greedy acceptance and lossless speculative rejection sampling
+ *
+ * Callers outside spec/ use spec.h only. */
+#ifndef EM_SPEC_IMPL_H
+#define EM_SPEC_IMPL_H
+
+#include "base/base.h"
+#include "sample/sample.h"
+
+/* ---- feature ring (ring.c) --------------------------------------------------------------- */
+
+/* Rows of n_feat floats for positions [end - held, end), held <= cap, in slot pos % cap.
+ * Rows are appended in position order (push at end) and read back as f32; rows older than
+ * cap positions are overwritten. Q8_0 rows are padded with zeros to whole 32-value blocks. */
+typedef struct em_spec_ring em_spec_ring;
+
+/* type: EM_TYPE_F32, EM_TYPE_F16, EM_TYPE_BF16 or EM_TYPE_Q8_0 (quant/quant.h). */
+int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_err *err);
+void em_spec_ring_free(em_spec_ring *r); /* NULL-safe */
+/* Empty again, next push at position 0. */
+void em_spec_ring_reset(em_spec_ring *r);
+/* Position after the last row pushed. */
+int64_t em_spec_ring_end(const em_spec_ring *r);
+/* Appends n rows (rows [n][n_feat]) for positions end .. end+n-1; pos must equal end.
+ * n may exceed cap: only the last cap rows stay. */
+int em_spec_ring_push(em_spec_ring *r, int64_t pos, const float *rows, int n, em_err *err);
+/* Reads the rows of positions pos .. pos+n-1 (all still held) as f32 into out [n][n_feat]. */
+int em_spec_ring_read(em_spec_ring *r, int64_t pos, int n, float *out, em_err *err);
+/* Bytes one stored row takes. */
+size_t em_spec_ring_row_bytes(const em_spec_ring *r);
+
+/* ---- scheduling (schedule.c) ------------------------------------------------------------- */
+
+/* Seconds one verify of n rows costs (n >= 1); <= 0 or non-finite: unknown. */
+typedef double (*em_spec_cost_fn)(void *ud, int n_rows);
+
+/* How many of n drafts to verify, given each slot's confidence logit z[k] (sigma(z[k]) is the
+ * chance that draft k stands given that drafts < k did). With the survival a_j =
+ * prod_{i<j} sigma(z[i]), verifying j drafts commits E(j) = 1 + a_1 + .. + a_j tokens on
+ * average for cost(j + 1). Walks j = 1, 2, .. and keeps draft j only while E(j)/cost(j+1)
+ * beats the best so far, stopping at the first that does not: whether draft j is verified
+ * depends only on the drafts before it (non-anticipating, so rejection sampling stays
+ * lossless). z NULL (no confidence head) or an unknown cost: all n. NaN z counts as 0. */
+int em_spec_schedule(const float *z, int n, em_spec_cost_fn cost, void *ud);
+
+/* ---- acceptance (accept.c) --------------------------------------------------------------- */
+
+/* Greedy: logits holds the K+1 verified rows ([K+1][n_vocab], row i after the i-th verified
+ * token), drafts the K drafts (draft k is checked against row k-1). Returns how many drafts
+ * stand (the longest prefix with draft k == argmax(row k-1)) and puts argmax(row acc) in
+ * *next. */
+int em_spec_accept_greedy(const float *logits, int32_t n_vocab, const int32_t *drafts, int K, int32_t *next);
+
+/* Scratch of speculative rejection sampling (sized for a vocabulary at create). */
+typedef struct em_spec_accept em_spec_accept;
+
+int em_spec_accept_create(em_spec_accept **out, int32_t n_vocab, em_err *err);
+void em_spec_accept_free(em_spec_accept *a); /* NULL-safe */
+
+/* Sampling (temperature > 0): draft k was drawn from draft_dist[k-1], the filtered draft
+ * distribution em_sampler_dist gave with the same sampler (so the same temperature and
+ * filters as the target's rows). Draft k stands with probability min(1, p_t(d)/p_d(d)),
+ * p_t = em_sampler_dist(row k-1); at the first rejection the replacement is drawn from
+ * normalize(max(0, p_t - p_d)) (p_t itself if that is empty through rounding); when all K
+ * stand the bonus token is drawn from row K. Randomness: the sampler's stream. Returns the
+ * drafts accepted (>= 0) with the token after them in *next, or a negative EM_E*. */
+int em_spec_accept_sample(em_spec_accept *a, em_sampler *s, const float *logits, const int32_t *drafts,
+                          const em_sample_dist *draft_dist, int K, int32_t *next, em_err *err);
+
+#endif

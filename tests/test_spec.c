@@ -1464,6 +1464,35 @@ static void test_spec_dspark_fixtures(void **state) {
     }
 }
 
+/* A prompt of several prefill chunks: the drafter catches up after each chunk (the ring holds
+ * only one chunk), and the speculative output still equals plain decoding. */
+static void test_spec_long_prompt(void **state) {
+    (void)state;
+    NEED_MODEL();
+    char path[600];
+    if (em_test_convert_fixture(getenv("EMBER_BIN"), "dspark_deepspec", "f32", path, sizeof path))
+        fail_msg("converting dspark_deepspec");
+    em_drafter *d;
+    OK(em_draft_open(&d, path, g_model, &(em_draft_opts){ .n_threads = 1 }, E));
+    const em_draft_info *di = em_draft_get_info(d);
+    em_target *t;
+    OK(em_model_open(&t, g_model, &(em_model_opts){ .n_threads = 1, .feature_layers = di->taps,
+                                                     .n_feature_layers = di->n_taps }, E));
+    enum { N_LONG = 300 }; /* over two chunks of 128 */
+    int32_t prompt[N_LONG];
+    uint64_t rng = 77;
+    for (int j = 0; j < N_LONG; j++) prompt[j] = (int32_t)(em_test_rand(&rng) % 470);
+    collect ref = { 0 }, c = { 0 };
+    plain_greedy(g_t, prompt, N_LONG, GEN_N, &ref);
+    em_spec_params p = greedy(GEN_N);
+    em_spec_result r = gen_with(t, d, 0, EM_TYPE_Q8_0, prompt, N_LONG, &p, &c);
+    assert_int_equal(r.n_prompt, N_LONG);
+    assert_memory_equal(c.ids, ref.ids, sizeof c.ids);
+    assert_true(r.drafted > 0);
+    em_target_close(t);
+    em_draft_close(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_chain),  cmocka_unit_test(test_sampling),
@@ -1474,7 +1503,7 @@ int main(void) {
         cmocka_unit_test(test_spec_greedy_identity), cmocka_unit_test(test_spec_widths_and_dtypes),
         cmocka_unit_test(test_spec_stops),    cmocka_unit_test(test_spec_commit_state),
         cmocka_unit_test(test_spec_lossless), cmocka_unit_test(test_spec_bad_input),
-        cmocka_unit_test(test_spec_dspark_fixtures),
+        cmocka_unit_test(test_spec_dspark_fixtures), cmocka_unit_test(test_spec_long_prompt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

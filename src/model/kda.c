@@ -210,21 +210,24 @@ size_t em_kda_state_floats(const em_kda_dims *d) {
 int em_kda_state_init(em_kda_state *s, const em_kda_dims *d, em_err *err) {
     if (!s) return em_err_set(err, EM_EINVAL, "kda: state is NULL");
     s->conv = s->S = NULL;
+    s->mem = NULL;
     int rc = em_kda_dims_check(d, err);
     if (rc) return rc;
-    /* S first so it is 64-byte aligned; conv (possibly empty) after it. */
+    /* S first so it is 64-byte aligned; conv (possibly empty) after it. calloc, not memset:
+     * a large zeroed block comes as fresh pages, so a model with many big states (Kimi-K3:
+     * 69 of 6 MiB) opens without touching them. */
     size_t n = s_floats(d) + conv_floats(d);
-    float *mem = em_aligned_alloc(64, n * sizeof(float), "kda state", err);
-    if (!mem) return EM_ENOMEM;
-    memset(mem, 0, n * sizeof(float));
-    s->S = mem;
-    s->conv = mem + s_floats(d);
+    s->mem = em_calloc(1, n * sizeof(float) + 63, "kda state", err);
+    if (!s->mem) return EM_ENOMEM;
+    s->S = (float *)(((uintptr_t)s->mem + 63) & ~(uintptr_t)63);
+    s->conv = s->S + s_floats(d);
     return EM_OK;
 }
 
 void em_kda_state_free(em_kda_state *s) {
     if (!s) return;
-    free(s->S); /* the one allocation starts at S */
+    free(s->mem);
+    s->mem = NULL;
     s->S = s->conv = NULL;
 }
 

@@ -61,6 +61,7 @@ typedef struct em_kda_params {
 typedef struct em_kda_state {
     float *conv; /* [3][d_conv-1][d_inner]: last pre-conv inputs of q, k, v; oldest first */
     float *S;    /* [n_head][head_dim (key)][head_dim (value)] fp32 */
+    void *mem;   /* the one allocation holding both (S 64-byte aligned inside it) */
 } em_kda_state;
 
 /* EM_EINVAL naming the field when dims are unusable (n_head outside 1..65536, head_dim

@@ -14,8 +14,9 @@
  * Invariants: every buffer is sized at create from the target's and drafter's info (nothing
  * is allocated per step; the sampler is made once per generate call because its parameters
  * come with the call). Before each step the target holds exactly the prompt and the emitted
- * tokens before the anchor, the ring holds their features, and the drafter's context reaches
- * the target's position once synced. Each pass verifies at most min(max width, context room,
+ * tokens before the anchor, the ring holds the features of the rows committed since the
+ * drafter last caught up (it catches up after every prefill chunk and every commit), and the
+ * drafter's context reaches the target's position once synced. Each pass verifies at most min(max width, context room,
  * tokens still wanted) rows, so nothing past n_max is computed; end-of-generation tokens
  * (unless ignore_eog) end the call inside a block: they and anything after them are not
  * passed to the callback nor counted. Bytes the stream still holds back at the end come in
@@ -136,7 +137,7 @@ static int alloc_array(void **p, uint64_t count, size_t size, const char *what, 
     return *p ? EM_OK : EM_ENOMEM;
 }
 
-static int alloc_buffers(em_spec *s, const em_spec_opts *o, const em_target_info *ti, em_err *err) {
+static int alloc_buffers(em_spec *s, const em_spec_opts *o, em_err *err) {
     int n_slots = s->max_width - 1;
     int rc = alloc_array((void **)&s->logits, (uint64_t)s->max_width * (uint64_t)s->n_vocab, sizeof(float),
                          "decode loop logits", err);
@@ -149,7 +150,9 @@ static int alloc_buffers(em_spec *s, const em_spec_opts *o, const em_target_info
     if (!rc) rc = alloc_array((void **)&s->conf, (uint64_t)n_slots, sizeof(float), "draft confidences", err);
     if (!rc && !(s->dists = em_calloc((size_t)n_slots, sizeof *s->dists, "draft distributions", err))) rc = EM_ENOMEM;
     for (int k = 0; !rc && k < n_slots; k++) rc = em_sample_dist_init(&s->dists[k], s->n_vocab, err);
-    if (!rc) rc = em_spec_ring_create(&s->ring, s->n_feat, ti->n_ctx, o->feature_type, err);
+    /* the drafter catches up after every prefill chunk and every commit, so the ring needs to
+     * hold only one of either (not the context: 190 MB of F32 for a real Kimi drafter) */
+    if (!rc) rc = em_spec_ring_create(&s->ring, s->n_feat, s->feat_rows, o->feature_type, err);
     if (!rc) rc = em_spec_accept_create(&s->accept, s->n_vocab, err);
     return rc;
 }
@@ -177,7 +180,7 @@ int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, e
     s->max_width = max_width;
     s->n_vocab = info->n_vocab;
     s->n_feat = s->drafter ? info->n_feat : 0;
-    rc = alloc_buffers(s, &o, info, err);
+    rc = alloc_buffers(s, &o, err);
     if (!rc && s->tok) rc = em_tok_stream_create(&s->stream, s->tok, EM_TOK_STREAM_SKIP_SPECIAL, err);
     if (rc) {
         em_spec_free(s);
@@ -383,13 +386,14 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
                          .features = s->drafter ? s->feats : NULL };
         int rc = em_target_prefill(s->target, prompt + r0, m, &rows, err);
         if (!rc && s->drafter) rc = em_spec_ring_push(s->ring, r0, s->feats, m, err);
+        if (!rc && s->drafter) {
+            double t0 = em_time_now();
+            rc = sync_drafter(g, err);
+            g->res->draft_seconds += em_time_now() - t0;
+        }
         if (rc) return rc;
     }
-    if (!s->drafter) return EM_OK;
-    double t0 = em_time_now();
-    int rc = sync_drafter(g, err);
-    g->res->draft_seconds += em_time_now() - t0;
-    return rc;
+    return EM_OK;
 }
 
 static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {

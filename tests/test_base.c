@@ -67,6 +67,29 @@ static void pool_task(void *ctxp, int task, int thread) {
     if (thread < 0 || thread >= c->n_threads) atomic_fetch_add(&c->threads_seen, 1000000);
 }
 
+/* Many short runs back to back, alternating two contexts and small task counts: every task of
+ * every run runs exactly once, with its own run's function and context, before em_pool_run
+ * returns (a worker that wakes late must not take a task of a run that has ended). */
+static void test_pool_stress(void **state) {
+    (void)state;
+    static pool_ctx c[2];
+    for (int nt = 2; nt <= 3; nt++) {
+        em_pool *p;
+        assert_int_equal(em_pool_create(&p, nt, NULL), EM_OK);
+        for (int r = 0; r < 20000; r++) {
+            pool_ctx *x = &c[r & 1];
+            const int n = 2 + r % 5;
+            for (int i = 0; i < 8; i++) atomic_store(&x->hits[i], 0);
+            x->n_threads = nt;
+            em_pool_run(p, n, pool_task, x);
+            for (int i = 0; i < 8; i++)
+                if (atomic_load(&x->hits[i]) != (i < n)) fail_msg("run %d (%d tasks, %d threads): task %d ran %d times", r, n, nt, i, atomic_load(&x->hits[i]));
+        }
+        em_pool_free(p);
+        for (int k = 0; k < 2; k++) assert_int_equal(atomic_load(&c[k].threads_seen), 0);
+    }
+}
+
 static void test_pool(void **state) {
     (void)state;
     for (int nt = 1; nt <= 4; nt++) {
@@ -260,7 +283,7 @@ static void test_half(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_err_messages), cmocka_unit_test(test_arena),
-        cmocka_unit_test(test_pool),         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_pool),         cmocka_unit_test(test_pool_stress),         cmocka_unit_test(test_files),
         cmocka_unit_test(test_sha256),       cmocka_unit_test(test_parse),
         cmocka_unit_test(test_half),
     };

@@ -5,8 +5,16 @@
  *
  * Decoding runs the pool once per layer per token, so the hand-off must be cheap: workers and
  * the caller first spin briefly on atomics (a run usually follows within microseconds) and
- * only then sleep on a condition variable. Invariant: `generation` and `running` are only
- * waited on under `mu` after a re-check, so no wake-up is lost. */
+ * only then sleep on a condition variable.
+ *
+ * A run ends when its tasks are done, not when every worker has checked in: on a busy
+ * machine a descheduled worker would otherwise stall each of the hundreds of runs of a decode
+ * step for a scheduler time slice while the caller had long finished the work alone. Tasks
+ * are claimed from one word holding (run id << 32 | next task); a worker that wakes late
+ * holds a stale run id, its claim fails, and it goes back to waiting. Invariants: the run's
+ * fn / ctx / n_tasks are written before the claim word publishes the run and are read only
+ * after a successful claim (the run cannot end while a claimed task is unfinished); waits
+ * re-check their condition under `mu`, so no wake-up is lost. */
 #include "base.h"
 
 #include <pthread.h>
@@ -20,13 +28,13 @@ struct em_pool {
     pthread_mutex_t mu;
     pthread_cond_t start_cv, done_cv;
     atomic_uint_fast64_t generation; /* bumped for each run; workers wait for a new value */
-    atomic_int running;              /* workers still busy in the current run */
     atomic_bool stop;
     /* the current run */
     em_pool_fn fn;
     void *ctx;
-    int n_tasks;
-    atomic_int next_task;
+    atomic_int n_tasks;
+    _Atomic uint64_t claim; /* (run id << 32) | next task index */
+    atomic_int done;        /* tasks of the current run finished */
 };
 
 typedef struct worker_arg {
@@ -34,11 +42,34 @@ typedef struct worker_arg {
     int id;
 } worker_arg;
 
-static void drain_tasks(em_pool *p, int thread) {
+/* Takes the next task of run `run`; false when the run is over or another one started. */
+static bool claim_task(em_pool *p, uint32_t run, int *task) {
+    uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) return;
+        /* n_tasks may already belong to a newer run; the claim then fails on its run id
+         * (em_pool_run closes the word before it changes n_tasks: acquire here pairs with
+         * that release, so the CAS below sees the closed word) */
+        if ((uint32_t)(v >> 32) != run ||
+            (int64_t)(uint32_t)v >= atomic_load_explicit(&p->n_tasks, memory_order_acquire))
+            return false;
+        if (atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *task = (int)(uint32_t)v;
+            return true;
+        }
+    }
+}
+
+static void drain_tasks(em_pool *p, uint32_t run, int thread) {
+    int t;
+    while (claim_task(p, run, &t)) {
+        int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
         p->fn(p->ctx, t, thread);
+        if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == n) {
+            pthread_mutex_lock(&p->mu); /* the caller may be asleep in em_pool_run */
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -80,12 +111,7 @@ static void *worker_main(void *argp) {
     for (;;) {
         seen = wait_for_run(p, seen);
         if (atomic_load(&p->stop)) break;
-        drain_tasks(p, arg.id);
-        if (atomic_fetch_sub_explicit(&p->running, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu); /* the caller may be asleep in em_pool_run */
-            pthread_cond_signal(&p->done_cv);
-            pthread_mutex_unlock(&p->mu);
-        }
+        drain_tasks(p, (uint32_t)seen, arg.id);
     }
     return NULL;
 }
@@ -146,18 +172,23 @@ void em_pool_run(em_pool *p, int n_tasks, em_pool_fn fn, void *ctx) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
+    /* First close the claim word to every earlier run (the new id with no task left): a
+     * worker that read the new n_tasks below then fails its claim instead of taking task
+     * n_old of the old run with this run's fn. */
+    uint64_t run = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->claim, (uint64_t)(uint32_t)run << 32 | UINT32_MAX, memory_order_relaxed);
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store(&p->next_task, 0);
-    atomic_store(&p->running, p->n_threads - 1);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
+    atomic_store_explicit(&p->claim, (uint64_t)(uint32_t)run << 32, memory_order_release);
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->generation, run, memory_order_release);
     pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
-    drain_tasks(p, 0);
+    drain_tasks(p, (uint32_t)run, 0);
     double deadline = 0;
-    for (unsigned i = 0; atomic_load_explicit(&p->running, memory_order_acquire) > 0; i++) {
+    for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
         if ((i & 63) == 63) {
             double now = em_time_now();
             if (deadline == 0) deadline = now + SPIN_SECONDS;
@@ -166,6 +197,6 @@ void em_pool_run(em_pool *p, int n_tasks, em_pool_fn fn, void *ctx) {
         cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
-    while (atomic_load(&p->running) > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }

@@ -107,14 +107,15 @@ static void test_matmul(void **state) {
 /* Q8_0 shapes for the register-tiled path (AVX-512 CPUs): row counts that leave a single
  * weight row after the pairs, activation counts that leave 1..3 after the fours, and widths
  * whose block count is not a multiple of 4 (the tail goes to the AVX2 dot kernel: 96 is
- * only tail, 160 one step and a block, 416 three steps and a block). The outputs must equal
+ * only tail, 160 one step and a block, 416 three steps and a block; 2176 is wider than the
+ * activation-major form takes). The outputs must equal
  * the dot kernel pair by pair, bit for bit (check_matmul). */
 static void test_matmul_q8_0_tiles(void **state) {
     (void)state;
     em_pool *pool;
     assert_int_equal(em_pool_create(&pool, 2, NULL), 0);
     static const int64_t shapes[][3] = { { 5, 96, 6 },  { 9, 160, 5 },  { 3, 32, 9 },  { 33, 416, 19 },
-                                         { 2, 128, 2 }, { 1, 128, 7 }, { 67, 2048, 33 } };
+                                         { 2, 128, 2 }, { 1, 128, 7 }, { 67, 2048, 33 }, { 3, 2176, 10 } };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         check_matmul(NULL, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
         check_matmul(pool, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
@@ -391,8 +392,87 @@ static void test_axpy(void **state) {
     }
 }
 
+/* Attention rows (em_dot_rows, em_weighted_rows) against their documented arithmetic, spelled
+ * out here in plain C: the same floats on every ISA, whatever the length (tails of 1..15
+ * values, rows shorter than a vector) and row count (groups of four and their remainders),
+ * with rows strided in a wider buffer; and nothing written past m scores / n outputs. */
+static float lane_dot(const float *x, const float *q, int64_t n) {
+    float acc[16];
+    for (int l = 0; l < 16; l++) acc[l] = 0.0f;
+    for (int64_t k = 0; k < n; k += 16)
+        for (int l = 0; l < 16; l++) acc[l] = k + l < n ? fmaf(x[k + l], q[k + l], acc[l]) : fmaf(0.0f, 0.0f, acc[l]);
+    float s8[8], s4[4], s2[2];
+    for (int l = 0; l < 8; l++) s8[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
+    for (int l = 0; l < 2; l++) s2[l] = s4[l] + s4[l + 2];
+    return s2[0] + s2[1];
+}
+
+static void test_attention_rows(void **state) {
+    (void)state;
+    static const int64_t widths[] = { 1, 15, 16, 17, 64, 128, 130, 160, 300 };
+    static const int64_t counts[] = { 1, 3, 4, 5, 9, 130 };
+    for (size_t a = 0; a < sizeof widths / sizeof widths[0]; a++)
+        for (size_t b = 0; b < sizeof counts / sizeof counts[0]; b++) {
+            const int64_t n = widths[a], m = counts[b], ld = n + 7;
+            float *x = rand_floats(m * ld, 2.0f), *q = rand_floats(n, 1.5f), *p = rand_floats(m, 0.5f);
+            float *s = malloc((size_t)(m + 4) * sizeof *s), *y = malloc((size_t)(n + 4) * sizeof *y);
+            assert_true(s && y);
+            for (int64_t i = 0; i < m + 4; i++) s[i] = -7.0f;
+            for (int64_t i = 0; i < n + 4; i++) y[i] = -7.0f;
+            em_dot_rows(x, ld, m, q, n, 0.125f, s);
+            for (int64_t u = 0; u < m; u++) {
+                const float want = lane_dot(x + u * ld, q, n) * 0.125f;
+                assert_memory_equal(&s[u], &want, sizeof want);
+            }
+            for (int64_t i = m; i < m + 4; i++) assert_true(s[i] == -7.0f);
+            em_weighted_rows(p, x, ld, m, n, y);
+            for (int64_t i = 0; i < n; i++) {
+                float want = 0.0f;
+                for (int64_t u = 0; u < m; u++) want = fmaf(p[u], x[u * ld + i], want);
+                assert_memory_equal(&y[i], &want, sizeof want);
+            }
+            for (int64_t i = n; i < n + 4; i++) assert_true(y[i] == -7.0f);
+            free(x), free(q), free(p), free(s), free(y);
+        }
+}
+
+/* em_expf_poly within 3 ulp of exp over the range softmax feeds it (and its edges), and
+ * em_softmax_poly (vectorized on AVX-512) equal, bit for bit, to its definition through the
+ * scalar em_expf_poly, for lengths with and without a vector tail. */
+static void test_softmax_poly(void **state) {
+    (void)state;
+    for (int i = 0; i <= 20000; i++) {
+        const float x = -110.0f + 200.0f * (float)i / 20000.0f;
+        const double want = exp((double)x);
+        const float got = em_expf_poly(x);
+        if (x < -103.0f) assert_true(got == 0.0f);
+        else if (x > 88.7228394f) assert_true(isinf(got));
+        else if (want >= 1.17549435e-38) assert_true(fabs(got - want) <= 3.0 * (double)nextafterf((float)want, INFINITY) - 3.0 * want + 1e-300);
+        else assert_true(fabs(got - want) <= 1.5e-45);
+    }
+    assert_true(em_expf_poly(0.0f) == 1.0f);
+    assert_true(isnan(em_expf_poly(NAN)));
+    static const int64_t lens[] = { 1, 5, 16, 17, 100, 513 };
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        const int64_t n = lens[k];
+        float *x = rand_floats(n, 30.0f), *want = malloc((size_t)n * sizeof *want);
+        assert_true(want);
+        float mx = x[0];
+        for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += want[i] = em_expf_poly(x[i] - mx);
+        for (int64_t i = 0; i < n; i++) want[i] *= (float)(1.0 / sum);
+        em_softmax_poly(x, n);
+        assert_memory_equal(x, want, (size_t)n * sizeof *x);
+        free(x), free(want);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_softmax_poly),
+        cmocka_unit_test(test_attention_rows),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_q8_0_tiles),
         cmocka_unit_test(test_act_q8_0_bytes),

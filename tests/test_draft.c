@@ -16,7 +16,9 @@
  *  - calibration temperatures (dflash.confidence_temperatures): conf_logits are z / T.
  *  - Q8_0 conversion: sanity bound only (printed).
  *  - context bookkeeping: adding the rows in pieces or at once, reset, n_max, early stop,
- *    NULL logits, a full cache.
+ *    NULL logits, a full cache; cached Markov biases give the floats a fresh drafter computes;
+ *    the keep callback (asked with each slot's confidence before its choice) ends the block
+ *    where it says no, and the slots made are the floats of a whole block.
  *  - bad input: a drafter whose hidden size, vocabulary or taps do not fit the target fails at
  *    open naming both files and the mismatch; broken files; every argument check.
  */
@@ -191,6 +193,20 @@ static int32_t choose_replay(void *ud, int k, const float *logits) {
     if (r->stop_at == k) return -1;
     if (r->bad) return r->bad;
     return r->tokens ? r->tokens[k] : r->argmax[k];
+}
+
+/* A keep callback that says no at slot stop_at, logging what it was asked. */
+typedef struct keep_log {
+    int stop_at, calls;
+    int k[EM_DRAFT_MAX_BLOCK];
+    float z[EM_DRAFT_MAX_BLOCK];
+} keep_log;
+
+static bool keep_until(void *ud, int k, float z) {
+    keep_log *kl = ud;
+    kl->k[kl->calls] = k;
+    kl->z[kl->calls++] = z;
+    return k < kl->stop_at;
 }
 
 /* ---- comparisons ------------------------------------------------------------------------- */
@@ -483,6 +499,45 @@ static void test_context_and_choice(void **state) {
     assert_int_equal(out.n, 3);
     assert_int_equal(r.calls, 3);
     assert_memory_equal(logits3, logits_all, sizeof logits3);
+
+    /* the first propose above made every Markov bias (vanilla: cached by token); a fresh
+     * drafter makes them again, and its logits are the same floats */
+    {
+        em_drafter *fresh = open_ok(draft_path[2][0], target_f32, 0);
+        float logits_fresh[7 * VOCAB];
+        OK(em_draft_add_context(fresh, c.feats, c.anchor_pos, E));
+        r = (replay){ .tokens = c.tokens, .stop_at = -1 };
+        out = (em_draft_out){ .tokens = toks, .logits = logits_fresh };
+        OK(em_draft_propose(fresh, c.anchor, 7, choose_replay, &r, &out, E));
+        assert_memory_equal(logits_fresh, logits_all, sizeof logits_fresh);
+        em_draft_close(fresh);
+    }
+
+    /* keep: asked slot by slot with the slot's confidence before its choice; a no ends the
+     * block there. The slots made are the same floats as in a whole block, wherever the stop
+     * falls (the LM head is computed in pieces that follow the recent stops) */
+    float conf_all[7];
+    r = (replay){ .tokens = c.tokens, .stop_at = -1 };
+    out = (em_draft_out){ .tokens = toks, .conf_logits = conf_all };
+    OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+    static const int stops[] = { 3, 0, 1, 6, 7, 2, 2, 5, 4, 1, 1, 1, 7, 3 };
+    for (size_t t = 0; t < sizeof stops / sizeof stops[0]; t++) {
+        keep_log kl = { .stop_at = stops[t] };
+        float lg[7 * VOCAB], cf[7];
+        r = (replay){ .tokens = c.tokens, .stop_at = -1 };
+        out = (em_draft_out){ .tokens = toks, .logits = lg, .conf_logits = cf, .keep = keep_until, .keep_ud = &kl };
+        OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+        int made = stops[t] < 7 ? stops[t] : 7;
+        assert_int_equal(out.n, made);
+        assert_int_equal(r.calls, made);
+        assert_int_equal(kl.calls, stops[t] < 7 ? stops[t] + 1 : 7);
+        for (int k = 0; k < kl.calls; k++) {
+            assert_int_equal(kl.k[k], k);
+            assert_memory_equal(&kl.z[k], &conf_all[k], sizeof(float));
+            assert_memory_equal(&cf[k], &conf_all[k], sizeof(float));
+        }
+        if (made) assert_memory_equal(lg, logits_all, (size_t)made * VOCAB * sizeof(float));
+    }
 
     /* the chooser stops the block at slot 2 */
     r = (replay){ .tokens = c.tokens, .stop_at = 2 };

@@ -623,6 +623,47 @@ static void test_schedule(void **state) {
     assert_int_equal(em_spec_schedule(z, 0, curve_cost, &lin), 0);
 }
 
+/* A cost that turns unusable (0) from row `bad_from` on. */
+typedef struct cut_curve {
+    curve c;
+    int bad_from;
+} cut_curve;
+
+static double cut_cost(void *ud, int n) {
+    cut_curve *c = ud;
+    return n >= c->bad_from ? 0.0 : curve_cost(&c->c, n);
+}
+
+/* The walk one draft at a time (what the loop hands the drafter as its keep callback) keeps
+ * exactly the drafts em_spec_schedule keeps, says no from the first it drops on, and the batch
+ * walk over the kept drafts alone keeps them all (so the loop's re-check agrees). */
+static void test_schedule_incremental(void **state) {
+    (void)state;
+    uint64_t rng = 12345;
+    for (int trial = 0; trial < 2000; trial++) {
+        float z[12];
+        int n = 1 + (int)(em_test_rand(&rng) % 12);
+        for (int i = 0; i < n; i++) z[i] = (float)((double)(em_test_rand(&rng) % 2001) / 250.0 - 4.0);
+        if (trial % 50 == 7) z[em_test_rand(&rng) % (uint64_t)n] = NAN;
+        cut_curve cc = { .c = { .fixed = (double)(em_test_rand(&rng) % 100) / 25.0,
+                                .per_row = (double)(em_test_rand(&rng) % 100) / 100.0 },
+                         .bad_from = trial % 3 == 0 ? 2 + (int)(em_test_rand(&rng) % 12) : 1000 };
+        if (trial % 5 == 1) cc.c = (curve){ .step_at = 1 + (int)(em_test_rand(&rng) % 8) };
+        int want = em_spec_schedule(z, n, cut_cost, &cc);
+        em_spec_sched st;
+        em_spec_sched_start(&st, cut_cost, &cc);
+        int kept = 0;
+        while (kept < n && em_spec_sched_keep(&st, z[kept])) kept++;
+        assert_int_equal(kept, want);
+        if (kept < n) assert_false(em_spec_sched_keep(&st, z[kept])); /* stays stopped */
+        assert_int_equal(em_spec_schedule(z, kept, cut_cost, &cc), kept);
+    }
+    /* no cost: every draft */
+    em_spec_sched st;
+    em_spec_sched_start(&st, NULL, NULL);
+    for (int i = 0; i < 40; i++) assert_true(em_spec_sched_keep(&st, -20.0f));
+}
+
 static void test_accept_greedy(void **state) {
     (void)state;
     enum { V = 5 };
@@ -1498,7 +1539,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_chain),  cmocka_unit_test(test_sampling),
         cmocka_unit_test(test_stopping),      cmocka_unit_test(test_context_fills),
         cmocka_unit_test(test_streamed_text), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_ring),          cmocka_unit_test(test_schedule),
+        cmocka_unit_test(test_ring),          cmocka_unit_test(test_schedule), cmocka_unit_test(test_schedule_incremental),
         cmocka_unit_test(test_accept_greedy), cmocka_unit_test(test_accept_sample_unit),
         cmocka_unit_test(test_spec_greedy_identity), cmocka_unit_test(test_spec_widths_and_dtypes),
         cmocka_unit_test(test_spec_stops),    cmocka_unit_test(test_spec_commit_state),

@@ -1,20 +1,29 @@
 /* A fixed pthread pool for data-parallel loops. The calling thread is worker 0, so a pool
- * of n threads starts n-1 OS threads. Tasks are handed out through an atomic counter (cheap
- * dynamic balancing); em_pool_run returns only when every task has finished, so callers
- * may use stack data in ctx. One run at a time per pool (not reentrant).
+ * of n threads starts n-1 OS threads. em_pool_run returns only when every task has finished,
+ * so callers may use stack data in ctx. One run at a time per pool (not reentrant).
  *
- * Decoding runs the pool once per layer per token, so the hand-off must be cheap: workers and
+ * Decoding runs the pool dozens of times per token, so the hand-off must be cheap: workers and
  * the caller first spin briefly on atomics (a run usually follows within microseconds) and
  * only then sleep on a condition variable.
  *
- * A run ends when its tasks are done, not when every worker has checked in: on a busy
- * machine a descheduled worker would otherwise stall each of the hundreds of runs of a decode
- * step for a scheduler time slice while the caller had long finished the work alone. Tasks
- * are claimed from one word holding (run id << 32 | next task); a worker that wakes late
- * holds a stale run id, its claim fails, and it goes back to waiting. Invariants: the run's
- * fn / ctx / n_tasks are written before the claim word publishes the run and are read only
- * after a successful claim (the run cannot end while a claimed task is unfinished); waits
- * re-check their condition under `mu`, so no wake-up is lost. */
+ * Tasks: each thread owns a contiguous share of the task ids, [lo, hi) in one word on its own
+ * cache line; it takes its tasks from the front and, when its share is empty, steals from the
+ * back of the others'. Thread i thus gets the same part of a matrix run after run (its weights
+ * stay in its caches) and claims without moving a shared line between cores, while a
+ * descheduled thread's share is still finished by the others.
+ *
+ * A run ends when its tasks are done, not when every worker has checked in: on a busy machine
+ * a descheduled worker would otherwise stall each run for a scheduler time slice. Invariants:
+ * the run's fn / ctx / n_tasks / done are written before the share words publish the run
+ * (release) and are read only after a successful claim (acquire); a share word only shrinks
+ * during a run and is empty when the run ends, so a claim always takes an unclaimed task of
+ * the run that published the word (a worker that wakes late simply joins the current run, or
+ * finds nothing). The run cannot end while a claimed task is unfinished or not yet counted:
+ * each thread adds its finished tasks to `done` once, after its last failed claim.
+ * The hot path takes no mutex: a thread about to sleep announces it (sleepers /
+ * caller_asleep, seq_cst) and re-checks its condition under `mu`; the other side stores its
+ * news seq_cst and then looks at the announcement, broadcasting / signalling under `mu` only
+ * when someone may be asleep. So no wake-up is lost. */
 #include "base.h"
 
 #include <pthread.h>
@@ -22,19 +31,34 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+/* Padding between groups of fields that different threads write, so that a worker spinning on
+ * the run's publication does not pull in the line the tasks' claims and counts bounce on. */
+#define LINE 64
+
+/* One thread's share of the current run: (hi << 32) | lo, on its own cache line. */
+typedef struct share {
+    _Atomic uint64_t range;
+    char pad[LINE - sizeof(uint64_t)];
+} share;
+
 struct em_pool {
     int n_threads;
     pthread_t *threads;
+    share *shares; /* [n_threads], LINE-aligned */
     pthread_mutex_t mu;
     pthread_cond_t start_cv, done_cv;
+    char pad0[LINE];
+    /* the current run, written by the caller before it bumps generation */
     atomic_uint_fast64_t generation; /* bumped for each run; workers wait for a new value */
     atomic_bool stop;
-    /* the current run */
     em_pool_fn fn;
     void *ctx;
     atomic_int n_tasks;
-    _Atomic uint64_t claim; /* (run id << 32) | next task index */
-    atomic_int done;        /* tasks of the current run finished */
+    atomic_int sleepers;     /* workers asleep (or about to be) on start_cv */
+    char pad1[LINE];
+    atomic_int done;         /* tasks of the current run finished and counted */
+    atomic_bool caller_asleep; /* the caller sleeps (or is about to) on done_cv */
+    char pad2[LINE];
 };
 
 typedef struct worker_arg {
@@ -42,34 +66,55 @@ typedef struct worker_arg {
     int id;
 } worker_arg;
 
-/* Takes the next task of run `run`; false when the run is over or another one started. */
-static bool claim_task(em_pool *p, uint32_t run, int *task) {
-    uint64_t v = atomic_load_explicit(&p->claim, memory_order_acquire);
+/* Takes task lo (front) or hi - 1 (back) of a share; false when it is empty. */
+static bool take(share *sh, bool front, int *task) {
+    uint64_t v = atomic_load_explicit(&sh->range, memory_order_acquire);
     for (;;) {
-        /* n_tasks may already belong to a newer run; the claim then fails on its run id
-         * (em_pool_run closes the word before it changes n_tasks: acquire here pairs with
-         * that release, so the CAS below sees the closed word) */
-        if ((uint32_t)(v >> 32) != run ||
-            (int64_t)(uint32_t)v >= atomic_load_explicit(&p->n_tasks, memory_order_acquire))
-            return false;
-        if (atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel,
+        const uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
+        if (lo >= hi) return false;
+        const uint64_t next = front ? (uint64_t)hi << 32 | (lo + 1) : (uint64_t)(hi - 1) << 32 | lo;
+        if (atomic_compare_exchange_weak_explicit(&sh->range, &v, next, memory_order_acq_rel,
                                                   memory_order_acquire)) {
-            *task = (int)(uint32_t)v;
+            *task = (int)(front ? lo : hi - 1);
             return true;
         }
     }
 }
 
-static void drain_tasks(em_pool *p, uint32_t run, int thread) {
-    int t;
-    while (claim_task(p, run, &t)) {
-        int n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
-        p->fn(p->ctx, t, thread);
-        if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == n) {
-            pthread_mutex_lock(&p->mu); /* the caller may be asleep in em_pool_run */
-            pthread_cond_signal(&p->done_cv);
-            pthread_mutex_unlock(&p->mu);
+/* The next task for `thread`: its own share first, then the others' from the back. */
+static bool claim_task(em_pool *p, int thread, int *task) {
+    if (take(&p->shares[thread], true, task)) return true;
+    for (int k = 1; k < p->n_threads; k++) {
+        int victim = thread + k < p->n_threads ? thread + k : thread + k - p->n_threads;
+        if (take(&p->shares[victim], false, task)) return true;
+    }
+    return false;
+}
+
+/* Runs tasks until none is left, then counts them into done in one addition (one contended
+ * atomic per thread and run, not per task). Until that addition the run cannot end, so fn /
+ * ctx / n_tasks read after the first successful claim stay this run's. The thread whose
+ * addition completes the run wakes the caller if it went to sleep. */
+static void drain_tasks(em_pool *p, int thread) {
+    int t, finished = 0, n = 0;
+    em_pool_fn fn = NULL;
+    void *ctx = NULL;
+    while (claim_task(p, thread, &t)) {
+        if (!fn) {
+            fn = p->fn;
+            ctx = p->ctx;
+            n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
         }
+        fn(ctx, t, thread);
+        finished++;
+    }
+    if (finished == 0) return;
+    /* seq_cst pairs with the caller's store of caller_asleep and its load of done: one of the
+     * two sees the other (no lost wake-up) */
+    if (atomic_fetch_add(&p->done, finished) + finished == n && thread != 0 && atomic_load(&p->caller_asleep)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
     }
 }
 
@@ -83,12 +128,14 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Waits until generation differs from seen (or stop); returns the new generation. */
+/* Waits until generation differs from seen (or stop); returns the new generation. A sleeper
+ * announces itself in `sleepers` (seq_cst, then re-checks generation under mu), so the caller
+ * takes the mutex and broadcasts only when someone may be asleep. */
 static uint64_t wait_for_run(em_pool *p, uint64_t seen) {
     double deadline = 0;
     for (unsigned i = 0;; i++) {
         uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        if (g != seen || atomic_load(&p->stop)) return g;
+        if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) return g;
         if ((i & 63) == 63) {
             double now = em_time_now();
             if (deadline == 0) deadline = now + SPIN_SECONDS;
@@ -97,8 +144,10 @@ static uint64_t wait_for_run(em_pool *p, uint64_t seen) {
         cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
     while (!atomic_load(&p->stop) && atomic_load(&p->generation) == seen)
         pthread_cond_wait(&p->start_cv, &p->mu);
+    atomic_fetch_sub(&p->sleepers, 1);
     pthread_mutex_unlock(&p->mu);
     return atomic_load_explicit(&p->generation, memory_order_acquire);
 }
@@ -111,7 +160,7 @@ static void *worker_main(void *argp) {
     for (;;) {
         seen = wait_for_run(p, seen);
         if (atomic_load(&p->stop)) break;
-        drain_tasks(p, (uint32_t)seen, arg.id);
+        drain_tasks(p, arg.id);
     }
     return NULL;
 }
@@ -128,6 +177,12 @@ int em_pool_create(em_pool **out, int n_threads, em_err *err) {
     em_pool *p = em_calloc(1, sizeof *p, "thread pool", err);
     if (!p) return EM_ENOMEM;
     p->n_threads = n_threads;
+    p->shares = em_aligned_alloc(LINE, (size_t)n_threads * sizeof *p->shares, "thread pool shares", err);
+    if (!p->shares) {
+        free(p);
+        return EM_ENOMEM;
+    }
+    for (int i = 0; i < n_threads; i++) atomic_init(&p->shares[i].range, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
@@ -161,6 +216,7 @@ void em_pool_free(em_pool *p) {
     pthread_cond_destroy(&p->done_cv);
     pthread_mutex_destroy(&p->mu);
     free(p->threads);
+    free(p->shares);
     free(p);
 }
 
@@ -172,21 +228,27 @@ void em_pool_run(em_pool *p, int n_tasks, em_pool_fn fn, void *ctx) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    /* First close the claim word to every earlier run (the new id with no task left): a
-     * worker that read the new n_tasks below then fails its claim instead of taking task
-     * n_old of the old run with this run's fn. */
-    uint64_t run = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
-    atomic_store_explicit(&p->claim, (uint64_t)(uint32_t)run << 32 | UINT32_MAX, memory_order_relaxed);
+    /* Every share is empty (the last run ended), so no claim can succeed until the shares
+     * below publish this run, after its fn / ctx / n_tasks / done. */
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
-    atomic_store_explicit(&p->claim, (uint64_t)(uint32_t)run << 32, memory_order_release);
-    pthread_mutex_lock(&p->mu);
-    atomic_store_explicit(&p->generation, run, memory_order_release);
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-    drain_tasks(p, (uint32_t)run, 0);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    const int T = p->n_threads;
+    for (int i = 0; i < T; i++) {
+        const uint64_t lo = (uint64_t)n_tasks * (uint64_t)i / (uint64_t)T;
+        const uint64_t hi = (uint64_t)n_tasks * (uint64_t)(i + 1) / (uint64_t)T;
+        atomic_store_explicit(&p->shares[i].range, hi << 32 | lo, memory_order_release);
+    }
+    const uint64_t run = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    /* seq_cst store, then load of sleepers: pairs with the sleeper's increment and re-check */
+    atomic_store(&p->generation, run);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->start_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    drain_tasks(p, 0);
     double deadline = 0;
     for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
         if ((i & 63) == 63) {
@@ -196,7 +258,11 @@ void em_pool_run(em_pool *p, int n_tasks, em_pool_fn fn, void *ctx) {
         }
         cpu_relax();
     }
-    pthread_mutex_lock(&p->mu);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_asleep, true);
+        while (atomic_load(&p->done) < n_tasks) pthread_cond_wait(&p->done_cv, &p->mu);
+        atomic_store(&p->caller_asleep, false);
+        pthread_mutex_unlock(&p->mu);
+    }
 }

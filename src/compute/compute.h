@@ -106,8 +106,23 @@ void em_swiglu(const float *gate, const float *up, int64_t n, float *y);
 void em_situ(const float *gate, const float *up, float beta, float lin_beta, int64_t n, float *y);
 /* In place: x = softmax(x) (max-subtracted). n >= 1. */
 void em_softmax(float *x, int64_t n);
+/* In place: x = softmax(x) as em_softmax, but exp is em_expf_poly (below), vectorized: for
+ * long rows (attention scores). n >= 1. */
+void em_softmax_poly(float *x, int64_t n);
+/* exp(x) from a fixed polynomial (max error about 2 ulp; x below -103 gives 0, above 88.7
+ * gives inf): k = nearest(x log2 e), r = x - k ln2 (two-part ln 2, fma), a degree-7 Horner
+ * polynomial of r by fma, times 2^k. The same floats on every ISA. */
+float em_expf_poly(float x);
 /* y += a * x. */
 void em_axpy(float a, const float *x, int64_t n, float *y);
+/* Attention scores: s[u] = scale * (x[u] . q) for the m rows x + u * ldx of n values each.
+ * The sum's order is fixed (16 lanes, lane l = fma chain over x[16k + l] q[16k + l], k
+ * ascending, missing values as fma(0, 0, .); then halves added 16 -> 8 -> 4 -> 2 -> 1), the
+ * same on every ISA, so a score depends only on its row and q. */
+void em_dot_rows(const float *x, int64_t ldx, int64_t m, const float *q, int64_t n, float scale, float *s);
+/* y[i] = sum over u ascending of p[u] * x[u][i] (one fused multiply-add per term, from 0),
+ * rows x + u * ldx, n values; y is overwritten and must not overlap x or p. */
+void em_weighted_rows(const float *p, const float *x, int64_t ldx, int64_t m, int64_t n, float *y);
 
 /* ---- a nominal machine for cost estimates ------------------------------------------------
  * Rates that estimates use when they must not depend on timing: spec/ weighs a drafter's block

@@ -4,7 +4,7 @@
  * a contiguous run of weight rows (long sequential reads of W); inside it, activation rows are
  * taken in tiles so a tile stays in L1/L2 while the task's weight rows stream past it again,
  * and every weight row is read from memory once per call. On AVX-512 CPUs, Q8_0 weights with
- * two or more activation rows go through the register-tiled kernel of matmul_avx512.c and
+ * any number of activation rows go through the register-tiled kernel of matmul_avx512.c and
  * Q8_0 activations are made by its vector quantizer; both give exactly the bytes and floats
  * of the generic path (dot kernel per pair, em_dot_quantize_act), so which path ran never
  * shows in a result. No allocation, no state between calls; y is written only at
@@ -20,12 +20,27 @@
 #define TASKS_PER_THREAD 4
 /* Activation rows per tile: 16 rows of a 4096-wide Q8_0 row are 70 KB. */
 #define ACT_TILE 16
-/* Activation rows from which Q8_0 weights take the register-tiled kernel (matmul_avx512.c). */
+/* Activation rows from which Q8_0 weights take the register-tiled kernel (matmul_avx512.c;
+ * faster than the dot kernel per pair even for one row: it keeps the activation side
+ * precomputed across the weight rows). */
 #ifndef MIN_TILED_ROWS
-#define MIN_TILED_ROWS 2
+#define MIN_TILED_ROWS 1
 #endif
-/* Rows converted per task when preparing activations. */
+/* Rows converted per task when preparing activations: at least PREP_ROWS, and at least
+ * PREP_MIN_FLOATS values (smaller conversions are not worth a pool hand-off). */
 #define PREP_ROWS 8
+#define PREP_MIN_FLOATS (16 * 1024)
+/* Work of a product, in multiply-adds (weight values times the activation rows each weight
+ * row serves). A pool hand-off costs about a microsecond (a few cache lines moving between
+ * cores), about what 30 K of this work takes one core: below MM_PAR_WORK in one call the
+ * whole call runs on the calling thread, and tasks carry at least MM_TASK_WORK each. Which
+ * thread computes an output never changes its value. */
+#ifndef MM_PAR_WORK
+#define MM_PAR_WORK (96u * 1024u)
+#endif
+#ifndef MM_TASK_WORK
+#define MM_TASK_WORK (32u * 1024u)
+#endif
 
 int em_mat_init(em_mat *m, int type, int64_t rows, int64_t cols, const void *data, em_err *err) {
     if (rows < 0 || cols < 0)
@@ -78,19 +93,23 @@ typedef struct prep_job {
     uint8_t *buf;
     uint64_t stride;
     bool fast_q8; /* Q8_0 activations through em_act_q8_0_avx512 (same bytes, faster) */
+    int64_t per;  /* rows per task */
 } prep_job;
 
-static void prep_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const prep_job *job = ctx;
-    int64_t j0 = (int64_t)task * PREP_ROWS;
-    int64_t j1 = j0 + PREP_ROWS < job->n ? j0 + PREP_ROWS : job->n;
+static void prep_rows_task(const prep_job *job, int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; j++) /* shapes were checked by the caller: cannot fail */
         if (job->fast_q8)
             em_act_q8_0_avx512(job->x + j * job->ldx, job->buf + (uint64_t)j * job->stride, job->cols);
         else
             (void)em_dot_quantize_act(job->wtype, job->x + j * job->ldx, job->buf + (uint64_t)j * job->stride,
                                   job->cols, NULL);
+}
+
+static void prep_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const prep_job *job = ctx;
+    int64_t j0 = (int64_t)task * job->per;
+    prep_rows_task(job, j0, j0 + job->per < job->n ? j0 + job->per : job->n);
 }
 
 int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_t cols, int64_t n,
@@ -114,9 +133,12 @@ int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_
     if (rc) return rc;
     prep_job job = { .wtype = wtype, .x = x, .ldx = ldx, .cols = cols, .n = n, .buf = buf, .stride = stride,
                      .fast_q8 = at == EM_TYPE_Q8_0 && em_isa_default() == EM_ISA_AVX512 };
+    job.per = PREP_MIN_FLOATS / (cols > 0 ? cols : 1);
+    if (job.per < PREP_ROWS) job.per = PREP_ROWS;
     if (n > (int64_t)INT_MAX * PREP_ROWS)
         return em_err_set(err, EM_EOVERFLOW, "activations: %lld rows", (long long)n);
-    em_pool_run(pool, (int)((n + PREP_ROWS - 1) / PREP_ROWS), prep_task, &job);
+    if (n <= job.per) prep_rows_task(&job, 0, n);
+    else em_pool_run(pool, (int)((n + job.per - 1) / job.per), prep_task, &job);
     *out = (em_act){ .type = at, .n = n, .cols = cols, .stride = stride, .data = buf };
     return EM_OK;
 }
@@ -135,6 +157,7 @@ typedef struct mm_job {
     int64_t n;
     float *y;
     int64_t ldy;
+    uint64_t work; /* multiply-adds (activation rows counted up to ACT_TILE) */
 } mm_job;
 
 /* Before a weight row is read, touch the start of every 4 KiB page that begins within the
@@ -152,11 +175,8 @@ static inline void prefetch_pages_ahead(const uint8_t *row, uint64_t row_bytes) 
         __builtin_prefetch((const void *)(p * PAGE_SIZE_ASSUMED));
 }
 
-static void mm_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const mm_job *job = ctx;
-    int64_t r0 = (int64_t)task * job->rows_per_task;
-    int64_t r1 = r0 + job->rows_per_task < job->rows ? r0 + job->rows_per_task : job->rows;
+/* Outputs of weight rows [r0, r1) for every activation row. */
+static void mm_task_rows(const mm_job *job, int64_t r0, int64_t r1) {
     for (int64_t j0 = 0; j0 < job->n; j0 += ACT_TILE) {
         int64_t j1 = j0 + ACT_TILE < job->n ? j0 + ACT_TILE : job->n;
         if (job->tail) {
@@ -175,11 +195,31 @@ static void mm_task(void *ctx, int task, int thread) {
     }
 }
 
-static int64_t rows_per_task(int64_t rows, uint64_t task_bytes, int n_threads) {
+static void mm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const mm_job *job = ctx;
+    int64_t r0 = (int64_t)task * job->rows_per_task;
+    mm_task_rows(job, r0, r0 + job->rows_per_task < job->rows ? r0 + job->rows_per_task : job->rows);
+}
+
+/* Saturating product (a work estimate; only compared with thresholds). */
+static uint64_t work_of(uint64_t per_row, int64_t rows) {
+    uint64_t w;
+    return em_mul_overflow(per_row, (uint64_t)rows, &w) ? UINT64_MAX : w;
+}
+
+/* task_bytes: one weight row's bytes times the activation rows it serves; row_work: its
+ * multiply-adds (see MM_PAR_WORK). */
+static int64_t rows_per_task(int64_t rows, uint64_t task_bytes, uint64_t row_work, int n_threads) {
     int64_t per = task_bytes >= TASK_BYTES ? 1 : (int64_t)(TASK_BYTES / (task_bytes ? task_bytes : 1));
     int64_t for_balance = (rows + (int64_t)n_threads * TASKS_PER_THREAD - 1) /
                           ((int64_t)n_threads * TASKS_PER_THREAD);
     if (per > for_balance) per = for_balance;
+    /* but no task below MM_TASK_WORK: at most that many tasks, in equal parts */
+    uint64_t most_tasks = work_of(row_work, rows) / MM_TASK_WORK;
+    if (most_tasks < 1) most_tasks = 1;
+    int64_t for_size = most_tasks >= (uint64_t)rows ? 1 : (rows + (int64_t)most_tasks - 1) / (int64_t)most_tasks;
+    if (per < for_size) per = for_size;
     if (per < 1) per = 1;
     int64_t for_int_tasks = (rows + INT_MAX - 1) / INT_MAX;
     return per > for_int_tasks ? per : for_int_tasks;
@@ -219,8 +259,10 @@ static int mm_setup(em_pool *pool, const em_mat *w, const em_act *act, float *y,
         isa == EM_ISA_AVX512)
         job->tail = em_dot_kernel(w->type, EM_ISA_AVX2, NULL);
     /* a task's cost grows with the activation rows it serves, so fewer weight rows each */
-    uint64_t per_row = w->row_bytes * (uint64_t)(act->n < ACT_TILE ? act->n : ACT_TILE);
-    job->rows_per_task = rows_per_task(w->rows, per_row, em_pool_threads(pool));
+    const uint64_t tile = (uint64_t)(act->n < ACT_TILE ? act->n : ACT_TILE);
+    const uint64_t per_row = w->row_bytes * tile, row_work = (uint64_t)w->cols * tile;
+    job->rows_per_task = rows_per_task(w->rows, per_row, row_work, em_pool_threads(pool));
+    job->work = work_of(row_work, w->rows);
     *n_tasks = (int)((w->rows + job->rows_per_task - 1) / job->rows_per_task);
     return EM_OK;
 }
@@ -237,7 +279,8 @@ int em_matmul_act(em_pool *pool, const em_mat *w, const em_act *act, float *y, i
     int n_tasks, rc = mm_setup(pool, w, act, y, ldy, &job, &n_tasks, err);
     if (rc) return rc;
     if (job.zero) mm_zero(&job);
-    if (n_tasks > 0) em_pool_run(pool, n_tasks, mm_task, &job);
+    if (n_tasks > 0 && job.work < MM_PAR_WORK) mm_task_rows(&job, 0, job.rows);
+    else if (n_tasks > 0) em_pool_run(pool, n_tasks, mm_task, &job);
     return EM_OK;
 }
 
@@ -277,9 +320,17 @@ int em_matmul_multi(em_pool *pool, const em_mm_item *items, int n_items, em_err 
         total += n_tasks;
     }
     m.first[m.n] = (int)total;
-    for (int k = 0; k < m.n; k++)
+    uint64_t work = 0;
+    for (int k = 0; k < m.n; k++) {
         if (m.jobs[k].zero) mm_zero(&m.jobs[k]);
-    if (total > 0) em_pool_run(pool, (int)total, multi_task, &m);
+        else work = work + m.jobs[k].work < work ? UINT64_MAX : work + m.jobs[k].work;
+    }
+    if (total > 0 && work < MM_PAR_WORK) {
+        for (int k = 0; k < m.n; k++)
+            if (!m.jobs[k].zero) mm_task_rows(&m.jobs[k], 0, m.jobs[k].rows);
+    } else if (total > 0) {
+        em_pool_run(pool, (int)total, multi_task, &m);
+    }
     return EM_OK;
 }
 

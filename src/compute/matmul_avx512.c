@@ -117,11 +117,172 @@ static inline __attribute__((always_inline)) void row_group(const uint8_t *w, ui
     }
 }
 
+/* ---- the activation-major form ------------------------------------------------------------
+ * For a few activation rows against many weight rows (decoding and verification): what
+ * depends only on an activation row (the correction dpbusd(0x80, y), negated to seed the
+ * product's accumulator, and its scales spread over the lanes) is made once per call, in
+ * PRE_J rows x up to PRE_STEPS groups of four blocks on the stack, and each weight row then
+ * meets up to PRE_J activation rows with its own quants and scales loaded once. Per pair and
+ * two blocks: p = dpbusd(-c, u, y) (the same exact int32 as dpbusd(0, u, y) - c: no sum comes
+ * near 2^31), then the same mul and fma as above. */
+#define PRE_J 8
+#define PRE_STEPS 16 /* rows up to 2048 values; wider ones take the tiles above */
+#define PREFETCH_ROWS 4
+
+typedef struct act_pre {
+    __m512i y[2];    /* the quants of blocks 4k, 4k+1 and 4k+2, 4k+3, back to back */
+    __m512i negc[2]; /* -dpbusd(0x80, y) of those blocks */
+    __m512 s[2];     /* d_a spread over those blocks' lanes */
+} act_pre;
+
+/* d of blocks 0..3 of a run of Q8_0 blocks: words 0 and 17 of the 64 bytes at b[0] and at b[2]. */
+static inline __m128 scales4_fast(const em_block_q8_0 *b) {
+    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 32 + 17, 32, 17, 0);
+    const __m512i lo = _mm512_loadu_si512((const void *)b), hi = _mm512_loadu_si512((const void *)(b + 2));
+    return _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
+}
+_Static_assert(sizeof(em_block_q8_0) == 34, "q8_0 block layout");
+
+static void act_precompute(const uint8_t *act, uint64_t stride, int64_t nj, int64_t steps, act_pre *pre) {
+    const __m512i off = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    for (int64_t j = 0; j < nj; j++) {
+        const em_block_q8_0 *a = (const em_block_q8_0 *)(const void *)(act + (uint64_t)j * stride);
+        for (int64_t k = 0; k < steps; k++, a += 4) {
+            act_pre *p = &pre[j * steps + k];
+            p->y[0] = pair_quants(a);
+            p->y[1] = pair_quants(a + 2);
+            p->negc[0] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, p->y[0]));
+            p->negc[1] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, p->y[1]));
+            const __m128 sc = scales4_fast(a);
+            p->s[0] = spread_pair(sc, 0);
+            p->s[1] = spread_pair(sc, 2);
+        }
+    }
+}
+
+/* One weight row against J activation rows (J <= PRE_J, a constant at every call). */
+static inline __attribute__((always_inline)) void row_vs_acts(const uint8_t *w, const uint8_t *act, uint64_t stride,
+                                                               const act_pre *pre, int64_t steps, int64_t nb,
+                                                               float *y, int64_t ldy, em_dot_fn tail, const int J) {
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    __m512 acc0[PRE_J], acc1[PRE_J];
+    UNROLL for (int j = 0; j < J; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    const em_block_q8_0 *wr = (const em_block_q8_0 *)(const void *)w;
+    for (int64_t k = 0; k < steps; k++, wr += 4) {
+        const __m512i u0 = _mm512_xor_si512(pair_quants(wr), off), u1 = _mm512_xor_si512(pair_quants(wr + 2), off);
+        const __m128 sw = scales4_fast(wr);
+        const __m512 w0 = spread_pair(sw, 0), w1 = spread_pair(sw, 2);
+        UNROLL for (int j = 0; j < J; j++) {
+            const act_pre *p = &pre[j * steps + k];
+            const __m512i p0 = _mm512_dpbusd_epi32(p->negc[0], u0, p->y[0]);
+            const __m512i p1 = _mm512_dpbusd_epi32(p->negc[1], u1, p->y[1]);
+            acc0[j] = _mm512_fmadd_ps(_mm512_mul_ps(w0, p->s[0]), _mm512_cvtepi32_ps(p0), acc0[j]);
+            acc1[j] = _mm512_fmadd_ps(_mm512_mul_ps(w1, p->s[1]), _mm512_cvtepi32_ps(p1), acc1[j]);
+        }
+    }
+    const int64_t b = 4 * steps;
+    UNROLL for (int j = 0; j < J; j++) {
+        float sum = hsum512_ps(_mm512_add_ps(acc0[j], acc1[j]));
+        if (b < nb)
+            sum += tail(w + (uint64_t)b * sizeof(em_block_q8_0), act + (uint64_t)j * stride + (uint64_t)b * sizeof(em_block_q8_0),
+                        (nb - b) * 32);
+        y[j * ldy] = sum;
+    }
+}
+
+static void acts_major(const uint8_t *w, uint64_t row_bytes, int64_t nr, const uint8_t *act, uint64_t stride,
+                       int64_t nj, int64_t nb, float *y, int64_t ldy, em_dot_fn tail) {
+    act_pre pre[PRE_J * PRE_STEPS];
+    const int64_t steps = nb / 4;
+    for (int64_t j0 = 0; j0 < nj; j0 += PRE_J) {
+        const int64_t J = nj - j0 < PRE_J ? nj - j0 : PRE_J;
+        const uint8_t *a = act + (uint64_t)j0 * stride;
+        float *yj = y + j0 * ldy;
+        act_precompute(a, stride, J, steps, pre);
+        const uint8_t *wr = w;
+        for (int64_t r = 0; r < nr; r++, wr += row_bytes) {
+            /* the rows of a task are a short stream the hardware prefetcher barely learns */
+            if (r + PREFETCH_ROWS < nr)
+                for (uint64_t o = 0; o < row_bytes; o += 64) _mm_prefetch((const char *)(wr + PREFETCH_ROWS * row_bytes + o), _MM_HINT_T0);
+            switch (J) {
+            case 8: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 8); break;
+            case 7: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 7); break;
+            case 6: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 6); break;
+            case 5: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 5); break;
+            case 4: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 4); break;
+            case 3: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 3); break;
+            case 2: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 2); break;
+            default: row_vs_acts(wr, a, stride, pre, steps, nb, yj + r, ldy, tail, 1); break;
+            }
+        }
+    }
+}
+
+/* ---- rows of fewer than four blocks ---------------------------------------------------------
+ * The AVX-512 dot kernel hands rows of 1..3 blocks whole to the AVX2 Q8_0 kernel, so these
+ * outputs must be that kernel's floats: per block the 8 int32 sums of
+ * madd(maddubs(|x|, sign(y, x)), 1), the scale d_w * d_a rounded in fp32, an fma into acc0
+ * (even blocks) or acc1 (odd blocks), then its horizontal sum of acc0 + acc1. Here two
+ * activation rows share a register (lanes 0..7 and 8..15), each lane doing exactly that
+ * lane's operations, instead of one call per pair. sign(y, x) zeroes y where x = 0; here
+ * y stays, and the product with |x| = 0 is the same 0. */
+static inline float hsum256_of(__m512 v, int half) {
+    return hsum256_ps(half ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
+}
+
+static inline __m512i quants_2x(const em_block_q8_0 *a, const em_block_q8_0 *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->qs)),
+                              _mm256_loadu_si256((const __m256i *)b->qs), 1);
+}
+
+static void short_rows(const uint8_t *w, uint64_t row_bytes, int64_t nr, const uint8_t *act, uint64_t stride,
+                        int64_t nj, int64_t nb, float *y, int64_t ldy) {
+    const __m512i ones16 = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    for (int64_t j = 0; j < nj; j += 2) {
+        const bool pair = j + 1 < nj;
+        const em_block_q8_0 *a0 = (const em_block_q8_0 *)(const void *)(act + (uint64_t)j * stride);
+        const em_block_q8_0 *a1 = pair ? (const em_block_q8_0 *)(const void *)(act + (uint64_t)(j + 1) * stride) : a0;
+        __m512i ya[3];
+        __m512 da[3];
+        for (int64_t b = 0; b < nb; b++) {
+            ya[b] = quants_2x(a0 + b, a1 + b);
+            da[b] = _mm512_castsi512_ps(_mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_castps_si256(_mm256_set1_ps(_cvtsh_ss(a0[b].d)))),
+                _mm256_castps_si256(_mm256_set1_ps(_cvtsh_ss(a1[b].d))), 1));
+        }
+        const uint8_t *wr = w;
+        for (int64_t r = 0; r < nr; r++, wr += row_bytes) {
+            const em_block_q8_0 *wb = (const em_block_q8_0 *)(const void *)wr;
+            __m512 acc[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() };
+            for (int64_t b = 0; b < nb; b++) {
+                const __m512i x = quants_2x(wb + b, wb + b);
+                /* sign(y, x) but for zeroing where x = 0, which |x| = 0 does anyway */
+                const __m512i sy = _mm512_mask_sub_epi8(ya[b], _mm512_movepi8_mask(x), zero, ya[b]);
+                const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(x), sy), ones16);
+                const __m512 d = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(wb[b].d)), da[b]);
+                acc[b & 1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[b & 1]);
+            }
+            const __m512 v = _mm512_add_ps(acc[0], acc[1]);
+            y[j * ldy + r] = hsum256_of(v, 0);
+            if (pair) y[(j + 1) * ldy + r] = hsum256_of(v, 1);
+        }
+    }
+}
+
 void em_mm_q8_0_avx512(const void *w, uint64_t row_bytes, int64_t nr, const void *act,
                        uint64_t stride, int64_t nj, int64_t cols, float *y, int64_t ldy,
                        em_dot_fn tail) {
     const uint8_t *wb = w;
     const int64_t nb = cols / 32;
+    if (nb < 4) {
+        short_rows(wb, row_bytes, nr, act, stride, nj, nb, y, ldy);
+        return;
+    }
+    if (nb / 4 <= PRE_STEPS) {
+        acts_major(wb, row_bytes, nr, act, stride, nj, nb, y, ldy, tail);
+        return;
+    }
     int64_t r = 0;
     for (; r + TILE_R <= nr; r += TILE_R)
         row_group(wb + (uint64_t)r * row_bytes, row_bytes, act, stride, nj, nb, y + r, ldy, tail, TILE_R);

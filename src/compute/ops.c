@@ -1,10 +1,13 @@
-/* Row and element-wise ops in fp32: RMSNorm, L2 norm, sigmoid, SiLU, SwiGLU, SiTU, softmax, axpy.
+/* Row and element-wise ops in fp32: RMSNorm, L2 norm, sigmoid, SiLU, SwiGLU, SiTU, softmax, axpy,
+ * attention's score and weighted-sum rows (their lane order is fixed, see compute.h).
  * Sums of squares and the softmax denominator accumulate in double, so results do not depend
  * on the order of the sum (they are the exact value rounded once, up to libm's expf). Outputs
  * may alias inputs; nothing is allocated. */
 #include "compute/compute.h"
 
 #include "compute/ops_kernels.h"
+
+#include <math.h>
 
 static double sum_squares(const float *x, int64_t n) {
     double s = 0.0;
@@ -77,4 +80,73 @@ void em_axpy(float a, const float *x, int64_t n, float *y) {
         const float p = a * x[i]; /* its own statement: no compiler contracts it into an fma */
         y[i] += p;
     }
+}
+
+/* The 16-lane sum of em_dot_rows: lanes, then halves 16 -> 8 -> 4 -> 2 -> 1. */
+static float dot_lanes(const float *x, const float *q, int64_t n) {
+    float acc[16] = { 0 };
+    for (int64_t k = 0; k < n; k += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] = k + l < n ? fmaf(x[k + l], q[k + l], acc[l]) : fmaf(0.0f, 0.0f, acc[l]);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] = acc[l] + acc[l + w];
+    return acc[0];
+}
+
+void em_dot_rows(const float *x, int64_t ldx, int64_t m, const float *q, int64_t n, float scale, float *s) {
+    if (m <= 0) return;
+    if (n > 0 && em_isa_default() == EM_ISA_AVX512) {
+        em_dot_rows_avx512(x, ldx, m, q, n, scale, s);
+        return;
+    }
+    for (int64_t u = 0; u < m; u++) s[u] = dot_lanes(x + u * ldx, q, n) * scale;
+}
+
+void em_weighted_rows(const float *p, const float *x, int64_t ldx, int64_t m, int64_t n, float *y) {
+    if (n <= 0) return;
+    if (m > 0 && em_isa_default() == EM_ISA_AVX512) {
+        em_weighted_rows_avx512(p, x, ldx, m, n, y);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) y[i] = 0.0f;
+    for (int64_t u = 0; u < m; u++)
+        for (int64_t i = 0; i < n; i++) y[i] = fmaf(p[u], x[u * ldx + i], y[i]);
+}
+
+/* The constants of em_expf_poly: ln 2 in two parts (the high part has trailing zero bits, so
+ * k * LN2_HI is exact for |k| < 2^11), and 1/j! for the polynomial. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693145751953125f
+#define EXP_LN2_LO 1.42860682030941723e-06f
+#define EXP_LO -103.0f
+#define EXP_HI 88.7228394f
+
+float em_expf_poly(float x) {
+    if (!(x >= EXP_LO)) return x != x ? x : 0.0f; /* NaN stays NaN */
+    if (x > EXP_HI) return INFINITY;
+    const float k = nearbyintf(x * EXP_LOG2E);
+    const float r = fmaf(-k, EXP_LN2_LO, fmaf(-k, EXP_LN2_HI, x));
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    return scalbnf(p, (int)k);
+}
+
+void em_softmax_poly(float *x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    if (em_isa_default() == EM_ISA_AVX512) em_exp_shift_avx512(x, n, mx);
+    else
+        for (int64_t i = 0; i < n; i++) x[i] = em_expf_poly(x[i] - mx);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += x[i];
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }

@@ -7,5 +7,10 @@
 
 /* y += a * x over n values; x and y do not overlap, or are the same array. */
 void em_axpy_avx512(float a, const float *x, int64_t n, float *y);
+/* em_dot_rows / em_weighted_rows of ops.c, the same floats. */
+void em_dot_rows_avx512(const float *x, int64_t ldx, int64_t m, const float *q, int64_t n, float scale, float *s);
+/* x[i] = em_expf_poly(x[i] - mx) for i < n. */
+void em_exp_shift_avx512(float *x, int64_t n, float mx);
+void em_weighted_rows_avx512(const float *p, const float *x, int64_t ldx, int64_t m, int64_t n, float *y);
 
 #endif

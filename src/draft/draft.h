@@ -44,6 +44,11 @@ typedef struct em_draft_info {
  * Returns the token id, or -1 to stop the block early (propose then reports k proposals). */
 typedef int32_t (*em_draft_choose)(void *ud, int k, const float *logits);
 
+/* Whether slot k is wanted at all, from its confidence logit (as conf_logits[k]), asked
+ * before the slot's logits are made: false ends the block with k proposals, so a scheduler
+ * that would not verify slot k spares its LM head row, Markov bias and choice. */
+typedef bool (*em_draft_keep)(void *ud, int k, float conf_logit);
+
 typedef struct em_draft_out {
     int n;              /* proposals made (<= info.n_drafts, <= n_max) */
     int32_t *tokens;    /* [n_max] caller memory */
@@ -52,6 +57,9 @@ typedef struct em_draft_out {
     float *conf_logits; /* [n_max] z_k, already divided by the per-position calibration
                            temperature when the file has one (sigma(z_k) = P(slot k accepted |
                            slots < k accepted)); caller memory, may be NULL */
+    em_draft_keep keep; /* may be NULL (every slot up to n_max); asked only by drafters with a
+                           confidence head, slot by slot, before that slot's choice */
+    void *keep_ud;
 } em_draft_out;
 
 typedef struct em_drafter_ops {

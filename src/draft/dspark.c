@@ -4,16 +4,21 @@
  *               k_norm(Wk Hctx [+ bk]) roped at p and Wv Hctx [+ bv] in its context cache.
  *  propose:     the block [anchor, mask x (B-1)] at positions n_ctx .. n_ctx+B-1 runs the
  *               Qwen3 layers, attending over [context cache ; block] (non-causal unless the
- *               file says causal); final norm; LM head for the draft slots only (all B for
- *               DSpark, slots 1..B-1 for DFlash); then, left to right, the Markov bias of the
- *               previously chosen token (the anchor for the first draft), the confidence
- *               logit, and the caller's choice.
+ *               file says causal); final norm; then, left to right over the draft slots
+ *               (all B for DSpark, slots 1..B-1 for DFlash): the confidence logit (and the
+ *               caller's keep, which may end the block there), the slot's LM head row
+ *               (computed in pieces of several slots), the Markov bias of the previously
+ *               chosen token (the anchor for the first draft; vanilla biases are cached by
+ *               token, they depend on nothing else), and the caller's choice.
+ *               Attention runs one pool task per (block row, query head); on AVX-512 CPUs its
+ *               loops are dspark_attn_avx512.c's (the same sums, reassociated).
  *
  * Invariants: the cache holds context rows only (the block never enters it), rows < n_ctx
  * are valid; every buffer was sized at open, so nothing here allocates. Logits handed out are
  * in the target's vocabulary (a d2t table scatters draft ids; ids it cannot reach are -inf). */
 #include "draft/dspark_impl.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,17 +36,50 @@ static void norm_heads(float *x, int64_t n_rows, int n_heads, int hd, const floa
     for (int64_t i = 0; i < n_rows * n_heads; i++) em_rmsnorm(x + i * hd, wt, eps, hd, x + i * hd);
 }
 
-static void rope_rows(const dspark *s, float *x, int64_t n_rows, int n_heads, int64_t pos0) {
+/* cos/sin of positions pos0 .. pos0+n_rows-1 into s->cs / s->sn (row i at i * rope_dims/2),
+ * once per block or chunk: every layer and both q and k rotate by the same angles. */
+static void rope_table(dspark *s, int64_t n_rows, int64_t pos0) {
+    const int64_t half = s->hp.rope_dims / 2;
+    for (int64_t i = 0; i < n_rows; i++) em_rope_cos_sin(&s->rope, pos0 + i, s->cs + i * half, s->sn + i * half);
+}
+
+/* Rotates n_rows rows of n_heads heads by the angles of rope_table. */
+static void rope_rows(const dspark *s, float *x, int64_t n_rows, int n_heads) {
     const int hd = s->hp.hd;
-    for (int64_t i = 0; i < n_rows; i++) {
-        em_rope_cos_sin(&s->rope, pos0 + i, s->cs, s->sn);
-        em_rope_apply(x + i * (int64_t)n_heads * hd, n_heads, hd, s->hp.rope_dims, s->cs, s->sn);
-    }
+    const int64_t half = s->hp.rope_dims / 2;
+    for (int64_t i = 0; i < n_rows; i++)
+        em_rope_apply(x + i * (int64_t)n_heads * hd, n_heads, hd, s->hp.rope_dims, s->cs + i * half, s->sn + i * half);
 }
 
 static int mm(dspark *s, const em_mat *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
               em_err *err) {
     return em_matmul(s->pool, w, x, ldx, n, y, ldy, s->act, err);
+}
+
+#define DSP_SAME_INPUT_MAX 8
+
+/* y_i = W_i x for several matrices (at most DSP_SAME_INPUT_MAX) over the same n rows x: the
+ * rows are converted once and the products share one pool run when the matrices take one
+ * activation type (else one product at a time). Each output is exactly what mm would give. */
+static int mm_same_input(dspark *s, const em_mat *const *w, float *const *y, const int64_t *ldy, int n_w,
+                         const float *x, int64_t ldx, int64_t n, em_err *err) {
+    bool one_type = true;
+    for (int i = 1; i < n_w; i++)
+        one_type = one_type && em_dot_act_type(w[i]->type) == em_dot_act_type(w[0]->type) && w[i]->cols == w[0]->cols;
+    if (!one_type) {
+        for (int i = 0; i < n_w; i++) {
+            int rc = mm(s, w[i], x, ldx, n, y[i], ldy[i], err);
+            if (rc) return rc;
+        }
+        return EM_OK;
+    }
+    em_act act;
+    int rc = em_act_prepare(s->pool, w[0]->type, x, ldx, w[0]->cols, n, s->act, &act, err);
+    if (rc) return rc;
+    em_mm_item items[DSP_SAME_INPUT_MAX];
+    assert(n_w <= DSP_SAME_INPUT_MAX);
+    for (int i = 0; i < n_w; i++) items[i] = (em_mm_item){ .w = w[i], .act = &act, .y = y[i], .ldy = ldy[i] };
+    return em_matmul_multi(s->pool, items, n_w, err);
 }
 
 /* ---- context -------------------------------------------------------------------------- */
@@ -52,14 +90,31 @@ static int add_chunk(dspark *s, const float *feats, int n, em_err *err) {
     int rc = mm(s, &s->fc, feats, s->base.info.n_feat, n, s->h, d, err);
     if (rc) return rc;
     for (int i = 0; i < n; i++) em_rmsnorm(s->h + i * d, s->hidden_norm, hp->eps, d, s->h + i * d);
+    rope_table(s, n, p0);
+    /* every layer's K and V read the same rows: their products go out together, a few layers
+     * per pool run */
+    const int per_run = DSP_SAME_INPUT_MAX / 2;
+    for (int l0 = 0; l0 < hp->n_layer; l0 += per_run) {
+        const int nl = hp->n_layer - l0 < per_run ? hp->n_layer - l0 : per_run;
+        const em_mat *w[DSP_SAME_INPUT_MAX];
+        float *out[DSP_SAME_INPUT_MAX];
+        int64_t ld[DSP_SAME_INPUT_MAX];
+        for (int i = 0; i < nl; i++) {
+            const dsp_layer *y = &s->layers[l0 + i];
+            w[2 * i] = &y->wk, w[2 * i + 1] = &y->wv;
+            out[2 * i] = s->kc + ((int64_t)(l0 + i) * s->cap + p0) * kw;
+            out[2 * i + 1] = s->vc + ((int64_t)(l0 + i) * s->cap + p0) * kw;
+            ld[2 * i] = ld[2 * i + 1] = kw;
+        }
+        if ((rc = mm_same_input(s, w, out, ld, 2 * nl, s->h, d, n, err))) return rc;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         const dsp_layer *y = &s->layers[l];
         float *kc = s->kc + ((int64_t)l * s->cap + p0) * kw, *vc = s->vc + ((int64_t)l * s->cap + p0) * kw;
-        if ((rc = mm(s, &y->wk, s->h, d, n, kc, kw, err)) || (rc = mm(s, &y->wv, s->h, d, n, vc, kw, err))) return rc;
         add_bias(kc, y->bk, n, kw);
         add_bias(vc, y->bv, n, kw);
         norm_heads(kc, n, hp->n_kv, hp->hd, y->k_norm, hp->eps);
-        rope_rows(s, kc, n, hp->n_kv, p0);
+        rope_rows(s, kc, n, hp->n_kv);
     }
     s->base.info.n_ctx += n;
     return EM_OK;
@@ -85,7 +140,28 @@ typedef struct attn_job {
     dspark *s;
     int layer;
     em_dot_fn dot; /* the F32 x F32 dot kernel (SIMD where the CPU has it) */
+    bool avx512;   /* dspark_attn_avx512.c's loops (the CPU has them, hd % 16 == 0) */
 } attn_job;
+
+/* sc[j] = scale * (q . k_j) over n key rows k + j * kw. */
+static void scores(const attn_job *job, const float *q, const float *k, int64_t kw, int64_t n, float scale, float *sc) {
+    const int hd = job->s->hp.hd;
+    if (job->avx512) {
+        dsp_scores_avx512(q, k, kw, n, hd, scale, sc);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) sc[j] = job->dot(k + j * kw, q, hd) * scale;
+}
+
+/* out += sum_j p[j] v_j over n value rows v + j * kw. */
+static void weighted_sum(const attn_job *job, const float *p, const float *v, int64_t kw, int64_t n, float *out) {
+    const int hd = job->s->hp.hd;
+    if (job->avx512) {
+        dsp_weighted_sum_avx512(p, v, kw, n, hd, out);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) em_axpy(p[j], v + j * kw, hd, out);
+}
 
 /* One (block row, query head) pair: softmax(q . K / sqrt(hd)) V over [cache ; block]. */
 static void attn_task(void *ctx, int task, int thread) {
@@ -101,24 +177,26 @@ static void attn_task(void *ctx, int task, int thread) {
     const float *vc = s->vc + (int64_t)job->layer * s->cap * kw + (int64_t)g * hd;
     float *sc = s->scores + (int64_t)thread * (s->cap + B);
     const float scale = 1.0f / sqrtf((float)hd);
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n_ctx + n_blk; j++) {
-        const float *k = j < n_ctx ? kc + j * kw : s->k + (j - n_ctx) * kw + (int64_t)g * hd;
-        sc[j] = job->dot(k, q, hd) * scale;
-        if (sc[j] > mx) mx = sc[j];
+    scores(job, q, kc, kw, n_ctx, scale, sc);
+    scores(job, q, s->k + (int64_t)g * hd, kw, n_blk, scale, sc + n_ctx);
+    if (job->avx512) {
+        dsp_softmax_avx512(sc, n_ctx + n_blk);
+    } else {
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n_ctx + n_blk; j++)
+            if (sc[j] > mx) mx = sc[j];
+        double sum = 0.0;
+        for (int64_t j = 0; j < n_ctx + n_blk; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < n_ctx + n_blk; j++) sc[j] *= inv;
     }
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_ctx + n_blk; j++) {
-        sc[j] = expf(sc[j] - mx);
-        sum += sc[j];
-    }
-    const float inv = (float)(1.0 / sum);
     float *out = s->att + i * qw + (int64_t)h * hd;
     memset(out, 0, (size_t)hd * sizeof *out);
-    for (int64_t j = 0; j < n_ctx + n_blk; j++) {
-        const float *v = j < n_ctx ? vc + j * kw : s->v + (j - n_ctx) * kw + (int64_t)g * hd;
-        em_axpy(sc[j] * inv, v, hd, out);
-    }
+    weighted_sum(job, sc, vc, kw, n_ctx, out);
+    weighted_sum(job, sc + n_ctx, s->v + (int64_t)g * hd, kw, n_blk, out);
 }
 
 /* ---- the block ------------------------------------------------------------------------ */
@@ -136,62 +214,110 @@ static int run_layer(dspark *s, int l, em_err *err) {
     const dsp_hparams *hp = &s->hp;
     const dsp_layer *y = &s->layers[l];
     const int64_t B = hp->block, d = hp->d, qw = (int64_t)hp->n_head * hp->hd, kw = (int64_t)hp->n_kv * hp->hd;
-    const int64_t pos0 = s->base.info.n_ctx;
     int rc;
     for (int64_t i = 0; i < B; i++) em_rmsnorm(s->h + i * d, y->attn_norm, hp->eps, d, s->xn + i * d);
-    if ((rc = mm(s, &y->wq, s->xn, d, B, s->q, qw, err)) || (rc = mm(s, &y->wk, s->xn, d, B, s->k, kw, err)) ||
-        (rc = mm(s, &y->wv, s->xn, d, B, s->v, kw, err)))
-        return rc;
+    const em_mat *wqkv[] = { &y->wq, &y->wk, &y->wv };
+    float *const qkv[] = { s->q, s->k, s->v };
+    const int64_t ld_qkv[] = { qw, kw, kw };
+    if ((rc = mm_same_input(s, wqkv, qkv, ld_qkv, 3, s->xn, d, B, err))) return rc;
     add_bias(s->q, y->bq, B, qw);
     add_bias(s->k, y->bk, B, kw);
     add_bias(s->v, y->bv, B, kw);
     norm_heads(s->q, B, hp->n_head, hp->hd, y->q_norm, hp->eps);
     norm_heads(s->k, B, hp->n_kv, hp->hd, y->k_norm, hp->eps);
-    rope_rows(s, s->q, B, hp->n_head, pos0);
-    rope_rows(s, s->k, B, hp->n_kv, pos0);
-    attn_job job = { .s = s, .layer = l, .dot = em_dot_get(EM_TYPE_F32) };
+    rope_rows(s, s->q, B, hp->n_head);
+    rope_rows(s, s->k, B, hp->n_kv);
+    attn_job job = { .s = s, .layer = l, .dot = em_dot_get(EM_TYPE_F32),
+                     .avx512 = em_isa_default() == EM_ISA_AVX512 && hp->hd % 16 == 0 };
     em_pool_run(s->pool, (int)B * hp->n_head, attn_task, &job);
     if ((rc = mm(s, &y->wo, s->att, qw, B, s->o, d, err))) return rc;
     for (int64_t i = 0; i < B * d; i++) s->h[i] += s->o[i];
     for (int64_t i = 0; i < B; i++) em_rmsnorm(s->h + i * d, y->ffn_norm, hp->eps, d, s->xn + i * d);
-    if ((rc = mm(s, &y->gate, s->xn, d, B, s->fg, hp->ff, err)) || (rc = mm(s, &y->up, s->xn, d, B, s->fu, hp->ff, err)))
-        return rc;
+    const em_mat *wgu[] = { &y->gate, &y->up };
+    float *const gu[] = { s->fg, s->fu };
+    const int64_t ld_gu[] = { hp->ff, hp->ff };
+    if ((rc = mm_same_input(s, wgu, gu, ld_gu, 2, s->xn, d, B, err))) return rc;
     em_swiglu(s->fg, s->fu, B * hp->ff, s->fg);
     if ((rc = mm(s, &y->down, s->fg, hp->ff, B, s->o, d, err))) return rc;
     for (int64_t i = 0; i < B * d; i++) s->h[i] += s->o[i];
     return EM_OK;
 }
 
-/* Backbone, final norm (into s->xn) and base logits of the draft slots. */
-static int run_block(dspark *s, int32_t anchor, int n_slots, em_err *err) {
+/* Backbone and final norm (into s->xn) of the block after anchor. */
+static int run_block(dspark *s, int32_t anchor, em_err *err) {
     const dsp_hparams *hp = &s->hp;
     const int64_t d = hp->d;
     embed_block(s, anchor);
+    rope_table(s, hp->block, s->base.info.n_ctx);
     for (int l = 0; l < hp->n_layer; l++) {
         int rc = run_layer(s, l, err);
         if (rc) return rc;
     }
     for (int i = 0; i < hp->block; i++) em_rmsnorm(s->h + i * d, s->out_norm, hp->eps, d, s->xn + i * d);
-    int rc = mm(s, &s->head, s->xn + (int64_t)hp->slot0 * d, d, n_slots, s->base_logits, hp->dvocab, err);
+    return EM_OK;
+}
+
+/* Base logits (LM head, softcap) of draft slots [k0, k1) into s->base_logits. Rows are
+ * independent, so computing them in pieces gives the same floats as all at once. */
+static int head_rows(dspark *s, int k0, int k1, em_err *err) {
+    const dsp_hparams *hp = &s->hp;
+    const int64_t d = hp->d;
+    float *y = s->base_logits + (int64_t)k0 * hp->dvocab;
+    int rc = mm(s, &s->head, s->xn + (int64_t)(hp->slot0 + k0) * d, d, k1 - k0, y, hp->dvocab, err);
     if (rc) return rc;
     if (hp->softcap > 0) {
         const float c = hp->softcap;
-        for (int64_t i = 0; i < (int64_t)n_slots * hp->dvocab; i++) s->base_logits[i] = c * tanhf(s->base_logits[i] / c);
+        for (int64_t i = 0; i < (int64_t)(k1 - k0) * hp->dvocab; i++) y[i] = c * tanhf(y[i] / c);
     }
     return EM_OK;
 }
 
+/* LM head rows to compute at slot k (the first one without base logits) of n: everything
+ * when no caller stops blocks early; else, for the first piece, about as many slots as
+ * recent blocks used (a multi-row product is cheaper per row than several small ones, and
+ * rows past the stop are wasted), the rest when a block goes further. */
+static int head_piece(const dspark *s, int k, int n, bool may_stop) {
+    if (!may_stop || k > 0) return n - k;
+    int want = (int)ceilf(s->slots_avg + 0.5f);
+    return want < 1 ? 1 : want > n ? n : want;
+}
+
 /* ---- Markov and confidence heads ------------------------------------------------------ */
 
-/* s->bias = the Markov bias of slot k given the previous token; s->e = W1[prev]. */
-static int markov_bias(dspark *s, const float *hk, int32_t prev, em_err *err) {
+/* s->e = W1[prev], the previous token's Markov embedding. */
+static void markov_embed(dspark *s, int32_t prev) {
+    const em_type_info *ti = em_type_get(s->w1.type);
+    ti->to_float((const uint8_t *)s->w1.data + (uint64_t)prev * s->w1.row_bytes, s->e, s->hp.rank);
+}
+
+/* The vanilla bias W2 W1[prev] depends on prev alone: a cached row, or NULL (*slot: the entry
+ * to fill, least recently used). */
+static const float *bias_cached(dspark *s, int32_t prev, int *slot) {
+    int lru = 0;
+    for (int i = 0; i < s->n_bias; i++) {
+        if (s->bias_tok[i] == prev) {
+            s->bias_used[i] = ++s->bias_clock;
+            return s->bias_rows + (int64_t)i * s->hp.dvocab;
+        }
+        if (s->bias_used[i] < s->bias_used[lru]) lru = i;
+    }
+    *slot = lru;
+    return NULL;
+}
+
+/* *bias = the Markov bias [dvocab] of slot k given the previous token prev, whose embedding
+ * is in s->e (markov_embed). */
+static int markov_bias(dspark *s, const float *hk, int32_t prev, const float **bias, em_err *err) {
     const dsp_hparams *hp = &s->hp;
     const int r = hp->rank, d = hp->d;
-    const em_type_info *ti = em_type_get(s->w1.type);
-    ti->to_float((const uint8_t *)s->w1.data + (uint64_t)prev * s->w1.row_bytes, s->e, r);
     const float *in = s->e;
-    int rc;
-    if (hp->markov == DSP_MARKOV_GATED) {
+    float *dst = s->bias;
+    int rc, slot = -1;
+    if (hp->markov == DSP_MARKOV_VANILLA && s->n_bias > 0) {
+        if ((*bias = bias_cached(s, prev, &slot))) return EM_OK;
+        dst = s->bias_rows + (int64_t)slot * hp->dvocab;
+        s->bias_tok[slot] = -1; /* overwritten below: tagged again only once complete */
+    } else if (hp->markov == DSP_MARKOV_GATED) {
         /* g = sigmoid(gate([h ; e])), bias = W2 (g * e) */
         memcpy(s->zin, hk, (size_t)d * sizeof(float));
         memcpy(s->zin + d, s->e, (size_t)r * sizeof(float));
@@ -214,7 +340,13 @@ static int markov_bias(dspark *s, const float *hk, int32_t prev, em_err *err) {
         }
         in = s->tmp;
     }
-    return mm(s, &s->w2, in, r, 1, s->bias, hp->dvocab, err);
+    if ((rc = mm(s, &s->w2, in, r, 1, dst, hp->dvocab, err))) return rc;
+    if (slot >= 0) {
+        s->bias_tok[slot] = prev;
+        s->bias_used[slot] = ++s->bias_clock;
+    }
+    *bias = dst;
+    return EM_OK;
 }
 
 /* z_k = w . [h ; W1[prev]] + b, over the calibration temperature of draft k when present. */
@@ -228,15 +360,18 @@ static float confidence(const dspark *s, const float *hk, int k) {
     return (float)z;
 }
 
-/* Slot k's corrected logits in the target vocabulary, into dst [vocab]. */
-static void target_logits(const dspark *s, const float *base, bool with_bias, float *dst) {
+/* Slot k's corrected logits in the target vocabulary, into dst [vocab] (bias NULL: none). */
+static void target_logits(const dspark *s, const float *base, const float *bias, float *dst) {
     const dsp_hparams *hp = &s->hp;
     if (!s->d2t) {
-        for (int i = 0; i < hp->vocab; i++) dst[i] = base[i] + (with_bias ? s->bias[i] : 0.0f);
+        if (bias)
+            for (int i = 0; i < hp->vocab; i++) dst[i] = base[i] + bias[i];
+        else
+            memcpy(dst, base, (size_t)hp->vocab * sizeof *dst);
         return;
     }
     for (int i = 0; i < hp->vocab; i++) dst[i] = -INFINITY;
-    for (int i = 0; i < hp->dvocab; i++) dst[s->d2t[i]] = base[i] + (with_bias ? s->bias[i] : 0.0f);
+    for (int i = 0; i < hp->dvocab; i++) dst[s->d2t[i]] = base[i] + (bias ? bias[i] : 0.0f);
 }
 
 static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose choose, void *ud,
@@ -244,16 +379,29 @@ static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose
     dspark *s = (dspark *)d;
     const dsp_hparams *hp = &s->hp;
     const int n = n_max < d->info.n_drafts ? n_max : d->info.n_drafts;
-    int rc = run_block(s, anchor, n, err);
+    const bool may_stop = hp->conf && out->keep;
+    int rc = run_block(s, anchor, err);
     if (rc) return rc;
     if (hp->markov == DSP_MARKOV_RNN) memset(s->state, 0, (size_t)hp->rank * sizeof(float));
     int32_t prev = anchor;
-    for (int k = 0; k < n; k++) {
+    int k = 0, have = 0; /* slots with base logits: [0, have) */
+    for (; k < n; k++) {
         const float *hk = s->xn + (int64_t)(hp->slot0 + k) * hp->d;
-        if (hp->rank > 0 && (rc = markov_bias(s, hk, prev, err))) return rc;
+        if (hp->rank > 0) markov_embed(s, prev);
+        if (hp->conf) {
+            float z = confidence(s, hk, k);
+            if (out->conf_logits) out->conf_logits[k] = z;
+            if (may_stop && !out->keep(out->keep_ud, k, z)) break;
+        }
+        if (k >= have) {
+            int m = head_piece(s, k, n, may_stop);
+            if ((rc = head_rows(s, k, k + m, err))) return rc;
+            have = k + m;
+        }
+        const float *bias = NULL;
+        if (hp->rank > 0 && (rc = markov_bias(s, hk, prev, &bias, err))) return rc;
         float *row = out->logits ? out->logits + (int64_t)k * hp->vocab : s->row;
-        target_logits(s, s->base_logits + (int64_t)k * hp->dvocab, hp->rank > 0, row);
-        if (hp->conf && out->conf_logits) out->conf_logits[k] = confidence(s, hk, k);
+        target_logits(s, s->base_logits + (int64_t)k * hp->dvocab, bias, row);
         int32_t tok = choose(ud, k, row);
         if (tok < 0) break;
         if (tok >= hp->vocab)
@@ -263,6 +411,7 @@ static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose
         out->n = k + 1;
         prev = tok;
     }
+    if (may_stop) s->slots_avg += 0.25f * ((float)k - s->slots_avg);
     return EM_OK;
 }
 

@@ -12,6 +12,9 @@ enum { DSP_MARKOV_NONE = 0, DSP_MARKOV_VANILLA, DSP_MARKOV_GATED, DSP_MARKOV_RNN
 
 /* Rows one add_context pass handles at once (longer inputs go in chunks). */
 #define DSP_CHUNK 32
+/* The vanilla Markov bias cache: at most this many bytes, and this many entries. */
+#define DSP_BIAS_CACHE_BYTES (4u << 20)
+#define DSP_BIAS_CACHE_MAX 128
 
 typedef struct dsp_layer {
     const float *attn_norm, *ffn_norm, *q_norm, *k_norm;
@@ -60,7 +63,22 @@ typedef struct dspark {
     float *e, *state, *zin, *zout, *tmp;
     void *act;
     uint64_t act_bytes;
+
+    /* vanilla Markov biases W2 W1[prev] by token, least recently used replaced first: entry i
+     * holds bias_rows[i] of token bias_tok[i] (-1: empty); n_bias 0 without a cache */
+    int n_bias;
+    int32_t *bias_tok;
+    uint64_t *bias_used, bias_clock;
+    float *bias_rows; /* [n_bias][dvocab] */
+    float slots_avg;  /* slots recent blocks used before the caller stopped them */
 } dspark;
+
+/* Attention inner loops on AVX-512 (dspark_attn_avx512.c; hd a multiple of 16):
+ * out[j] = scale * (q . k_j) for n rows k_j = k + j * stride; out[0..hd) += sum_j p[j] v_j. */
+void dsp_scores_avx512(const float *q, const float *k, int64_t stride, int64_t n, int hd, float scale, float *out);
+void dsp_weighted_sum_avx512(const float *p, const float *v, int64_t stride, int64_t n, int hd, float *out);
+/* In place: x = softmax(x) over n >= 1 values (max-subtracted, the sum in double). */
+void dsp_softmax_avx512(float *x, int64_t n);
 
 int dsp_load(dspark *s, const char *draft_path, const char *target_path, const em_draft_opts *o,
              em_err *err);

@@ -538,6 +538,23 @@ static int alloc_f(dspark *s, float **out, uint64_t a, uint64_t b, const char *w
     return EM_OK;
 }
 
+/* The vanilla Markov bias cache: as many rows of dvocab floats as fit its byte budget. */
+static int alloc_bias_cache(dspark *s, em_err *err) {
+    const dsp_hparams *hp = &s->hp;
+    s->slots_avg = (float)s->base.info.n_drafts;
+    uint64_t row = (uint64_t)hp->dvocab * sizeof(float), n = row ? DSP_BIAS_CACHE_BYTES / row : 0;
+    if (hp->markov != DSP_MARKOV_VANILLA || hp->rank <= 0 || n < 2) return EM_OK;
+    if (n > DSP_BIAS_CACHE_MAX) n = DSP_BIAS_CACHE_MAX;
+    s->bias_tok = em_arena_alloc(s->store, (size_t)n * sizeof *s->bias_tok);
+    s->bias_used = em_arena_alloc(s->store, (size_t)n * sizeof *s->bias_used);
+    int rc = s->bias_tok && s->bias_used ? alloc_f(s, &s->bias_rows, n, (uint64_t)hp->dvocab, "Markov bias cache", err)
+                                         : em_err_set(err, EM_ENOMEM, "out of memory for the drafter's Markov bias cache");
+    if (rc) return rc;
+    for (uint64_t i = 0; i < n; i++) s->bias_tok[i] = -1, s->bias_used[i] = 0;
+    s->n_bias = (int)n;
+    return EM_OK;
+}
+
 static int alloc_scratch(dspark *s, const em_draft_opts *o, em_err *err) {
     const dsp_hparams *hp = &s->hp;
     const uint64_t R = (uint64_t)(hp->block > DSP_CHUNK ? hp->block : DSP_CHUNK), B = (uint64_t)hp->block;
@@ -566,6 +583,7 @@ static int alloc_scratch(dspark *s, const em_draft_opts *o, em_err *err) {
         (rc = alloc_f(s, &s->zout, 1, 3 * r + 1, "head output", err)) ||
         (rc = alloc_f(s, &s->tmp, 1, r + 1, "Markov scratch", err)))
         return rc;
+    if ((rc = alloc_bias_cache(s, err))) return rc;
     return size_act(s, err);
 }
 

@@ -5,8 +5,9 @@
  * Invariants:
  * - em_kda_forward never writes the committed state; forward_commit and commit write only
  *   the state they are given.
- * - One pool task per head; a head's result never depends on which thread ran it or on how
- *   many threads there are (each thread has its own workspace; kernels are deterministic).
+ * - One pool task per head (from KDA_PAR_ROWS rows on; fewer rows run on the caller); a
+ *   head's result never depends on which thread ran it or on how many threads there are
+ *   (each thread has its own workspace; kernels are deterministic).
  * - Recurrent form per row: u = (diag(a) S)^T k and w = (diag(a) S)^T q are read in one pass
  *   over S, then delta = beta (v - u), o = w + (k.q) delta (= S_new^T q), and the update
  *   S = diag(a) S + k delta^T is fused with the next row's read pass. commit replays rows
@@ -36,6 +37,9 @@
 #endif
 
 #define KDA_SUB 16               /* sub-block rows inside a chunk (diagonal blocks pairwise) */
+/* Heads go to the pool from this many rows on; below, a head's work (about a microsecond a
+ * row at head_dim 64) does not pay for the hand-off. The result is the same either way. */
+#define KDA_PAR_ROWS 4
 #define KDA_MAX_HEAD_DIM 1024
 #define KDA_MAX_HEADS (1 << 16)
 
@@ -741,7 +745,7 @@ static int run_forward(kda_run *run, em_pool *pool, em_arena *scratch, const cha
     run->chunked = run->d->chunk_min_rows > 0 && run->n >= run->d->chunk_min_rows;
     for (run->t0 = 0; run->t0 < run->n; run->t0 += EM_KDA_CHUNK) {
         run->t1 = run->t0 + EM_KDA_CHUNK < run->n ? run->t0 + EM_KDA_CHUNK : run->n;
-        if (pool) {
+        if (pool && run->n >= KDA_PAR_ROWS) {
             em_pool_run(pool, run->d->n_head, forward_head, run);
         } else {
             for (int h = 0; h < run->d->n_head; h++) forward_head(run, h, 0);
@@ -847,7 +851,7 @@ int em_kda_commit(const em_kda_dims *d, em_kda_state *st, em_kda_log *log, int k
         return EM_OK;
     }
     kda_replay rp = { .d = d, .kern = kern_pick(), .log = log, .S = st->S, .k = k };
-    if (pool) {
+    if (pool && k >= KDA_PAR_ROWS) {
         em_pool_run(pool, d->n_head, replay_head, &rp);
     } else {
         for (int h = 0; h < d->n_head; h++) replay_head(&rp, h, 0);

@@ -38,7 +38,6 @@ static void head_task(void *vctx, int h, int thread) {
     float *qa = job->qa + (int64_t)h * n * C;
     float *ctx = job->ctx + (int64_t)h * n * R;
     float *scores = job->scores + (int64_t)h * (job->pos + n);
-    em_dot_fn dot = em_dot_get(EM_TYPE_F32);
 
     /* absorbed query: W_UK_h^T q_nope (rows h*R.. of attn_k_b), then the unrotated q_pe */
     em_mat kb = em_mat_rows(&job->w->k_b, (int64_t)h * R, R);
@@ -49,12 +48,9 @@ static void head_task(void *vctx, int h, int thread) {
 
     for (int t = 0; t < n && !rc; t++) {
         int64_t len = job->pos + t + 1;
-        const float *qt = qa + (int64_t)t * C;
-        for (int64_t u = 0; u < len; u++) scores[u] = dot(job->cache + u * C, qt, C) * job->scale;
-        em_softmax(scores, len);
-        float *ct = ctx + (int64_t)t * R;
-        memset(ct, 0, (size_t)R * sizeof(float));
-        for (int64_t u = 0; u < len; u++) em_axpy(scores[u], job->cache + u * C, R, ct);
+        em_dot_rows(job->cache, C, len, qa + (int64_t)t * C, C, job->scale, scores);
+        em_softmax_poly(scores, len);
+        em_weighted_rows(scores, job->cache, C, len, R, ctx + (int64_t)t * R);
     }
 
     em_mat vb = em_mat_rows(&job->w->v_b, (int64_t)h * hp->v_head, hp->v_head);
@@ -91,8 +87,14 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     float *kv = kimi_falloc(arena, (uint64_t)n * C, "MLA latents", err);
     float *o = kimi_falloc(arena, (uint64_t)n * ldo, "MLA head outputs", err);
     if (!q || !kv || !o) return EM_ENOMEM;
-    int rc = mla_query(hp, w, &xa, n, q, pool, arena, err);
-    if (!rc) rc = kimi_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
+    int rc;
+    if (hp->q_lora == 0) { /* q and the latents from x in one pool run */
+        const kimi_mm_out from_x[] = { { &xa, &w->q, q, ldq }, { &xa, &w->kv_a, kv, C } };
+        rc = kimi_mm_many(from_x, 2, pool, arena, err);
+    } else {
+        rc = mla_query(hp, w, &xa, n, q, pool, arena, err);
+        if (!rc) rc = kimi_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
+    }
     if (rc) return rc;
     for (int t = 0; t < n; t++) { /* the new rows of the latent cache */
         float *row = cache + (pos + t) * C;

@@ -11,12 +11,12 @@
  *
  * Routed experts (the same code for prefill, decoding and verification): the n rows' routes
  * form a union (experts/route); each needed expert runs once over all rows routed to it, the
- * gate/up products of many experts in one pool run and their down products in another. The
- * experts' weights come from the mapping (resident) or from the experts/ cache (SSD: hits are
- * computed while the misses load). Each expert writes its own output rows and the weighted
- * sum is taken afterwards in ascending expert order for every row, so the logits do not
- * depend on the storage mode, the cache budget or the order in which experts arrive: resident
- * and SSD are bit-identical.
+ * gate/up products of many experts (and of the shared experts) in one pool run and their down
+ * products in another. The experts' weights come from the mapping (resident) or from the
+ * experts/ cache (SSD: hits are computed while the misses load). Each expert writes its own
+ * output rows and the weighted sum is taken afterwards in ascending expert order for every
+ * row, so the logits do not depend on the storage mode, the cache budget or the order in
+ * which experts arrive: resident and SSD are bit-identical.
  *
  * Also owns the storage mode (kimi_experts): its choice at open, the load summary line,
  * statistics and storage cost hints. */
@@ -85,8 +85,8 @@ static int swiglu_mlp(const kimi_hparams *hp, const em_mat *gate, const em_mat *
     if (!g || !u) return EM_ENOMEM;
     kimi_acts xa;
     kimi_acts_init(&xa, x, ldx, gate->cols, n);
-    int rc = kimi_mm(&xa, gate, g, F, pool, arena, err);
-    if (!rc) rc = kimi_mm(&xa, up, u, F, pool, arena, err);
+    const kimi_mm_out from_x[] = { { &xa, gate, g, F }, { &xa, up, u, F } };
+    int rc = kimi_mm_many(from_x, 2, pool, arena, err);
     if (rc) return rc;
     kimi_glu(hp, g, u, (int64_t)n * F, g); /* SwiGLU, or K3's SiTU */
     kimi_acts ga;
@@ -111,7 +111,21 @@ struct kimi_experts {
 
 #define CALIB_DECAY 0.99 /* per MoE layer forward: about the last 100 layer unions count */
 
-#define EXPERTS_PER_RUN (EM_MATMUL_MULTI_MAX / 2) /* gate + up of each in one pool run */
+#define EXPERTS_PER_RUN (EM_MATMUL_MULTI_MAX / 2 - 1) /* gate + up of each in one pool run, + shared */
+
+/* The shared experts' products, riding along in the first pool runs of the routed experts
+ * (fewer hand-offs; every product is computed exactly as on its own). */
+typedef struct shared_job {
+    bool pending;             /* not yet computed */
+    const em_mat *gate, *up, *down;
+    em_act act_gate, act_up;  /* the layer's input rows */
+    float *g, *u;             /* [n][F] */
+    uint8_t *down_buf;        /* activations of g for down (NULL: f32 in place) */
+    em_act act_down;
+    float *y;                 /* [n][ldy] the shared output */
+    int64_t ldy;
+    int n;
+} shared_job;
 
 /* One layer's expert work: the union's gathered input rows (row j of the union at j), their
  * activations, and per-union-row outputs. */
@@ -125,6 +139,7 @@ typedef struct expert_job {
     uint8_t *down_buf;        /* activations of g for down (NULL: f32 in place) */
     uint64_t down_stride;
     em_pool *pool;
+    shared_job *sh;           /* NULL, or the shared experts to compute along */
 } expert_job;
 
 static em_act act_rows(const em_act *a, int64_t r0, int64_t m) {
@@ -149,6 +164,7 @@ static int run_experts(void *vctx, const int *idx, const em_expert_data *d, int 
     const em_route_union *u = job->u;
     for (int c0 = 0; c0 < n; c0 += EXPERTS_PER_RUN) {
         const int nc = n - c0 < EXPERTS_PER_RUN ? n - c0 : EXPERTS_PER_RUN;
+        shared_job *sh = job->sh && job->sh->pending ? job->sh : NULL;
         em_mat mats[EXPERTS_PER_RUN][3];
         em_act ag[EXPERTS_PER_RUN], au[EXPERTS_PER_RUN], ad[EXPERTS_PER_RUN];
         em_mm_item items[EM_MATMUL_MULTI_MAX];
@@ -160,7 +176,13 @@ static int run_experts(void *vctx, const int *idx, const em_expert_data *d, int 
             items[2 * j] = (em_mm_item){ &mats[j][0], &ag[j], job->g + r0 * F, F };
             items[2 * j + 1] = (em_mm_item){ &mats[j][1], &au[j], job->up + r0 * F, F };
         }
-        int rc = em_matmul_multi(job->pool, items, 2 * nc, err);
+        int n_items = 2 * nc;
+        if (sh) {
+            const int64_t Fs = sh->gate->rows;
+            items[n_items++] = (em_mm_item){ sh->gate, &sh->act_gate, sh->g, Fs };
+            items[n_items++] = (em_mm_item){ sh->up, &sh->act_up, sh->u, Fs };
+        }
+        int rc = em_matmul_multi(job->pool, items, n_items, err);
         for (int j = 0; !rc && j < nc; j++) {
             const int i = idx[c0 + j], r0 = u->start[i], m = u->start[i + 1] - r0;
             float *g = job->g + r0 * F;
@@ -169,8 +191,16 @@ static int run_experts(void *vctx, const int *idx, const em_expert_data *d, int 
             rc = em_act_prepare(job->pool, mats[j][2].type, g, F, F, m, buf, &ad[j], err);
             items[j] = (em_mm_item){ &mats[j][2], &ad[j], job->out + r0 * E, E };
         }
-        if (!rc) rc = em_matmul_multi(job->pool, items, nc, err);
+        n_items = nc;
+        if (!rc && sh) {
+            const int64_t Fs = sh->gate->rows;
+            kimi_glu(job->hp, sh->g, sh->u, (int64_t)sh->n * Fs, sh->g);
+            rc = em_act_prepare(job->pool, sh->down->type, sh->g, Fs, Fs, sh->n, sh->down_buf, &sh->act_down, err);
+            items[n_items++] = (em_mm_item){ sh->down, &sh->act_down, sh->y, sh->ldy };
+        }
+        if (!rc) rc = em_matmul_multi(job->pool, items, n_items, err);
         if (rc) return em_err_prefix(err, "expert %d", d[c0].expert);
+        if (sh) sh->pending = false;
     }
     return EM_OK;
 }
@@ -205,15 +235,15 @@ static int run_resident(const kimi_hparams *hp, const kimi_ffn_w *w, expert_job 
     return run_experts(job, idx, d, n, err);
 }
 
-/* y[n][E] = sum over the routed experts of the rows (ids/wts: n x K). */
+/* y[n][E] = sum over the routed experts of the rows (ids/wts: n x K); sh (or NULL) rides along. */
 static int routed_experts(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, const int *ids,
-                          const float *wts, float *y, em_pool *pool, em_arena *arena, em_err *err) {
+                          const float *wts, float *y, shared_job *sh, em_pool *pool, em_arena *arena, em_err *err) {
     const int K = hp->n_expert_used;
     const int64_t E = w->gate_exps.cols, F = hp->n_ff_exp, nk = (int64_t)n * K;
     em_route_union u;
     int rc = em_route_union_build(&u, ids, wts, n, K, hp->n_expert, arena, err);
     if (rc) return rc;
-    expert_job job = { .hp = hp, .w = w, .u = &u, .pool = pool };
+    expert_job job = { .hp = hp, .w = w, .u = &u, .pool = pool, .sh = sh };
     float *xg = kimi_falloc(arena, (uint64_t)nk * E, "expert input rows", err);
     job.g = kimi_falloc(arena, (uint64_t)nk * F, "expert gate rows", err);
     job.up = kimi_falloc(arena, (uint64_t)nk * F, "expert up rows", err);
@@ -250,6 +280,26 @@ static int routed_experts(const kimi_hparams *hp, const kimi_ffn_w *w, int n, co
     return EM_OK;
 }
 
+/* The shared experts' inputs and scratch (their products run with the routed experts'). */
+static int shared_setup(const kimi_ffn_w *w, int n, const float *h, int64_t E, float *ys, shared_job *sh,
+                        em_pool *pool, em_arena *arena, em_err *err) {
+    const int64_t F = w->gate_sh.rows;
+    *sh = (shared_job){ .pending = true, .gate = &w->gate_sh, .up = &w->up_sh, .down = &w->down_sh,
+                        .y = ys, .ldy = E, .n = n };
+    sh->g = kimi_falloc(arena, (uint64_t)n * F, "shared expert gate rows", err);
+    sh->u = kimi_falloc(arena, (uint64_t)n * F, "shared expert up rows", err);
+    if (!sh->g || !sh->u) return EM_ENOMEM;
+    int rc = prepare_acts(w->gate_sh.type, h, E, n, pool, arena, &sh->act_gate, err);
+    if (rc) return rc;
+    if (em_dot_act_type(w->up_sh.type) == em_dot_act_type(w->gate_sh.type)) sh->act_up = sh->act_gate;
+    else if ((rc = prepare_acts(w->up_sh.type, h, E, n, pool, arena, &sh->act_up, err))) return rc;
+    uint64_t bytes;
+    if ((rc = em_act_bytes(w->down_sh.type, F, n, &bytes, err))) return rc;
+    if (bytes && !(sh->down_buf = em_arena_alloc(arena, (size_t)bytes)))
+        return em_err_set(err, EM_ENOMEM, "out of memory for %llu activation bytes", (unsigned long long)bytes);
+    return EM_OK;
+}
+
 static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
                        const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_err *err) {
     const int X = hp->n_expert, K = hp->n_expert_used, E = hp->n_embd;
@@ -271,17 +321,23 @@ static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const
             for (int i = 0; i < K; i++) ro->ids[t * ro->ld_ids + i] = ids[t * K + i];
         if (ro && ro->margins) ro->margins[t * ro->ld_margins] = margin;
     }
+    shared_job sh = { 0 };
+    float *ys = NULL;
+    if (w->gate_sh.rows > 0) {
+        ys = kimi_falloc(arena, (uint64_t)n * E, "shared expert rows", err);
+        if (!ys || (rc = shared_setup(w, n, h, E, ys, &sh, pool, arena, err))) return ys ? rc : EM_ENOMEM;
+    }
     const float *xr; /* K3 latent MoE: the experts' input and sum at the latent width */
     float *yr;
     if ((rc = kimi_latent_in(hp, w, n, h, y, &xr, &yr, pool, arena, err)) ||
-        (rc = routed_experts(hp, w, n, xr, ids, wts, yr, pool, arena, err)) ||
+        (rc = routed_experts(hp, w, n, xr, ids, wts, yr, ys ? &sh : NULL, pool, arena, err)) ||
         (rc = kimi_latent_out(hp, w, n, yr, y, pool, arena, err)))
         return rc;
-    if (w->gate_sh.rows > 0) {
-        float *ys = kimi_falloc(arena, (uint64_t)n * E, "shared expert rows", err);
-        if (!ys) return EM_ENOMEM;
-        rc = swiglu_mlp(hp, &w->gate_sh, &w->up_sh, &w->down_sh, h, E, n, ys, E, pool, arena, err);
-        if (rc) return em_err_prefix(err, "shared expert");
+    if (ys) {
+        if (sh.pending) { /* no routed run took it along */
+            rc = swiglu_mlp(hp, &w->gate_sh, &w->up_sh, &w->down_sh, h, E, n, ys, E, pool, arena, err);
+            if (rc) return em_err_prefix(err, "shared expert");
+        }
         for (int64_t i = 0; i < (int64_t)n * E; i++) y[i] += ys[i];
     }
     return EM_OK;

@@ -3,7 +3,9 @@
  * the ring when there is a drafter), takes the first token from the last row, then runs steps
  *
  *     drafter context += new committed rows (from the ring)
- *     -> propose a block after the anchor -> schedule (how many drafts to verify)
+ *     -> propose a block after the anchor -> schedule (how many drafts to verify; the walk
+ *        runs slot by slot inside propose: a drafter that honours keep makes no slot that
+ *        will not be verified)
  *     -> verify [anchor, d_1..d_K] -> accept -> commit(1 + accepted) -> ring += their features
  *     -> emit
  *
@@ -273,6 +275,13 @@ static double pass_seconds(void *ud, int n) {
     return c->draft_seconds + em_target_cost(c->target, n).nominal_seconds;
 }
 
+/* The scheduler's walk, asked by the drafter slot by slot: a slot the walk would not verify
+ * ends the block before the drafter makes its logits and the chooser draws for it. */
+static bool keep_draft(void *ud, int k, float z) {
+    (void)k;
+    return em_spec_sched_keep(ud, z);
+}
+
 /* Drafts (into rows 1..) and chooses how many to verify (<= limit - 1); returns K. */
 static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
     em_spec *s = g->s;
@@ -281,14 +290,20 @@ static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
     int rc = sync_drafter(g, err);
     int want = (s->fixed_width ? s->fixed_width : s->max_width) - 1;
     if (want > limit - 1) want = limit - 1;
+    pass_cost cost = { s->target, d->info.block_seconds };
+    em_spec_sched sched;
     em_draft_out o = { .tokens = s->rows + 1, .conf_logits = d->info.has_confidence ? s->conf : NULL };
+    if (!s->fixed_width && o.conf_logits) {
+        em_spec_sched_start(&sched, pass_seconds, &cost);
+        o.keep = keep_draft, o.keep_ud = &sched;
+    }
     if (!rc) rc = em_draft_propose(d, anchor, want, choose_draft, g, &o, err);
     g->res->draft_seconds += em_time_now() - t0;
     if (rc) return em_err_prefix(err, "drafter: block after token %d", anchor);
     if (o.n < 0 || o.n > want)
         return em_err_set(err, EM_EINVAL, "drafter: %d proposals where at most %d were asked", o.n, want);
     if (s->fixed_width) return o.n;
-    pass_cost cost = { s->target, d->info.block_seconds };
+    /* a drafter that honoured keep stopped where this walk stops (it returns o.n then) */
     return em_spec_schedule(o.conf_logits, o.n, pass_seconds, &cost);
 }
 

@@ -49,6 +49,21 @@ typedef double (*em_spec_cost_fn)(void *ud, int n_rows);
  * lossless). z NULL (no confidence head) or an unknown cost: all n. NaN z counts as 0. */
 int em_spec_schedule(const float *z, int n, em_spec_cost_fn cost, void *ud);
 
+/* The same walk one draft at a time, for a drafter that can stop early: start, then keep(z)
+ * for slots 0, 1, .. in order; true while draft k (confidence logit z) is verified, false
+ * from the first that is not (and every call after). After keep returned true for k drafts
+ * and false for the next, em_spec_schedule over those k logits returns k. */
+typedef struct em_spec_sched {
+    em_spec_cost_fn cost;
+    void *ud;
+    double expected, survival, best;
+    int width;    /* drafts kept so far */
+    bool all;     /* no usable cost: keep every draft */
+    bool stopped;
+} em_spec_sched;
+void em_spec_sched_start(em_spec_sched *st, em_spec_cost_fn cost, void *ud);
+bool em_spec_sched_keep(em_spec_sched *st, float z);
+
 /* ---- acceptance (accept.c) --------------------------------------------------------------- */
 
 /* Greedy: logits holds the K+1 verified rows ([K+1][n_vocab], row i after the i-th verified

@@ -2,7 +2,8 @@
 
 Inputs: the Python standard library of the machine that runs the scripts (sysconfig's
 "stdlib" folder: every *.py file under it, site-packages / dist-packages / test folders
-excluded). Nothing is downloaded.
+excluded), and optionally the *.py files of the installed packages (site_corpus, with the
+eval prompts kept out). Nothing is downloaded.
 
 What lives here:
   - the corpus: file list, train / held-out split (by a hash of the relative path), the
@@ -168,6 +169,97 @@ def load_corpus(root=None):
         h.update(rel.encode() + b"\0" + text.encode("utf-8", "surrogatepass") + b"\0")
         (held if is_heldout(rel) else train).append((rel, text))
     return {"train": train, "heldout": held, "root": root, "sha256": h.hexdigest()}
+
+
+# ---------------------------------------------------------------- the larger corpus
+
+SITE_EXCLUDE_DIRS = {"test", "tests", "testing", "__pycache__", "_vendor", "vendor", "vendored", "examples"}
+SITE_MAX_FILE = 400_000  # characters; larger files are mostly generated tables
+
+
+def site_roots():
+    """The Python environment's package folders (sysconfig purelib / platlib), deduplicated."""
+    out = []
+    for key in ("purelib", "platlib"):
+        p = os.path.realpath(sysconfig.get_paths()[key])
+        if os.path.isdir(p) and p not in out:
+            out.append(p)
+    return out
+
+
+def eval_lines(eval_dir):
+    """Stripped lines of the eval prompts (>= 40 characters, imports not counted): a training
+    file holding any of them is left out."""
+    lines = set()
+    for fn in sorted(os.listdir(eval_dir)) if os.path.isdir(eval_dir) else []:
+        if not fn.endswith(".jsonl"):
+            continue
+        with open(os.path.join(eval_dir, fn), encoding="utf-8") as f:
+            for row in f:
+                rec = json.loads(row)
+                text = rec.get("prompt") or " ".join(rec.get("turns", []))
+                lines.update(l.strip() for l in text.split("\n")
+                             if len(l.strip()) >= 40 and not l.strip().startswith(("from ", "import ")))
+    return lines
+
+
+def site_corpus(max_chars, eval_dir, roots=None):
+    """Extra training text: the *.py files of the installed packages (site_roots), sorted by
+    path, identical files once, test / vendored folders and files over SITE_MAX_FILE left out,
+    and any file sharing a line with an eval prompt left out. Over max_chars, a fixed subset:
+    files in order of sha256(path) until the budget is spent.
+    Returns ([(rel, text)], stats)."""
+    banned = eval_lines(eval_dir)
+    seen, files, stats = set(), [], {"roots": roots or site_roots(), "leak_guard_lines": len(banned),
+                                     "skipped_eval_overlap": 0, "skipped_duplicate": 0, "skipped_large": 0}
+    for root in stats["roots"]:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in SITE_EXCLUDE_DIRS and not d.endswith(".dist-info"))
+            for fn in sorted(filenames):
+                if not fn.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, fn)
+                try:
+                    if os.path.getsize(path) > SITE_MAX_FILE:
+                        stats["skipped_large"] += 1
+                        continue
+                    text = read_text(path)
+                except OSError:
+                    continue
+                if not text.strip():
+                    continue
+                digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+                if digest in seen:
+                    stats["skipped_duplicate"] += 1
+                    continue
+                seen.add(digest)
+                if banned and any(l.strip() in banned for l in text.split("\n")):
+                    stats["skipped_eval_overlap"] += 1
+                    continue
+                files.append(("site/" + os.path.relpath(path, root), text))
+    files.sort()
+    total = sum(len(t) for _, t in files)
+    stats["files_found"], stats["chars_found"] = len(files), total
+    if total > max_chars:
+        keep, used = set(), 0
+        for rel, text in sorted(files, key=lambda f: hashlib.sha256(f[0].encode()).digest()):
+            if used + len(text) > max_chars:
+                continue
+            keep.add(rel)
+            used += len(text)
+        files = [f for f in files if f[0] in keep]
+    per_pkg = {}
+    for rel, text in files:
+        top = rel.split("/")[1]
+        n, c = per_pkg.get(top, (0, 0))
+        per_pkg[top] = (n + 1, c + len(text))
+    stats["files"], stats["chars"] = len(files), sum(len(t) for _, t in files)
+    stats["packages_top30_by_chars"] = sorted(per_pkg.items(), key=lambda kv: -kv[1][1])[:30]
+    h = hashlib.sha256()
+    for rel, text in files:
+        h.update(rel.encode() + b"\0" + text.encode("utf-8", "surrogatepass") + b"\0")
+    stats["sha256"] = h.hexdigest()
+    return files, stats
 
 
 def chat_samples(files, max_chars=3000):

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Stage 1: corpus -> byte-level BPE tokenizer -> Kimi-Linear target, trained next-token.
 
-Inputs:  the Python standard library of this machine (common.load_corpus); nothing else.
+Inputs:  the Python standard library of this machine (common.load_corpus) and, with
+         --site-chars N, up to N characters of the installed packages' *.py files
+         (common.site_corpus; eval prompts kept out by common.eval_lines); nothing downloaded.
+         The tokenizer is trained on the standard library's training files alone.
 Outputs (under --out):
   target/config.json            Moonshot-style config (common.target_config)
   target/model.safetensors      Moonshot tensor names (as Kimi-Linear-48B ships them), BF16
@@ -25,11 +28,14 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+
+EVAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "eval")
 
 T0 = time.time()
 LOG = {"stages": {}}
@@ -268,6 +274,27 @@ def save_target(model, tok, out_dir):
     return {k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in sorted(out.items())}
 
 
+def chat_samples_parallel(files):
+    """common.chat_samples over many files on every CPU, sorted (a fixed order to shuffle)."""
+    import multiprocessing as mp
+
+    with mp.Pool(os.cpu_count() or 1) as pool:
+        res = pool.map(common.chat_samples, [files[i::64] for i in range(64)])
+    return sorted(x for out in res for x in out)
+
+
+def to_stream(docs, eos):
+    """One int32 tensor: every document followed by [EOS]."""
+    lens = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
+    out = np.empty(int(lens.sum()), dtype=np.int32)
+    pos = 0
+    for d in docs:
+        out[pos:pos + len(d)] = d
+        out[pos + len(d)] = eos
+        pos += len(d) + 1
+    return torch.from_numpy(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -276,6 +303,10 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--site-chars", type=int, default=0,
+                    help="characters of installed packages' code added to the corpus (0: standard library only)")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds from the start by which everything must be written (training is shortened to fit)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = "cuda"
@@ -291,7 +322,13 @@ def main():
     stage("corpus")
     corpus = common.load_corpus()
     train_files, held_files = corpus["train"], corpus["heldout"]
-    chats = common.chat_samples(train_files)
+    site_files = []
+    if args.site_chars:
+        site_files, LOG["site_corpus"] = common.site_corpus(args.site_chars, EVAL_DIR)
+        held_texts = {t for _, t in held_files}
+        site_files = [f for f in site_files if f[1] not in held_texts]
+        log({k: v for k, v in LOG["site_corpus"].items() if k != "packages_top30_by_chars"})
+    chats = chat_samples_parallel(train_files + site_files)
     LOG["corpus"] = {"root": corpus["root"], "sha256": corpus["sha256"], "train_files": len(train_files),
                      "heldout_files": len(held_files), "train_chars": sum(len(t) for _, t in train_files),
                      "heldout_chars": sum(len(t) for _, t in held_files), "chat_samples": len(chats),
@@ -307,7 +344,7 @@ def main():
 
     stage("tokenize")
     eos = common.special_id("[EOS]")
-    file_ids = [e.ids for e in tok.encode_batch([t for _, t in train_files], add_special_tokens=False)]
+    file_ids = [e.ids for e in tok.encode_batch([t for _, t in train_files + site_files], add_special_tokens=False)]
     code_tokens = sum(len(x) + 1 for x in file_ids)
     rng = random.Random(7)
     rng.shuffle(chats)
@@ -320,12 +357,13 @@ def main():
         chat_tokens += len(e.ids) + 1
     docs = file_ids + chat_ids
     rng.shuffle(docs)
-    stream = torch.tensor([t for d in docs for t in d + [eos]], dtype=torch.int32)
+    stream = to_stream(docs, eos)
     held_ids = [e.ids for e in tok.encode_batch([t for _, t in held_files], add_special_tokens=False)]
-    held_stream = torch.tensor([t for d in held_ids for t in d + [eos]], dtype=torch.int32)
+    held_stream = to_stream(held_ids, eos)
     LOG["tokens"] = {"train": len(stream), "train_code": code_tokens, "train_chat": chat_tokens,
                      "chat_docs": len(chat_ids), "heldout": len(held_stream),
-                     "bytes_per_token_train_code": round(LOG["corpus"]["train_chars"] / max(code_tokens, 1), 3)}
+                     "bytes_per_token_train_code": round((LOG["corpus"]["train_chars"] + sum(len(t) for _, t in site_files))
+                                                         / max(code_tokens, 1), 3)}
     log(LOG["tokens"])
 
     stage("model")
@@ -383,7 +421,11 @@ def main():
         if step == 13 and not args.steps:
             torch.cuda.synchronize()
             per = (time.time() - t_meas) / 10
-            total = max(20, int(args.train_seconds / per))
+            budget = args.train_seconds
+            if args.deadline:  # leave ~40 s for saving, held-out eval, reload check and samples
+                budget = min(budget, args.deadline - (time.time() - T0) - 40)
+            LOG["train_budget_seconds"] = round(budget, 1)
+            total = max(20, int(budget / per) + 13)
             LOG["step_seconds_measured"] = per
             log(f"step time {per:.3f}s -> {total} steps")
         loss, gn, imb = train_step(step, total if total < 10 ** 9 else 2000)

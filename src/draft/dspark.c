@@ -10,8 +10,8 @@
  *               (computed in pieces of several slots), the Markov bias of the previously
  *               chosen token (the anchor for the first draft; vanilla biases are cached by
  *               token, they depend on nothing else), and the caller's choice.
- *               Attention runs one pool task per (block row, query head); on AVX-512 CPUs its
- *               loops are dspark_attn_avx512.c's (the same sums, reassociated).
+ *               Attention runs one pool task per (block row, query head) on compute's
+ *               fixed-order score / softmax / weighted-row helpers (those MLA uses).
  *
  * Invariants: the cache holds context rows only (the block never enters it), rows < n_ctx
  * are valid; every buffer was sized at open, so nothing here allocates. Logits handed out are
@@ -139,29 +139,7 @@ static int dsp_add_context(em_drafter *d, const float *feats, int n, em_err *err
 typedef struct attn_job {
     dspark *s;
     int layer;
-    em_dot_fn dot; /* the F32 x F32 dot kernel (SIMD where the CPU has it) */
-    bool avx512;   /* dspark_attn_avx512.c's loops (the CPU has them, hd % 16 == 0) */
 } attn_job;
-
-/* sc[j] = scale * (q . k_j) over n key rows k + j * kw. */
-static void scores(const attn_job *job, const float *q, const float *k, int64_t kw, int64_t n, float scale, float *sc) {
-    const int hd = job->s->hp.hd;
-    if (job->avx512) {
-        dsp_scores_avx512(q, k, kw, n, hd, scale, sc);
-        return;
-    }
-    for (int64_t j = 0; j < n; j++) sc[j] = job->dot(k + j * kw, q, hd) * scale;
-}
-
-/* out += sum_j p[j] v_j over n value rows v + j * kw. */
-static void weighted_sum(const attn_job *job, const float *p, const float *v, int64_t kw, int64_t n, float *out) {
-    const int hd = job->s->hp.hd;
-    if (job->avx512) {
-        dsp_weighted_sum_avx512(p, v, kw, n, hd, out);
-        return;
-    }
-    for (int64_t j = 0; j < n; j++) em_axpy(p[j], v + j * kw, hd, out);
-}
 
 /* One (block row, query head) pair: softmax(q . K / sqrt(hd)) V over [cache ; block]. */
 static void attn_task(void *ctx, int task, int thread) {
@@ -177,26 +155,12 @@ static void attn_task(void *ctx, int task, int thread) {
     const float *vc = s->vc + (int64_t)job->layer * s->cap * kw + (int64_t)g * hd;
     float *sc = s->scores + (int64_t)thread * (s->cap + B);
     const float scale = 1.0f / sqrtf((float)hd);
-    scores(job, q, kc, kw, n_ctx, scale, sc);
-    scores(job, q, s->k + (int64_t)g * hd, kw, n_blk, scale, sc + n_ctx);
-    if (job->avx512) {
-        dsp_softmax_avx512(sc, n_ctx + n_blk);
-    } else {
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n_ctx + n_blk; j++)
-            if (sc[j] > mx) mx = sc[j];
-        double sum = 0.0;
-        for (int64_t j = 0; j < n_ctx + n_blk; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t j = 0; j < n_ctx + n_blk; j++) sc[j] *= inv;
-    }
+    em_dot_rows(kc, kw, n_ctx, q, hd, scale, sc);
+    em_dot_rows(s->k + (int64_t)g * hd, kw, n_blk, q, hd, scale, sc + n_ctx);
+    em_softmax_poly(sc, n_ctx + n_blk);
     float *out = s->att + i * qw + (int64_t)h * hd;
-    memset(out, 0, (size_t)hd * sizeof *out);
-    weighted_sum(job, sc, vc, kw, n_ctx, out);
-    weighted_sum(job, sc + n_ctx, s->v + (int64_t)g * hd, kw, n_blk, out);
+    em_weighted_rows(sc, vc, kw, n_ctx, hd, out); /* overwrites out, zeros when n_ctx is 0 */
+    for (int j = 0; j < n_blk; j++) em_axpy(sc[n_ctx + j], s->v + (int64_t)j * kw + (int64_t)g * hd, hd, out);
 }
 
 /* ---- the block ------------------------------------------------------------------------ */
@@ -227,8 +191,7 @@ static int run_layer(dspark *s, int l, em_err *err) {
     norm_heads(s->k, B, hp->n_kv, hp->hd, y->k_norm, hp->eps);
     rope_rows(s, s->q, B, hp->n_head);
     rope_rows(s, s->k, B, hp->n_kv);
-    attn_job job = { .s = s, .layer = l, .dot = em_dot_get(EM_TYPE_F32),
-                     .avx512 = em_isa_default() == EM_ISA_AVX512 && hp->hd % 16 == 0 };
+    attn_job job = { .s = s, .layer = l };
     em_pool_run(s->pool, (int)B * hp->n_head, attn_task, &job);
     if ((rc = mm(s, &y->wo, s->att, qw, B, s->o, d, err))) return rc;
     for (int64_t i = 0; i < B * d; i++) s->h[i] += s->o[i];

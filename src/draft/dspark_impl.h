@@ -73,12 +73,6 @@ typedef struct dspark {
     float slots_avg;  /* slots recent blocks used before the caller stopped them */
 } dspark;
 
-/* Attention inner loops on AVX-512 (dspark_attn_avx512.c; hd a multiple of 16):
- * out[j] = scale * (q . k_j) for n rows k_j = k + j * stride; out[0..hd) += sum_j p[j] v_j. */
-void dsp_scores_avx512(const float *q, const float *k, int64_t stride, int64_t n, int hd, float scale, float *out);
-void dsp_weighted_sum_avx512(const float *p, const float *v, int64_t stride, int64_t n, int hd, float *out);
-/* In place: x = softmax(x) over n >= 1 values (max-subtracted, the sum in double). */
-void dsp_softmax_avx512(float *x, int64_t n);
 
 int dsp_load(dspark *s, const char *draft_path, const char *target_path, const em_draft_opts *o,
              em_err *err);

@@ -108,14 +108,17 @@ static void test_matmul(void **state) {
  * weight row after the pairs, activation counts that leave 1..3 after the fours, and widths
  * whose block count is not a multiple of 4 (the tail goes to the AVX2 dot kernel: 96 is
  * only tail, 160 one step and a block, 416 three steps and a block; 2176 is wider than the
- * activation-major form takes). The outputs must equal
+ * activation-major form takes); row counts around the 16 (8 for rows of 1..3 blocks) outputs
+ * whose horizontal sums are formed together. The outputs must equal
  * the dot kernel pair by pair, bit for bit (check_matmul). */
 static void test_matmul_q8_0_tiles(void **state) {
     (void)state;
     em_pool *pool;
     assert_int_equal(em_pool_create(&pool, 2, NULL), 0);
-    static const int64_t shapes[][3] = { { 5, 96, 6 },  { 9, 160, 5 },  { 3, 32, 9 },  { 33, 416, 19 },
-                                         { 2, 128, 2 }, { 1, 128, 7 }, { 67, 2048, 33 }, { 3, 2176, 10 } };
+    static const int64_t shapes[][3] = { { 5, 96, 6 },   { 9, 160, 5 },  { 3, 32, 9 },    { 33, 416, 19 },
+                                         { 2, 128, 2 },  { 1, 128, 7 },  { 67, 2048, 33 }, { 3, 2176, 10 },
+                                         { 19, 64, 8 },  { 17, 64, 3 },  { 40, 256, 8 },   { 31, 128, 1 },
+                                         { 16, 256, 4 }, { 300, 256, 2 } };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         check_matmul(NULL, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
         check_matmul(pool, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
@@ -437,6 +440,76 @@ static void test_attention_rows(void **state) {
         }
 }
 
+/* em_rmsnorm_rows gives em_rmsnorm's floats row by row, bit for bit: 1..19 rows (groups of
+ * eight and their remainders), strided input and output, in place, with and without weights,
+ * rows of very different magnitudes side by side; nothing written between rows. */
+static void test_rmsnorm_rows(void **state) {
+    (void)state;
+    static const int64_t widths[] = { 1, 7, 64, 256, 1000 };
+    for (size_t a = 0; a < sizeof widths / sizeof widths[0]; a++)
+        for (int64_t rows = 1; rows <= 19; rows += 3)
+            for (int weighted = 0; weighted < 2; weighted++) {
+                const int64_t n = widths[a], ldx = n + 5, ldy = n + 2;
+                float *x = rand_floats(rows * ldx, 3.0f), *w = weighted ? rand_floats(n, 1.0f) : NULL;
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t i = 0; i < n; i++) x[r * ldx + i] *= (r % 3 == 0) ? 1e-20f : (r % 3 == 1) ? 1e15f : 1.0f;
+                float *y = malloc((size_t)(rows * ldy) * sizeof *y), *want = malloc((size_t)n * sizeof *want);
+                float *in_place = malloc((size_t)(rows * ldx) * sizeof *in_place);
+                assert_true(y && want && in_place);
+                for (int64_t i = 0; i < rows * ldy; i++) y[i] = -7.0f;
+                memcpy(in_place, x, (size_t)(rows * ldx) * sizeof *x);
+                em_rmsnorm_rows(x, ldx, w, 1e-6f, rows, n, y, ldy);
+                em_rmsnorm_rows(in_place, ldx, w, 1e-6f, rows, n, in_place, ldx);
+                for (int64_t r = 0; r < rows; r++) {
+                    em_rmsnorm(x + r * ldx, w, 1e-6f, n, want);
+                    assert_memory_equal(y + r * ldy, want, (size_t)n * sizeof *want);
+                    assert_memory_equal(in_place + r * ldx, want, (size_t)n * sizeof *want);
+                    for (int64_t i = n; i < ldy; i++) assert_true(y[r * ldy + i] == -7.0f);
+                }
+                free(x), free(w), free(y), free(want), free(in_place);
+            }
+}
+
+/* The multi-query forms (em_dot_rows_multi, em_weighted_rows_multi) give, query by query, the
+ * one-row forms' floats bit for bit: widths with and without a 16-value tail and past one
+ * 128-column block, row counts around the 16-row blocks, 1..9 queries (pairs and a lone
+ * one), per-query row counts that differ (causal rows: m, m - 1, ...; one of 0), strided
+ * queries and outputs; nothing written past a query's scores / outputs. */
+static void test_attention_rows_multi(void **state) {
+    (void)state;
+    static const int64_t widths[] = { 16, 17, 64, 128, 130, 160, 300 };
+    static const int64_t counts[] = { 1, 5, 16, 17, 33, 150 };
+    static const int nqs[] = { 1, 2, 3, 8, 9 };
+    for (size_t a = 0; a < sizeof widths / sizeof widths[0]; a++)
+        for (size_t b = 0; b < sizeof counts / sizeof counts[0]; b++)
+            for (size_t c = 0; c < sizeof nqs / sizeof nqs[0]; c++) {
+                const int64_t n = widths[a], m = counts[b], ld = n + 7, lds = m + 5, ldy = n + 3;
+                const int nq = nqs[c];
+                float *x = rand_floats(m * ld, 2.0f), *q = rand_floats(nq * ld, 1.5f), *p = rand_floats(nq * lds, 0.5f);
+                float *s = malloc((size_t)(nq * lds) * sizeof *s), *y = malloc((size_t)(nq * ldy) * sizeof *y);
+                float *want = malloc((size_t)(m + n) * sizeof *want);
+                int64_t mt[9];
+                assert_true(s && y && want);
+                for (int64_t i = 0; i < nq * lds; i++) s[i] = -7.0f;
+                for (int64_t i = 0; i < nq * ldy; i++) y[i] = -7.0f;
+                em_dot_rows_multi(x, ld, m, q, ld, nq, n, 0.125f, s, lds);
+                for (int t = 0; t < nq; t++) {
+                    em_dot_rows(x, ld, m, q + t * ld, n, 0.125f, want);
+                    assert_memory_equal(s + t * lds, want, (size_t)m * sizeof *want);
+                    for (int64_t i = m; i < lds; i++) assert_true(s[t * lds + i] == -7.0f);
+                    mt[t] = m - t > 0 ? m - t : 0;
+                }
+                if (nq > 2) mt[1] = 0;
+                em_weighted_rows_multi(p, lds, mt, nq, x, ld, n, y, ldy);
+                for (int t = 0; t < nq; t++) {
+                    em_weighted_rows(p + t * lds, x, ld, mt[t], n, want);
+                    assert_memory_equal(y + t * ldy, want, (size_t)n * sizeof *want);
+                    for (int64_t i = n; i < ldy; i++) assert_true(y[t * ldy + i] == -7.0f);
+                }
+                free(x), free(q), free(p), free(s), free(y), free(want);
+            }
+}
+
 /* em_expf_poly within 3 ulp of exp over the range softmax feeds it (and its edges), and
  * em_softmax_poly (vectorized on AVX-512) equal, bit for bit, to its definition through the
  * scalar em_expf_poly, for lengths with and without a vector tail. */
@@ -473,6 +546,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax_poly),
         cmocka_unit_test(test_attention_rows),
+        cmocka_unit_test(test_attention_rows_multi),
+        cmocka_unit_test(test_rmsnorm_rows),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_q8_0_tiles),
         cmocka_unit_test(test_act_q8_0_bytes),

@@ -476,6 +476,9 @@ static void test_context_and_choice(void **state) {
     assert_int_equal(info->taps[0], 0);
     assert_int_equal(info->taps[2], 2);
     assert_true(info->has_confidence);
+    /* the cost model: a fixed part (backbone) and a part per slot made (LM head row, bias) */
+    assert_true(isfinite(info->block_seconds) && info->block_seconds > 0);
+    assert_true(isfinite(info->slot_seconds) && info->slot_seconds > 0);
     int32_t toks[8];
     float logits_all[7 * VOCAB], logits3[3 * VOCAB];
 

@@ -535,6 +535,50 @@ static void test_threads_agree(void **state) {
     em_target_close(b);
 }
 
+/* Every row of a verify is bit for bit the row a one-token decoding step gives for that token
+ * (a row never depends on the rows it is verified with): after a prefill of 18, verifies of
+ * 2..8 rows (Q8_0 and f32 weights, one and two threads) against verify(1) + commit(1) token
+ * by token on a second target, the two advancing together. */
+static void check_verify_rows_exact(const char *cfg, const char *type, int threads) {
+    em_model_opts opts = { .n_threads = threads };
+    em_target *t = open_model(model_path(cfg, type), &opts), *ref = open_model(model_path(cfg, type), &opts);
+    int n;
+    int32_t *tok = seq_tokens(json_array_get(sequences(cfg), 2), &n);
+    const int P = 18, V = em_target_get_info(t)->n_vocab;
+    assert_true(n >= P + 35);
+    assert_int_equal(em_target_prefill(t, tok, P, &(em_rows){ 0 }, NULL), 0);
+    assert_int_equal(em_target_prefill(ref, tok, P, &(em_rows){ 0 }, NULL), 0);
+    float *a = malloc((size_t)8 * V * sizeof *a), *b = malloc((size_t)8 * V * sizeof *b);
+    assert_true(a && b);
+    int p = P;
+    for (int w = 2; w <= 8; p += w, w++) {
+        verify_rows(t, tok + p, w, a);
+        commit_rows(t, w);
+        for (int i = 0; i < w; i++) {
+            verify_rows(ref, tok + p + i, 1, b + (int64_t)i * V);
+            commit_rows(ref, 1);
+        }
+        for (int i = 0; i < w; i++)
+            if (memcmp(a + (int64_t)i * V, b + (int64_t)i * V, (size_t)V * sizeof *a))
+                fail_msg("%s %s, %d threads: row %d of a verify of %d at %d differs from its decoding step", cfg, type,
+                         threads, i, w, p);
+    }
+    free(a);
+    free(b);
+    free(tok);
+    em_target_close(t);
+    em_target_close(ref);
+}
+
+static void test_verify_rows_exact(void **state) {
+    (void)state;
+    NEED_MODELS();
+    check_verify_rows_exact("kimi_a", "q8_0", 2);
+    check_verify_rows_exact("kimi_b", "q8_0", 2);
+    check_verify_rows_exact("kimi_b", "q8_0", 1);
+    check_verify_rows_exact("kimi_a", "f32", 2);
+}
+
 static void test_cost(void **state) {
     (void)state;
     NEED_MODELS();
@@ -719,6 +763,7 @@ int main(void) {
         cmocka_unit_test(test_verify_commit),
         cmocka_unit_test(test_wide_verify_replays),
         cmocka_unit_test(test_threads_agree),
+        cmocka_unit_test(test_verify_rows_exact),
         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_bad_calls),

@@ -95,6 +95,11 @@ static inline float em_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x
 
 /* y = x * rsqrt(mean(x^2) + eps) * w (w NULL: no weight), over n values. */
 void em_rmsnorm(const float *x, const float *w, float eps, int64_t n, float *y);
+/* em_rmsnorm of rows x + r * ldx into y + r * ldy, r < rows, each row bit for bit em_rmsnorm's
+ * (several rows' sums run side by side: faster, not reordered). y may be x (ldy == ldx);
+ * no other overlap. */
+void em_rmsnorm_rows(const float *x, int64_t ldx, const float *w, float eps, int64_t rows, int64_t n, float *y,
+                     int64_t ldy);
 /* y = x * rsqrt(sum(x^2) + eps). */
 void em_l2norm(const float *x, float eps, int64_t n, float *y);
 void em_sigmoid(const float *x, int64_t n, float *y);
@@ -123,6 +128,15 @@ void em_dot_rows(const float *x, int64_t ldx, int64_t m, const float *q, int64_t
 /* y[i] = sum over u ascending of p[u] * x[u][i] (one fused multiply-add per term, from 0),
  * rows x + u * ldx, n values; y is overwritten and must not overlap x or p. */
 void em_weighted_rows(const float *p, const float *x, int64_t ldx, int64_t m, int64_t n, float *y);
+/* em_dot_rows for nq queries (query t at q + t * ldq) over the same m rows: scores of query t
+ * at s + t * lds. Each score is bit for bit em_dot_rows's; the rows are read once per block
+ * for all queries instead of once per query (attention over a shared cache). */
+void em_dot_rows_multi(const float *x, int64_t ldx, int64_t m, const float *q, int64_t ldq, int nq, int64_t n,
+                       float scale, float *s, int64_t lds);
+/* em_weighted_rows for nq weight rows (row t at p + t * ldp, over the first m[t] rows of x)
+ * into y + t * ldy; each bit for bit em_weighted_rows(p + t * ldp, x, ldx, m[t], n, y + t * ldy). */
+void em_weighted_rows_multi(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
+                            int64_t n, float *y, int64_t ldy);
 
 /* ---- a nominal machine for cost estimates ------------------------------------------------
  * Rates that estimates use when they must not depend on timing: spec/ weighs a drafter's block

@@ -114,7 +114,7 @@ static void prep_task(void *ctx, int task, int thread) {
 
 int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_t cols, int64_t n,
                    void *buf, em_act *out, em_err *err) {
-    uint64_t bytes;
+    uint64_t bytes = 0;
     int rc = em_act_bytes(wtype, cols, n, &bytes, err);
     if (rc) return rc;
     int blk = em_dot_block_elems(wtype);

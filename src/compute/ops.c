@@ -25,6 +25,38 @@ void em_rmsnorm(const float *x, const float *w, float eps, int64_t n, float *y) 
         for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
 }
 
+/* Eight rows' sums of squares in one pass: each row's sum is sum_squares's chain, in its
+ * order, only the eight chains interleave (one row's chain is a dependent add per value;
+ * eight of them keep the adder busy). Missing rows repeat the last one. */
+static void sum_squares8(const float *x, int64_t ldx, int rows, int64_t n, double s[8]) {
+    const float *p[8];
+    for (int r = 0; r < 8; r++) {
+        p[r] = x + (r < rows ? r : rows - 1) * ldx;
+        s[r] = 0.0;
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int r = 0; r < 8; r++) s[r] += (double)p[r][i] * p[r][i];
+}
+
+void em_rmsnorm_rows(const float *x, int64_t ldx, const float *w, float eps, int64_t rows, int64_t n, float *y,
+                     int64_t ldy) {
+    if (n <= 0) return;
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        const int R = rows - r0 < 8 ? (int)(rows - r0) : 8;
+        double s[8];
+        sum_squares8(x + r0 * ldx, ldx, R, n, s);
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + (r0 + r) * ldx;
+            float *yr = y + (r0 + r) * ldy;
+            const float scale = (float)(1.0 / sqrt(s[r] / (double)n + (double)eps)); /* as em_rmsnorm */
+            if (w)
+                for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * scale * w[i];
+            else
+                for (int64_t i = 0; i < n; i++) yr[i] = xr[i] * scale;
+        }
+    }
+}
+
 void em_l2norm(const float *x, float eps, int64_t n, float *y) {
     if (n <= 0) return;
     float scale = (float)(1.0 / sqrt(sum_squares(x, n) + (double)eps));
@@ -111,6 +143,26 @@ void em_weighted_rows(const float *p, const float *x, int64_t ldx, int64_t m, in
     for (int64_t i = 0; i < n; i++) y[i] = 0.0f;
     for (int64_t u = 0; u < m; u++)
         for (int64_t i = 0; i < n; i++) y[i] = fmaf(p[u], x[u * ldx + i], y[i]);
+}
+
+void em_dot_rows_multi(const float *x, int64_t ldx, int64_t m, const float *q, int64_t ldq, int nq, int64_t n,
+                       float scale, float *s, int64_t lds) {
+    if (m <= 0 || nq <= 0) return;
+    if (n > 0 && em_isa_default() == EM_ISA_AVX512) {
+        em_dot_rows_multi_avx512(x, ldx, m, q, ldq, nq, n, scale, s, lds);
+        return;
+    }
+    for (int t = 0; t < nq; t++) em_dot_rows(x, ldx, m, q + t * ldq, n, scale, s + t * lds);
+}
+
+void em_weighted_rows_multi(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
+                            int64_t n, float *y, int64_t ldy) {
+    if (n <= 0 || nq <= 0) return;
+    if (em_isa_default() == EM_ISA_AVX512) {
+        em_weighted_rows_multi_avx512(p, ldp, m, nq, x, ldx, n, y, ldy);
+        return;
+    }
+    for (int t = 0; t < nq; t++) em_weighted_rows(p + t * ldp, x, ldx, m[t], n, y + t * ldy);
 }
 
 /* The constants of em_expf_poly: ln 2 in two parts (the high part has trailing zero bits, so

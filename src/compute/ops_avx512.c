@@ -2,10 +2,18 @@
  * the MoE combine). Each gives exactly the scalar loop's floats: the same IEEE operations per
  * element (axpy: a multiply rounded, then an add rounded, no fused multiply-add; the
  * attention rows: the fused multiply-adds and lane order that ops.c spells out), only
- * sixteen at a time. */
+ * sixteen at a time. The forms over several query rows (verification and prefill attention)
+ * only change the loop order: every score and context value is made by the operations of the
+ * one-row form, in its order. */
 #include "compute/ops_kernels.h"
 
 #include <immintrin.h>
+
+#include "compute/hsum_avx512.h"
+
+/* Loops over a fixed set of accumulators must be unrolled, or -O2 keeps the accumulators in
+ * memory and every fma waits on a store (measured 4-5x slower). */
+#define UNROLL _Pragma("GCC unroll 8")
 
 void em_axpy_avx512(float a, const float *x, int64_t n, float *y) {
     const __m512 va = _mm512_set1_ps(a);
@@ -71,13 +79,13 @@ void em_weighted_rows_avx512(const float *p, const float *x, int64_t ldx, int64_
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
         __m512 a[8];
-        for (int b = 0; b < 8; b++) a[b] = _mm512_setzero_ps();
+        UNROLL for (int b = 0; b < 8; b++) a[b] = _mm512_setzero_ps();
         for (int64_t u = 0; u < m; u++) {
             const __m512 pu = _mm512_set1_ps(p[u]);
             const float *xu = x + u * ldx + i;
-            for (int b = 0; b < 8; b++) a[b] = _mm512_fmadd_ps(pu, _mm512_loadu_ps(xu + 16 * b), a[b]);
+            UNROLL for (int b = 0; b < 8; b++) a[b] = _mm512_fmadd_ps(pu, _mm512_loadu_ps(xu + 16 * b), a[b]);
         }
-        for (int b = 0; b < 8; b++) _mm512_storeu_ps(y + i + 16 * b, a[b]);
+        UNROLL for (int b = 0; b < 8; b++) _mm512_storeu_ps(y + i + 16 * b, a[b]);
     }
     for (; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
@@ -86,6 +94,152 @@ void em_weighted_rows_avx512(const float *p, const float *x, int64_t ldx, int64_
             a = _mm512_fmadd_ps(_mm512_set1_ps(p[u]), _mm512_maskz_loadu_ps(mk, x + u * ldx + i), a);
         _mm512_mask_storeu_ps(y + i, mk, a);
     }
+}
+
+/* The accumulators of the scores of rows x[0..U) (U <= 16) for query q, as em_dot_rows_avx512
+ * makes them (four independent chains at a time), into part[0..U). */
+static inline void dot_accs(const float *x, int64_t ldx, int U, const float *q, int64_t full, __mmask16 tail,
+                            __m512 *part) {
+    int r = 0;
+    for (; r + 4 <= U; r += 4) {
+        const float *x0 = x + r * ldx, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t k = 0;
+        for (; k < full; k += 16) {
+            const __m512 vq = _mm512_loadu_ps(q + k);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x0 + k), vq, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x1 + k), vq, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x2 + k), vq, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x3 + k), vq, a3);
+        }
+        if (tail) {
+            const __m512 vq = _mm512_maskz_loadu_ps(tail, q + k);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x0 + k), vq, a0);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x1 + k), vq, a1);
+            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x2 + k), vq, a2);
+            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x3 + k), vq, a3);
+        }
+        part[r] = a0, part[r + 1] = a1, part[r + 2] = a2, part[r + 3] = a3;
+    }
+    for (; r < U; r++) {
+        const float *xu = x + r * ldx;
+        __m512 a = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k < full; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(xu + k), _mm512_loadu_ps(q + k), a);
+        if (tail) a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xu + k), _mm512_maskz_loadu_ps(tail, q + k), a);
+        part[r] = a;
+    }
+}
+
+/* dot_accs for two queries at once: eight independent chains (four rows x two queries) keep
+ * both fma units busy where four wait on their latency, and each row value loaded feeds two
+ * products. Every chain is one score's, in dot_accs's order. */
+static inline void dot_accs2(const float *x, int64_t ldx, int U, const float *qa, const float *qb, int64_t full,
+                             __mmask16 tail, __m512 *pa, __m512 *pb) {
+    int r = 0;
+    for (; r + 4 <= U; r += 4) {
+        const float *x0 = x + r * ldx, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t k = 0;
+        for (; k < full; k += 16) {
+            const __m512 va = _mm512_loadu_ps(qa + k), vb = _mm512_loadu_ps(qb + k);
+            const __m512 v0 = _mm512_loadu_ps(x0 + k), v1 = _mm512_loadu_ps(x1 + k);
+            const __m512 v2 = _mm512_loadu_ps(x2 + k), v3 = _mm512_loadu_ps(x3 + k);
+            a0 = _mm512_fmadd_ps(v0, va, a0), b0 = _mm512_fmadd_ps(v0, vb, b0);
+            a1 = _mm512_fmadd_ps(v1, va, a1), b1 = _mm512_fmadd_ps(v1, vb, b1);
+            a2 = _mm512_fmadd_ps(v2, va, a2), b2 = _mm512_fmadd_ps(v2, vb, b2);
+            a3 = _mm512_fmadd_ps(v3, va, a3), b3 = _mm512_fmadd_ps(v3, vb, b3);
+        }
+        if (tail) {
+            const __m512 va = _mm512_maskz_loadu_ps(tail, qa + k), vb = _mm512_maskz_loadu_ps(tail, qb + k);
+            const __m512 v0 = _mm512_maskz_loadu_ps(tail, x0 + k), v1 = _mm512_maskz_loadu_ps(tail, x1 + k);
+            const __m512 v2 = _mm512_maskz_loadu_ps(tail, x2 + k), v3 = _mm512_maskz_loadu_ps(tail, x3 + k);
+            a0 = _mm512_fmadd_ps(v0, va, a0), b0 = _mm512_fmadd_ps(v0, vb, b0);
+            a1 = _mm512_fmadd_ps(v1, va, a1), b1 = _mm512_fmadd_ps(v1, vb, b1);
+            a2 = _mm512_fmadd_ps(v2, va, a2), b2 = _mm512_fmadd_ps(v2, vb, b2);
+            a3 = _mm512_fmadd_ps(v3, va, a3), b3 = _mm512_fmadd_ps(v3, vb, b3);
+        }
+        pa[r] = a0, pa[r + 1] = a1, pa[r + 2] = a2, pa[r + 3] = a3;
+        pb[r] = b0, pb[r + 1] = b1, pb[r + 2] = b2, pb[r + 3] = b3;
+    }
+    if (r < U) {
+        dot_accs(x + r * ldx, ldx, U - r, qa, full, tail, pa + r);
+        dot_accs(x + r * ldx, ldx, U - r, qb, full, tail, pb + r);
+    }
+}
+
+/* The scores of rows [u0, u0 + U) for one query from their accumulators part[0..U). */
+static inline void store_scores(__m512 *part, int U, __m512 vs, float *s) {
+    for (int r = U; r < 16; r++) part[r] = _mm512_setzero_ps(); /* lanes that are not stored */
+    _mm512_mask_storeu_ps(s, (__mmask16)((1u << U) - 1), _mm512_mul_ps(em_hsum512_x16(part), vs));
+}
+
+/* Blocks of 16 rows stay in L1 while every query passes them (the one-row form streams all
+ * rows again for each query), queries two at a time; the 16 sums of a block and query go
+ * through one tree. */
+void em_dot_rows_multi_avx512(const float *x, int64_t ldx, int64_t m, const float *q, int64_t ldq, int nq, int64_t n,
+                              float scale, float *s, int64_t lds) {
+    const int64_t full = n / 16 * 16;
+    const __mmask16 tail = (__mmask16)((1u << (n - full)) - 1);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t u0 = 0; u0 < m; u0 += 16) {
+        const int U = m - u0 < 16 ? (int)(m - u0) : 16;
+        const float *xu = x + u0 * ldx;
+        int t = 0;
+        for (; t + 2 <= nq; t += 2) {
+            __m512 pa[16], pb[16];
+            dot_accs2(xu, ldx, U, q + t * ldq, q + (t + 1) * ldq, full, tail, pa, pb);
+            store_scores(pa, U, vs, s + t * lds + u0);
+            store_scores(pb, U, vs, s + (t + 1) * lds + u0);
+        }
+        if (t < nq) {
+            __m512 part[16];
+            dot_accs(xu, ldx, U, q + t * ldq, full, tail, part);
+            store_scores(part, U, vs, s + t * lds + u0);
+        }
+    }
+}
+
+/* Two queries share each row's loads: columns [i, i + 128) of y0 (rows 0..m0) and y1 (0..m1). */
+static void weighted_pair128(const float *p0, const float *p1, int64_t m0, int64_t m1, const float *x, int64_t ldx,
+                             float *y0, float *y1) {
+    __m512 a[8], b[8];
+    UNROLL for (int k = 0; k < 8; k++) a[k] = b[k] = _mm512_setzero_ps();
+    const int64_t mc = m0 < m1 ? m0 : m1;
+    int64_t u = 0;
+    for (; u < mc; u++) {
+        const __m512 pa = _mm512_set1_ps(p0[u]), pb = _mm512_set1_ps(p1[u]);
+        const float *xu = x + u * ldx;
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m512 v = _mm512_loadu_ps(xu + 16 * k);
+            a[k] = _mm512_fmadd_ps(pa, v, a[k]);
+            b[k] = _mm512_fmadd_ps(pb, v, b[k]);
+        }
+    }
+    for (int64_t v = u; v < m0; v++) /* the rows only one of them sees, in order */
+        UNROLL for (int k = 0; k < 8; k++) a[k] = _mm512_fmadd_ps(_mm512_set1_ps(p0[v]), _mm512_loadu_ps(x + v * ldx + 16 * k), a[k]);
+    for (int64_t v = u; v < m1; v++)
+        UNROLL for (int k = 0; k < 8; k++) b[k] = _mm512_fmadd_ps(_mm512_set1_ps(p1[v]), _mm512_loadu_ps(x + v * ldx + 16 * k), b[k]);
+    UNROLL for (int k = 0; k < 8; k++) {
+        _mm512_storeu_ps(y0 + 16 * k, a[k]);
+        _mm512_storeu_ps(y1 + 16 * k, b[k]);
+    }
+}
+
+void em_weighted_rows_multi_avx512(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
+                                   int64_t n, float *y, int64_t ldy) {
+    int t = 0;
+    for (; t + 2 <= nq; t += 2) {
+        const float *p0 = p + t * ldp, *p1 = p0 + ldp;
+        float *y0 = y + t * ldy, *y1 = y0 + ldy;
+        int64_t i = 0;
+        for (; i + 128 <= n; i += 128) weighted_pair128(p0, p1, m[t], m[t + 1], x + i, ldx, y0 + i, y1 + i);
+        if (i < n) {
+            em_weighted_rows_avx512(p0, x + i, ldx, m[t], n - i, y0 + i);
+            em_weighted_rows_avx512(p1, x + i, ldx, m[t + 1], n - i, y1 + i);
+        }
+    }
+    if (t < nq) em_weighted_rows_avx512(p + t * ldp, x, ldx, m[t], n, y + t * ldy);
 }
 
 /* em_expf_poly of ops.c sixteen at a time (the same operations; 2^k by scalef, exact as

@@ -12,5 +12,10 @@ void em_dot_rows_avx512(const float *x, int64_t ldx, int64_t m, const float *q, 
 /* x[i] = em_expf_poly(x[i] - mx) for i < n. */
 void em_exp_shift_avx512(float *x, int64_t n, float mx);
 void em_weighted_rows_avx512(const float *p, const float *x, int64_t ldx, int64_t m, int64_t n, float *y);
+/* em_dot_rows_multi / em_weighted_rows_multi of ops.c, the same floats. */
+void em_dot_rows_multi_avx512(const float *x, int64_t ldx, int64_t m, const float *q, int64_t ldq, int nq, int64_t n,
+                              float scale, float *s, int64_t lds);
+void em_weighted_rows_multi_avx512(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
+                                   int64_t n, float *y, int64_t ldy);
 
 #endif

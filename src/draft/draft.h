@@ -36,7 +36,11 @@ typedef struct em_draft_info {
     int taps[EM_DRAFT_MAX_TAPS]; /* target layers (0-based) whose outputs are the features */
     bool has_confidence; /* propose fills conf_logits */
     double block_seconds; /* one propose at the nominal rates of compute.h (0: negligible), to
-                             weigh against a target's em_cost.nominal_seconds */
+                             weigh against a target's em_cost.nominal_seconds: the part every
+                             block pays (context rows, the backbone over all B slots) */
+    double slot_seconds;  /* what each draft slot made adds to it (its LM head row and Markov
+                             bias), at the same rates: a block stopped after k slots costs
+                             block_seconds + k * slot_seconds */
     int64_t n_ctx;       /* context rows held (read-only for callers) */
 } em_draft_info;
 

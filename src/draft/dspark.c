@@ -11,7 +11,8 @@
  *               chosen token (the anchor for the first draft; vanilla biases are cached by
  *               token, they depend on nothing else), and the caller's choice.
  *               Attention runs one pool task per (block row, query head) on compute's
- *               fixed-order score / softmax / weighted-row helpers (those MLA uses).
+ *               fixed-order score / softmax / weighted-row helpers (those MLA uses); the FFN's
+ *               gate and up products and their SwiGLU share one pool run (tasks by ff rows).
  *
  * Invariants: the cache holds context rows only (the block never enters it), rows < n_ctx
  * are valid; every buffer was sized at open, so nothing here allocates. Logits handed out are
@@ -174,6 +175,58 @@ static void embed_block(dspark *s, int32_t anchor) {
     }
 }
 
+/* ---- the feed-forward's first half ----------------------------------------------------- */
+
+/* FFN_TASK_ROWS rows of gate and up per task: each task makes its columns of both products for
+ * every block row, then their SwiGLU, so the activation runs on all threads inside the
+ * products' own pool run instead of on the caller after it. */
+#define FFN_TASK_ROWS 64
+
+typedef struct ffn_job {
+    dspark *s;
+    const dsp_layer *y;
+    const em_act *act; /* the normed block rows, prepared for gate/up */
+    int64_t per;       /* ff rows per task */
+} ffn_job;
+
+static void ffn_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const ffn_job *job = ctx;
+    dspark *s = job->s;
+    const int64_t ff = job->s->hp.ff, B = s->hp.block, r0 = task * job->per;
+    const int64_t n = ff - r0 < job->per ? ff - r0 : job->per;
+    const em_mat g = em_mat_rows(&job->y->gate, r0, n), u = em_mat_rows(&job->y->up, r0, n);
+    /* shapes were checked at open (size_act): a slice of a valid product cannot fail; with
+     * no pool it runs right here, on this task's thread */
+    int rc = em_matmul_act(NULL, &g, job->act, s->fg + r0, ff, NULL);
+    if (!rc) rc = em_matmul_act(NULL, &u, job->act, s->fu + r0, ff, NULL);
+    assert(rc == EM_OK);
+    (void)rc;
+    for (int64_t i = 0; i < B; i++) em_swiglu(s->fg + i * ff + r0, s->fu + i * ff + r0, n, s->fg + i * ff + r0);
+}
+
+/* s->fg = swiglu(gate xn, up xn) over the block rows: the same floats as the two products then
+ * em_swiglu over the whole rows (a product's outputs do not depend on how its weight rows are
+ * split, and SwiGLU is element by element). */
+static int gate_up(dspark *s, const dsp_layer *y, em_err *err) {
+    const dsp_hparams *hp = &s->hp;
+    const int64_t B = hp->block, d = hp->d;
+    if (em_dot_act_type(y->gate.type) != em_dot_act_type(y->up.type)) { /* one act per task needs one type */
+        const em_mat *wgu[] = { &y->gate, &y->up };
+        float *const gu[] = { s->fg, s->fu };
+        const int64_t ld_gu[] = { hp->ff, hp->ff };
+        int rc = mm_same_input(s, wgu, gu, ld_gu, 2, s->xn, d, B, err);
+        if (!rc) em_swiglu(s->fg, s->fu, B * hp->ff, s->fg);
+        return rc;
+    }
+    em_act act;
+    int rc = em_act_prepare(s->pool, y->gate.type, s->xn, d, d, B, s->act, &act, err);
+    if (rc) return rc;
+    ffn_job job = { .s = s, .y = y, .act = &act, .per = FFN_TASK_ROWS };
+    em_pool_run(s->pool, (int)((hp->ff + job.per - 1) / job.per), ffn_task, &job);
+    return EM_OK;
+}
+
 static int run_layer(dspark *s, int l, em_err *err) {
     const dsp_hparams *hp = &s->hp;
     const dsp_layer *y = &s->layers[l];
@@ -196,11 +249,7 @@ static int run_layer(dspark *s, int l, em_err *err) {
     if ((rc = mm(s, &y->wo, s->att, qw, B, s->o, d, err))) return rc;
     for (int64_t i = 0; i < B * d; i++) s->h[i] += s->o[i];
     for (int64_t i = 0; i < B; i++) em_rmsnorm(s->h + i * d, y->ffn_norm, hp->eps, d, s->xn + i * d);
-    const em_mat *wgu[] = { &y->gate, &y->up };
-    float *const gu[] = { s->fg, s->fu };
-    const int64_t ld_gu[] = { hp->ff, hp->ff };
-    if ((rc = mm_same_input(s, wgu, gu, ld_gu, 2, s->xn, d, B, err))) return rc;
-    em_swiglu(s->fg, s->fu, B * hp->ff, s->fg);
+    if ((rc = gate_up(s, y, err))) return rc;
     if ((rc = mm(s, &y->down, s->fg, hp->ff, B, s->o, d, err))) return rc;
     for (int64_t i = 0; i < B * d; i++) s->h[i] += s->o[i];
     return EM_OK;

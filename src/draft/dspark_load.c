@@ -3,8 +3,11 @@
  * (RMS epsilon, RoPE schedule, block convention, Markov and confidence heads: always from the
  * file's keys), the checks against the target (hidden size, vocabulary, tapped layers: each
  * failure names both files and what differs), every tensor's presence, shape and type, the
- * borrowing of the target's token_embd / output when the drafter has none, and sizing the
- * context cache and all scratch, so the forward pass never allocates.
+ * borrowing of the target's token_embd / output when the drafter has none, sizing the context
+ * cache and all scratch, so the forward pass never allocates, and warming: the weights a block
+ * reads whole are read once and the fixed scratch written once at open, so the first blocks
+ * do not pay a page fault per page (the context cache and the Markov bias cache fill as they
+ * are used and are left alone: a short run touches a fraction of them).
  *
  * Must not: keep pointers into a file it closes, or trust a count before checking it. */
 #include "draft/dspark_impl.h"
@@ -523,6 +526,7 @@ static int size_act(dspark *s, em_err *err) {
     if (rc) return rc;
     s->act_bytes = b;
     if (b > 0 && !(s->act = em_aligned_alloc(64, (size_t)b, "drafter activation scratch", err))) return EM_ENOMEM;
+    if (b > 0) memset(s->act, 0, (size_t)b); /* its pages now, not in the first block (alloc_touched) */
     return EM_OK;
 }
 
@@ -536,6 +540,15 @@ static int alloc_f(dspark *s, float **out, uint64_t a, uint64_t b, const char *w
     if (!*out) return em_err_set(err, EM_ENOMEM, "out of memory for the drafter's %s (%llu bytes)", what,
                                  (unsigned long long)bytes);
     return EM_OK;
+}
+
+/* alloc_f, then the floats zeroed: written once here, so a buffer's pages are the process's
+ * before the first block (a first write to a fresh page is a fault, several microseconds
+ * each on virtual machines; a decode step should not pay them). */
+static int alloc_touched(dspark *s, float **out, uint64_t a, uint64_t b, const char *what, em_err *err) {
+    int rc = alloc_f(s, out, a, b, what, err);
+    if (!rc) memset(*out, 0, (size_t)(a * b * sizeof(float)));
+    return rc;
 }
 
 /* The vanilla Markov bias cache: as many rows of dvocab floats as fit its byte budget. */
@@ -567,21 +580,26 @@ static int alloc_scratch(dspark *s, const em_draft_opts *o, em_err *err) {
     int rc;
     if ((rc = alloc_f(s, &s->kc, cache_rows, kw, "context K cache", err)) ||
         (rc = alloc_f(s, &s->vc, cache_rows, kw, "context V cache", err)) ||
-        (rc = alloc_f(s, &s->h, R, d, "hidden rows", err)) || (rc = alloc_f(s, &s->xn, R, d, "normed rows", err)) ||
-        (rc = alloc_f(s, &s->q, B, qw, "queries", err)) || (rc = alloc_f(s, &s->k, R, kw, "keys", err)) ||
-        (rc = alloc_f(s, &s->v, R, kw, "values", err)) || (rc = alloc_f(s, &s->att, B, qw, "attention", err)) ||
-        (rc = alloc_f(s, &s->fg, B, (uint64_t)hp->ff, "ffn gate", err)) ||
-        (rc = alloc_f(s, &s->fu, B, (uint64_t)hp->ff, "ffn up", err)) || (rc = alloc_f(s, &s->o, B, d, "outputs", err)) ||
-        (rc = alloc_f(s, &s->base_logits, B, (uint64_t)hp->dvocab, "base logits", err)) ||
-        (rc = alloc_f(s, &s->bias, 1, (uint64_t)hp->dvocab, "Markov bias", err)) ||
-        (rc = alloc_f(s, &s->row, 1, (uint64_t)hp->vocab, "logit row", err)) ||
-        (rc = alloc_f(s, &s->cs, R, half, "rope cos", err)) || (rc = alloc_f(s, &s->sn, R, half, "rope sin", err)) ||
-        (rc = alloc_f(s, &s->scores, (uint64_t)em_pool_threads(s->pool), (uint64_t)s->cap + B, "attention scores", err)) ||
-        (rc = alloc_f(s, &s->e, 1, r + 1, "Markov embedding", err)) ||
-        (rc = alloc_f(s, &s->state, 1, r + 1, "Markov state", err)) ||
-        (rc = alloc_f(s, &s->zin, 1, 2 * r + d, "head input", err)) ||
-        (rc = alloc_f(s, &s->zout, 1, 3 * r + 1, "head output", err)) ||
-        (rc = alloc_f(s, &s->tmp, 1, r + 1, "Markov scratch", err)))
+        (rc = alloc_touched(s, &s->h, R, d, "hidden rows", err)) ||
+        (rc = alloc_touched(s, &s->xn, R, d, "normed rows", err)) ||
+        (rc = alloc_touched(s, &s->q, B, qw, "queries", err)) || (rc = alloc_touched(s, &s->k, R, kw, "keys", err)) ||
+        (rc = alloc_touched(s, &s->v, R, kw, "values", err)) ||
+        (rc = alloc_touched(s, &s->att, B, qw, "attention", err)) ||
+        (rc = alloc_touched(s, &s->fg, B, (uint64_t)hp->ff, "ffn gate", err)) ||
+        (rc = alloc_touched(s, &s->fu, B, (uint64_t)hp->ff, "ffn up", err)) ||
+        (rc = alloc_touched(s, &s->o, B, d, "outputs", err)) ||
+        (rc = alloc_touched(s, &s->base_logits, B, (uint64_t)hp->dvocab, "base logits", err)) ||
+        (rc = alloc_touched(s, &s->bias, 1, (uint64_t)hp->dvocab, "Markov bias", err)) ||
+        (rc = alloc_touched(s, &s->row, 1, (uint64_t)hp->vocab, "logit row", err)) ||
+        (rc = alloc_touched(s, &s->cs, R, half, "rope cos", err)) ||
+        (rc = alloc_touched(s, &s->sn, R, half, "rope sin", err)) ||
+        (rc = alloc_touched(s, &s->scores, (uint64_t)em_pool_threads(s->pool), (uint64_t)s->cap + B,
+                            "attention scores", err)) ||
+        (rc = alloc_touched(s, &s->e, 1, r + 1, "Markov embedding", err)) ||
+        (rc = alloc_touched(s, &s->state, 1, r + 1, "Markov state", err)) ||
+        (rc = alloc_touched(s, &s->zin, 1, 2 * r + d, "head input", err)) ||
+        (rc = alloc_touched(s, &s->zout, 1, 3 * r + 1, "head output", err)) ||
+        (rc = alloc_touched(s, &s->tmp, 1, r + 1, "Markov scratch", err)))
         return rc;
     if ((rc = alloc_bias_cache(s, err))) return rc;
     return size_act(s, err);
@@ -592,15 +610,14 @@ static int alloc_scratch(dspark *s, const em_draft_opts *o, em_err *err) {
 static double mat_bytes(const em_mat *m) { return m->data ? (double)m->row_bytes * (double)m->rows : 0.0; }
 static double mat_params(const em_mat *m) { return m->data ? (double)m->rows * (double)m->cols : 0.0; }
 
-/* One propose, and the context rows a pass adds (about one per committed token, through fc and
- * each layer's K/V), at the nominal rates of compute.h: the B block rows through every layer,
- * then the LM head and Markov up-projection for each draft. Attention over the context is left
- * out (small next to the weights at the contexts a drafter serves). */
+/* The fixed part of one propose, and the context rows a pass adds (about one per committed
+ * token, through fc and each layer's K/V), at the nominal rates of compute.h: the B block rows
+ * through every layer, and the LM head and Markov up-projection read once. Attention over the
+ * context is left out (small next to the weights at the contexts a drafter serves). */
 static double block_seconds(const dspark *s) {
     const dsp_hparams *hp = &s->hp;
-    const int n_drafts = hp->block - hp->slot0;
     double bytes = mat_bytes(&s->fc) + mat_bytes(&s->head) + mat_bytes(&s->w2);
-    double flops = 2.0 * (mat_params(&s->fc) + n_drafts * (mat_params(&s->head) + mat_params(&s->w2)));
+    double flops = 2.0 * mat_params(&s->fc);
     for (int l = 0; l < hp->n_layer; l++) {
         const dsp_layer *y = &s->layers[l];
         const em_mat *m[] = { &y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down };
@@ -611,6 +628,40 @@ static double block_seconds(const dspark *s) {
         flops += 2.0 * (mat_params(&y->wk) + mat_params(&y->wv)); /* one context row */
     }
     return em_nominal_seconds(bytes, flops, em_pool_threads(s->pool));
+}
+
+/* What one more draft slot adds: propose makes a slot's LM head row and Markov bias only
+ * once the caller keeps it (em_draft_out.keep), so slots past the verified ones cost nothing.
+ * The bias is charged every slot as if the per-token cache missed (a fixed estimate that
+ * depends on nothing timed or seen). */
+static double slot_seconds(const dspark *s) {
+    return em_nominal_seconds(0.0, 2.0 * (mat_params(&s->head) + mat_params(&s->w2)), em_pool_threads(s->pool));
+}
+
+/* ---- warming -------------------------------------------------------------------------- */
+
+/* Reads one byte of every page of a mapped matrix, so the mapping's page-table entries exist
+ * before the first block (each first read of a file page is a fault). */
+static uint8_t touch_mat(const em_mat *m) {
+    const volatile uint8_t *p = m->data;
+    const uint64_t bytes = m->data ? m->row_bytes * (uint64_t)m->rows : 0;
+    uint8_t x = 0;
+    for (uint64_t o = 0; o < bytes; o += 4096) x ^= p[o];
+    return bytes ? x ^ p[bytes - 1] : x;
+}
+
+/* The weights every block or context row reads whole (not the embedding or Markov W1, of
+ * which a block reads a few rows): touched at open, so the first passes do not pay a fault per
+ * page (about 2 us each on virtual machines) on top of their work. Values are not changed. */
+static void warm_weights(const dspark *s) {
+    uint8_t x = touch_mat(&s->fc) ^ touch_mat(&s->head) ^ touch_mat(&s->w2) ^ touch_mat(&s->gate_w) ^
+                touch_mat(&s->joint_w);
+    for (int l = 0; l < s->hp.n_layer; l++) {
+        const dsp_layer *y = &s->layers[l];
+        const em_mat *m[] = { &y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down };
+        for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) x ^= touch_mat(m[i]);
+    }
+    (void)x;
 }
 
 /* ---- open / close --------------------------------------------------------------------- */
@@ -645,6 +696,8 @@ static int load_all(loader *L, const em_draft_opts *o, em_err *err) {
     }
     if ((rc = em_pool_create(&s->pool, o->n_threads, err))) return rc;
     info->block_seconds = block_seconds(s);
+    info->slot_seconds = slot_seconds(s);
+    warm_weights(s);
     return alloc_scratch(s, o, err);
 }
 

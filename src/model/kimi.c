@@ -125,7 +125,7 @@ static int arena_begin(kimi *k, em_err *err) {
 }
 
 static void rmsnorm_rows(const float *x, const float *w, float eps, int n, int64_t width, float *y) {
-    for (int t = 0; t < n; t++) em_rmsnorm(x + t * width, w, eps, width, y + t * width);
+    em_rmsnorm_rows(x, width, w, eps, n, width, y, width);
 }
 
 /* ---- KDA layer: projections around the recurrent core ---------------------------------- */
@@ -473,7 +473,9 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     if (em_mul_overflow(row * sizeof(float), (uint64_t)n_ctx, &bytes) || bytes > SIZE_MAX)
         return em_err_set(err, EM_EOVERFLOW, "MLA cache of %lld positions is too large", (long long)n_ctx);
     for (int i = 0; i < hp->n_mla; i++) {
-        k->mla_cache[i] = em_malloc((size_t)bytes, "MLA latent cache", err);
+        /* 64-byte aligned: attention reads whole rows with 64-byte loads, and a load that
+         * straddles two cache lines costs about twice as much (measured ~1.7x on the scores) */
+        k->mla_cache[i] = em_aligned_alloc(64, (size_t)bytes, "MLA latent cache", err);
         if (!k->mla_cache[i]) return EM_ENOMEM;
     }
     k->arena_cap = 4u << 20;

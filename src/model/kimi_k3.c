@@ -52,7 +52,7 @@ int kimi_latent_out(const kimi_hparams *hp, const kimi_ffn_w *w, int n, float *y
     if (w->routed_down.rows == 0) return EM_OK;
     const int64_t lat = w->routed_down.rows;
     if (w->routed_norm)
-        for (int t = 0; t < n; t++) em_rmsnorm(yr + t * lat, w->routed_norm, hp->rms_eps, lat, yr + t * lat);
+        em_rmsnorm_rows(yr, lat, w->routed_norm, hp->rms_eps, n, lat, yr, lat);
     kimi_acts sa;
     kimi_acts_init(&sa, yr, lat, lat, n);
     int rc = kimi_mm(&sa, &w->routed_up, y, hp->n_embd, pool, arena, err);

@@ -8,10 +8,15 @@
  * which equals the expanded form (k = [W_UK c | k_pe], v = W_UV c) of transformers.
  * kimi-k3 gates the head outputs before W_o: o <- o * sigmoid(W_gate x) (x: the normed input).
  * Heads run in parallel on the pool; each head has its own scratch, so the result does not
- * depend on the thread count. Writes only cache rows [pos, pos + n). */
+ * depend on the thread count. A head's query rows read the cache in groups (compute's
+ * multi-query score and context rows, bit for bit the one-row forms), so a row's result does
+ * not depend on the rows it is verified with. Writes only cache rows [pos, pos + n). */
 #include "model/kimi_impl.h"
 
 #include <string.h>
+
+/* Query rows whose scores and context sums go over the cache together. */
+#define QUERY_GROUP 8
 
 typedef struct head_job {
     const kimi_hparams *hp;
@@ -37,7 +42,7 @@ static void head_task(void *vctx, int h, int thread) {
     const int64_t ldq = (int64_t)hp->mla_heads * qk;
     float *qa = job->qa + (int64_t)h * n * C;
     float *ctx = job->ctx + (int64_t)h * n * R;
-    float *scores = job->scores + (int64_t)h * (job->pos + n);
+    float *scores = job->scores + (int64_t)h * QUERY_GROUP * (job->pos + n);
 
     /* absorbed query: W_UK_h^T q_nope (rows h*R.. of attn_k_b), then the unrotated q_pe */
     em_mat kb = em_mat_rows(&job->w->k_b, (int64_t)h * R, R);
@@ -46,11 +51,18 @@ static void head_task(void *vctx, int h, int thread) {
     for (int t = 0; t < n && !rc; t++)
         memcpy(qa + (int64_t)t * C + R, job->q + t * ldq + (int64_t)h * qk + hp->nope, (size_t)hp->rope * sizeof(float));
 
-    for (int t = 0; t < n && !rc; t++) {
-        int64_t len = job->pos + t + 1;
-        em_dot_rows(job->cache, C, len, qa + (int64_t)t * C, C, job->scale, scores);
-        em_softmax_poly(scores, len);
-        em_weighted_rows(scores, job->cache, C, len, R, ctx + (int64_t)t * R);
+    /* QUERY_GROUP rows at a time over the cache (each read once for the group); row t sees
+     * positions < pos + t + 1, its scores past those are made and ignored */
+    for (int t0 = 0; t0 < n && !rc; t0 += QUERY_GROUP) {
+        const int nq = n - t0 < QUERY_GROUP ? n - t0 : QUERY_GROUP;
+        const int64_t ld = job->pos + t0 + nq;
+        int64_t len[QUERY_GROUP];
+        em_dot_rows_multi(job->cache, C, ld, qa + (int64_t)t0 * C, C, nq, C, job->scale, scores, ld);
+        for (int i = 0; i < nq; i++) {
+            len[i] = job->pos + t0 + i + 1;
+            em_softmax_poly(scores + i * ld, len[i]);
+        }
+        em_weighted_rows_multi(scores, ld, len, nq, job->cache, C, R, ctx + (int64_t)t0 * R, R);
     }
 
     em_mat vb = em_mat_rows(&job->w->v_b, (int64_t)h * hp->v_head, hp->v_head);
@@ -69,8 +81,7 @@ static int mla_query(const kimi_hparams *hp, const kimi_mla_w *w, kimi_acts *xa,
     if (!qa) return EM_ENOMEM;
     int rc = kimi_mm(xa, &w->q_a, qa, hp->q_lora, pool, arena, err);
     if (rc) return rc;
-    for (int t = 0; t < n; t++)
-        em_rmsnorm(qa + (int64_t)t * hp->q_lora, w->q_a_norm, KIMI_MLA_NORM_EPS, hp->q_lora, qa + (int64_t)t * hp->q_lora);
+    em_rmsnorm_rows(qa, hp->q_lora, w->q_a_norm, KIMI_MLA_NORM_EPS, n, hp->q_lora, qa, hp->q_lora);
     kimi_acts qacts;
     kimi_acts_init(&qacts, qa, hp->q_lora, hp->q_lora, n);
     return kimi_mm(&qacts, &w->q_b, q, ldq, pool, arena, err);
@@ -96,11 +107,10 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
         if (!rc) rc = kimi_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
     }
     if (rc) return rc;
-    for (int t = 0; t < n; t++) { /* the new rows of the latent cache */
-        float *row = cache + (pos + t) * C;
-        em_rmsnorm(kv + (int64_t)t * C, w->kv_a_norm, KIMI_MLA_NORM_EPS, R, row);
-        memcpy(row + R, kv + (int64_t)t * C + R, (size_t)hp->rope * sizeof(float));
-    }
+    /* the new rows of the latent cache */
+    em_rmsnorm_rows(kv, C, w->kv_a_norm, KIMI_MLA_NORM_EPS, n, R, cache + pos * C, C);
+    for (int t = 0; t < n; t++)
+        memcpy(cache + (pos + t) * C + R, kv + (int64_t)t * C + R, (size_t)hp->rope * sizeof(float));
 
     uint64_t act_q_bytes, act_c_bytes;
     if ((rc = em_act_bytes(w->k_b.type, hp->nope, n, &act_q_bytes, err)) ||
@@ -111,7 +121,7 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     head_job *job = em_arena_alloc(arena, sizeof *job + (size_t)H * sizeof(int));
     float *qa = kimi_falloc(arena, (uint64_t)H * n * C, "MLA absorbed queries", err);
     float *ctx = kimi_falloc(arena, (uint64_t)H * n * R, "MLA contexts", err);
-    float *scores = kimi_falloc(arena, (uint64_t)H * (uint64_t)(pos + n), "MLA scores", err);
+    float *scores = kimi_falloc(arena, (uint64_t)H * QUERY_GROUP * (uint64_t)(pos + n), "MLA scores", err);
     uint8_t *act_q = em_arena_alloc(arena, (size_t)(H * act_q_bytes));
     uint8_t *act_c = em_arena_alloc(arena, (size_t)(H * act_c_bytes));
     if (!job || !qa || !ctx || !scores || !act_q || !act_c)

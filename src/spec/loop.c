@@ -143,6 +143,8 @@ static int alloc_buffers(em_spec *s, const em_spec_opts *o, em_err *err) {
     int n_slots = s->max_width - 1;
     int rc = alloc_array((void **)&s->logits, (uint64_t)s->max_width * (uint64_t)s->n_vocab, sizeof(float),
                          "decode loop logits", err);
+    /* every row is written within the first passes: fault its pages in now, not in a pass */
+    if (!rc) memset(s->logits, 0, (size_t)s->max_width * (size_t)s->n_vocab * sizeof(float));
     if (!rc) rc = alloc_array((void **)&s->rows, (uint64_t)s->max_width, sizeof(int32_t), "decode loop rows", err);
     if (!rc) rc = alloc_array((void **)&s->out, (uint64_t)s->max_width, sizeof(int32_t), "decode loop tokens", err);
     if (rc || !s->drafter) return rc;
@@ -261,18 +263,19 @@ static int32_t choose_draft(void *ud, int k, const float *logits) {
     return em_sampler_draw(g->sampler, &s->dists[k]);
 }
 
-/* A pass costs the drafter's block plus the target's verify, both at the nominal rates of
+/* A pass of n rows costs the drafter's block with its n - 1 draft slots (slots past the
+ * verified ones are never made) plus the target's verify, both at the nominal rates of
  * compute.h: weighing only the verify would make drafting look free and keep widths narrow
  * when it is not, and timed costs would make a seeded run's widths, and so its random stream,
  * depend on the machine's load. */
 typedef struct pass_cost {
     const em_target *target;
-    double draft_seconds;
+    double block_seconds, slot_seconds;
 } pass_cost;
 
 static double pass_seconds(void *ud, int n) {
     const pass_cost *c = ud;
-    return c->draft_seconds + em_target_cost(c->target, n).nominal_seconds;
+    return c->block_seconds + (double)(n - 1) * c->slot_seconds + em_target_cost(c->target, n).nominal_seconds;
 }
 
 /* The scheduler's walk, asked by the drafter slot by slot: a slot the walk would not verify
@@ -290,7 +293,7 @@ static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
     int rc = sync_drafter(g, err);
     int want = (s->fixed_width ? s->fixed_width : s->max_width) - 1;
     if (want > limit - 1) want = limit - 1;
-    pass_cost cost = { s->target, d->info.block_seconds };
+    pass_cost cost = { s->target, d->info.block_seconds, d->info.slot_seconds };
     em_spec_sched sched;
     em_draft_out o = { .tokens = s->rows + 1, .conf_logits = d->info.has_confidence ? s->conf : NULL };
     if (!s->fixed_width && o.conf_logits) {

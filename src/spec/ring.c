@@ -56,6 +56,10 @@ int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_er
         em_spec_ring_free(r);
         return EM_ENOMEM;
     }
+    /* written once now: a decode loop writes every slot within its first cap positions, and
+     * a first write to a fresh page is a fault (several microseconds each on virtual machines)
+     * that a pass should not pay */
+    memset(r->data, 0, (size_t)total);
     *out = r;
     return EM_OK;
 }

@@ -13,22 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/base.h"
+#include "bench_util.h"
 #include "draft/draft.h"
 #include "sample/sample.h"
-
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double uni(uint64_t *s) {
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (double)(*s >> 11) * (1.0 / 9007199254740992.0);
-}
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
@@ -91,7 +80,7 @@ int main(int argc, char **argv) {
     if (!feats || !conf || !toks || !logits || !wall || !cpu) return 1;
     uint64_t s = 88172645463325252ull;
     for (int64_t i = 0; i < (int64_t)rows * nf; i++) {
-        double u = uni(&s), v = uni(&s);
+        double u = bench_uniform(&s), v = bench_uniform(&s);
         feats[i] = (float)(sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v));
     }
     bench_ud ud = { .n_vocab = info->n_vocab, .keep = keep };
@@ -100,7 +89,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++) {
         em_draft_reset(d);
         if (em_draft_add_context(d, feats, ctx, &err)) goto fail;
-        double w0 = em_time_now(), c0 = cpu_now();
+        double w0 = em_time_now(), c0 = bench_cpu_now();
         for (int p = 0; p < passes; p++) {
             if (info->n_ctx + step > 4096) {
                 em_draft_reset(d);
@@ -118,7 +107,7 @@ int main(int argc, char **argv) {
             anchor = out.n > 0 ? toks[out.n - 1] : anchor;
         }
         wall[r] = (em_time_now() - w0) / passes * 1e6;
-        cpu[r] = (cpu_now() - c0) / passes * 1e6;
+        cpu[r] = (bench_cpu_now() - c0) / passes * 1e6;
     }
     qsort(wall, (size_t)reps, sizeof *wall, cmp_double);
     qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);

@@ -18,9 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/base.h"
+#include "bench_util.h"
 #include "model/kda.h"
 #include "quant/quant.h"
 
@@ -30,12 +30,6 @@ typedef struct opts {
     bool bounded;
     const char *only;
 } opts;
-
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static bool want(const opts *o, const char *what) { return !o->only || !strcmp(o->only, what); }
 
@@ -140,7 +134,7 @@ int main(int argc, char **argv) {
         for (int cold = 0; want(&o, "decode") && cold < (o.states > 1 ? 2 : 1); cold++) {
             const int ns = cold ? o.states : 1;
             long steps = 0;
-            double t0 = em_time_now(), c0 = cpu_now(), t;
+            double t0 = em_time_now(), c0 = bench_cpu_now(), t;
             do {
                 for (int i = 0; i < 16; i++, steps++) {
                     em_arena_reset(arena);
@@ -151,13 +145,13 @@ int main(int argc, char **argv) {
                 t = em_time_now() - t0;
             } while (t < o.seconds);
             printf("%-8s %7d %12.0f %10.2f %10.2f %s, %.1f GB/s of state r+w\n", "decode", nt,
-                   steps / t, 1e6 * t / steps, 1e6 * (cpu_now() - c0) / steps,
+                   steps / t, 1e6 * t / steps, 1e6 * (bench_cpu_now() - c0) / steps,
                    cold ? "cold states" : "hot state", 2.0 * s_bytes * steps / t / 1e9);
         }
         /* verify + commit */
         if (want(&o, "verify")) {
             long passes = 0;
-            double t0 = em_time_now(), c0 = cpu_now(), t;
+            double t0 = em_time_now(), c0 = bench_cpu_now(), t;
             do {
                 em_arena_reset(arena);
                 die(em_kda_forward(&d, &p, &st[0], o.verify, qkv, f, b, g2, out, log, pool, arena,
@@ -170,14 +164,14 @@ int main(int argc, char **argv) {
             char note[64];
             snprintf(note, sizeof note, "forward %d rows + commit %d", o.verify, o.verify - 2);
             printf("%-8s %7d %12.0f %10.2f %10.2f %s (%.0f rows/s)\n", "verify", nt, passes / t,
-                   1e6 * t / passes, 1e6 * (cpu_now() - c0) / passes, note, passes * o.verify / t);
+                   1e6 * t / passes, 1e6 * (bench_cpu_now() - c0) / passes, note, passes * o.verify / t);
         }
         /* prefill: one call of --rows rows, chunked form then recurrent form */
         for (int form = 0; form < 2 && want(&o, "prefill"); form++) {
             em_kda_dims df = d;
             df.chunk_min_rows = form ? 0 : 1;
             long passes = 0;
-            double t0 = em_time_now(), c0 = cpu_now(), t;
+            double t0 = em_time_now(), c0 = bench_cpu_now(), t;
             do {
                 em_arena_reset(arena);
                 die(em_kda_forward_commit(&df, &p, &st[0], o.rows, qkv, f, b, g2, out, pool, arena,
@@ -188,7 +182,7 @@ int main(int argc, char **argv) {
             } while (t < o.seconds);
             printf("%-8s %7d %12.0f %10.2f %10.2f %d rows per call, %s form (per row)\n",
                    "prefill", nt, passes * (double)o.rows / t, 1e6 * t / (passes * (double)o.rows),
-                   1e6 * (cpu_now() - c0) / (passes * (double)o.rows), o.rows,
+                   1e6 * (bench_cpu_now() - c0) / (passes * (double)o.rows), o.rows,
                    form ? "recurrent" : "chunked WY");
         }
         em_pool_free(pool);

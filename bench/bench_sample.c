@@ -25,26 +25,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/base.h"
+#include "bench_util.h"
 #include "sample/sample.h"
 
 enum { N_ROWS = 16 };
 
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double uni(uint64_t *s) {
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (double)(*s >> 11) * (1.0 / 9007199254740992.0);
-}
-
 static double gauss(uint64_t *s) {
-    double u = uni(s), v = uni(s);
+    double u = bench_uniform(s), v = bench_uniform(s);
     return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
 }
 
@@ -57,9 +46,9 @@ static float *make_rows(int32_t vocab, bool peaked, uint64_t seed) {
     uint64_t s = seed;
     for (int r = 0; r < N_ROWS; r++) {
         float *row = l + (size_t)r * (size_t)vocab;
-        for (int32_t i = 0; i < vocab; i++) row[i] = peaked ? (float)(3 * gauss(&s)) : (float)(8 * uni(&s));
+        for (int32_t i = 0; i < vocab; i++) row[i] = peaked ? (float)(3 * gauss(&s)) : (float)(8 * bench_uniform(&s));
         if (peaked)
-            for (int f = 0; f <= r % 3; f++) row[(size_t)(uni(&s) * vocab)] = (float)(14 + 2 * uni(&s));
+            for (int f = 0; f <= r % 3; f++) row[(size_t)(bench_uniform(&s) * vocab)] = (float)(14 + 2 * bench_uniform(&s));
     }
     return l;
 }
@@ -84,7 +73,7 @@ static void run(const cfg *c, int32_t vocab, const float *rows, const char *shap
     long kept = 0;
     for (int what = 0; what < 2; what++) {
         long n = 0;
-        double w0 = em_time_now(), c0 = cpu_now(), w1;
+        double w0 = em_time_now(), c0 = bench_cpu_now(), w1;
         do {
             for (int r = 0; r < N_ROWS; r++, n++) {
                 const float *row = rows + (size_t)r * (size_t)vocab;
@@ -99,7 +88,7 @@ static void run(const cfg *c, int32_t vocab, const float *rows, const char *shap
             w1 = em_time_now();
         } while (w1 - w0 < seconds);
         us[what][0] = 1e6 * (w1 - w0) / (double)n;
-        us[what][1] = 1e6 * (cpu_now() - c0) / (double)n;
+        us[what][1] = 1e6 * (bench_cpu_now() - c0) / (double)n;
         if (what == 0) kept /= n;
     }
     printf("%7d  %-6s  %-28s  %10.2f %10.2f  %10.2f %10.2f  %7ld\n", vocab, shape, c->name, us[0][0], us[0][1],

@@ -27,51 +27,10 @@ void em_axpy_avx512(float a, const float *x, int64_t n, float *y) {
     }
 }
 
-/* 16 -> 8 -> 4 -> 2 -> 1, as dot_lanes of ops.c. */
-static inline float sum_halves(__m512 v) {
-    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
-}
-
-/* Four rows at a time (four independent fma chains); the last values through a mask
- * (masked-off lanes load 0: fma(0, 0, acc), as ops.c). */
+/* The multi-query form with one query: its scores are bit for bit the one-row sums (16 lanes
+ * halved 16 -> 8 -> 4 -> 2 -> 1, as dot_lanes of ops.c), summed 16 rows at a time. */
 void em_dot_rows_avx512(const float *x, int64_t ldx, int64_t m, const float *q, int64_t n, float scale, float *s) {
-    const int64_t full = n / 16 * 16;
-    const __mmask16 tail = (__mmask16)((1u << (n - full)) - 1);
-    int64_t u = 0;
-    for (; u + 4 <= m; u += 4) {
-        const float *x0 = x + u * ldx, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t k = 0;
-        for (; k < full; k += 16) {
-            const __m512 vq = _mm512_loadu_ps(q + k);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x0 + k), vq, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x1 + k), vq, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x2 + k), vq, a2);
-            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x3 + k), vq, a3);
-        }
-        if (tail) {
-            const __m512 vq = _mm512_maskz_loadu_ps(tail, q + k);
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x0 + k), vq, a0);
-            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x1 + k), vq, a1);
-            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x2 + k), vq, a2);
-            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x3 + k), vq, a3);
-        }
-        s[u] = sum_halves(a0) * scale;
-        s[u + 1] = sum_halves(a1) * scale;
-        s[u + 2] = sum_halves(a2) * scale;
-        s[u + 3] = sum_halves(a3) * scale;
-    }
-    for (; u < m; u++) {
-        const float *xu = x + u * ldx;
-        __m512 a = _mm512_setzero_ps();
-        int64_t k = 0;
-        for (; k < full; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(xu + k), _mm512_loadu_ps(q + k), a);
-        if (tail) a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, xu + k), _mm512_maskz_loadu_ps(tail, q + k), a);
-        s[u] = sum_halves(a) * scale;
-    }
+    em_dot_rows_multi_avx512(x, ldx, m, q, n, 1, n, scale, s, m);
 }
 
 /* Columns in blocks of 8 x 16 held in registers while every row streams past. */
@@ -96,8 +55,8 @@ void em_weighted_rows_avx512(const float *p, const float *x, int64_t ldx, int64_
     }
 }
 
-/* The accumulators of the scores of rows x[0..U) (U <= 16) for query q, as em_dot_rows_avx512
- * makes them (four independent chains at a time), into part[0..U). */
+/* The accumulators of the scores of rows x[0..U) (U <= 16) for query q (four independent
+ * chains at a time, each row's one fma chain in column order), into part[0..U). */
 static inline void dot_accs(const float *x, int64_t ldx, int U, const float *q, int64_t full, __mmask16 tail,
                             __m512 *part) {
     int r = 0;

@@ -12,48 +12,22 @@ other tensors (F32, and BF16 of other sizes) are stored byte for byte. Unpack: x
 to the nearest BF16 (ties to even), written as safetensors with the original names, dtypes and
 shapes. Lossy by design, like Ember's own Q8_0 (relative RMS error about 0.5%): a drafter trained
 against the unpacked target learns a Q8_0-like copy of the target, which is what Ember runs.
-Inputs and outputs are files only; needs numpy.
+Inputs and outputs are files only; needs numpy (safetensors I/O: assemble_drafter.py's).
 """
 
 import json
-import struct
+import os
 import sys
 
 import numpy as np
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        base, out = 8 + n, {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            a, b = info["data_offsets"]
-            f.seek(base + a)
-            out[name] = (info["dtype"], info["shape"], f.read(b - a))
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name in sorted(tensors):
-        dtype, shape, raw = tensors[name]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for name in sorted(tensors):
-            f.write(tensors[name][2])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from assemble_drafter import read_st, write_st  # noqa: E402
 
 
 def pack(src, dst):
     arrays, meta = {}, {}
-    for name, (dtype, shape, raw) in read_safetensors(src).items():
+    for name, (dtype, shape, raw) in read_st(src).items():
         meta[name] = [dtype, shape]
         if dtype == "BF16" and len(raw) // 2 % 32 == 0:
             x = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, 32)
@@ -77,7 +51,7 @@ def unpack(src, dst):
             out[name] = (dtype, shape, bf16.tobytes())
         else:
             out[name] = (dtype, shape, z[name + ".raw"].tobytes())
-    write_safetensors(dst, out)
+    write_st(dst, out)
 
 
 if __name__ == "__main__":

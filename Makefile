@@ -2,20 +2,27 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# Developers and CI build with warnings as errors; a plain `cmake` build (users, packagers) does not.
+WERROR ?= ON
 
-.PHONY: all test asan fuzz run clean deps
+.PHONY: all test asan fuzz release run clean deps
 
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DEMBER_WERROR=$(WERROR) $(CMAKE_FLAGS)
 
 test: all
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
+
+# The build types packagers use, with both compilers, warnings as errors (CI runs this).
+release:
+	$(MAKE) all BUILD=build-release CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release"
+	CC=clang $(MAKE) all BUILD=build-release-clang CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang"
 
 # Each fuzz target for FUZZ_SECONDS (default 60) on its seed corpus.
 FUZZ_SECONDS ?= 60
@@ -39,4 +46,4 @@ deps:
 	bash scripts/deps.sh
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-release build-release-clang

@@ -161,7 +161,7 @@ static int read_rope(loader *L, em_err *err) {
                           L->path, type);
     }
     if (p.scaling == EM_ROPE_YARN) {
-        int orig_i;
+        int orig_i = 0;
         if ((rc = key_int(L->g, L->path, ARCH ".rope.scaling.original_context_length", true, 0, 1, INT32_MAX, &orig_i, err)) ||
             (rc = key_float(L->g, L->path, ARCH ".rope.scaling.yarn_beta_fast", false, 32.0, &bf, err)) ||
             (rc = key_float(L->g, L->path, ARCH ".rope.scaling.yarn_beta_slow", false, 1.0, &bs, err)) ||
@@ -291,7 +291,7 @@ static int check_target(loader *L, em_err *err) {
     if (rc) return em_err_prefix(err, "target %s", L->tpath);
     if (strcmp(arch, ARCH) == 0)
         return em_err_set(err, EM_EINVAL, "drafter %s: target %s is itself a drafter", L->path, L->tpath);
-    int t_vocab;
+    int t_vocab = 0;
     snprintf(key, sizeof key, "%s.embedding_length", arch);
     if ((rc = key_int(s->tg, L->tpath, key, true, 0, 1, MAX_DIM, &hp->target_embd, err))) return rc;
     snprintf(key, sizeof key, "%s.block_count", arch);

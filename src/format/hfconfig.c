@@ -530,7 +530,7 @@ static int kimi_moe(const cfg_ctx *c, const json_t *o, bool *has_fkdr, em_hf_kim
     static const char *const topk[] = { "num_experts_per_token", "num_experts_per_tok" };
     static const char *const shared[] = { "num_shared_experts", "n_shared_experts" };
     static const char *const groups[] = { "num_expert_group", "n_group" };
-    const char *found;
+    const char *found = NULL;
     int rc = get_int_alias(c, o, experts, 3, false, &k->num_experts, &found);
     if (rc) return rc;
     bool moe = found != NULL;
@@ -761,29 +761,29 @@ static const cfg_ctx *draft_ctx(const draft_src *s, const char *key) {
 
 static int draft_int(const draft_src *s, const char *key, bool required, int64_t *out,
                      bool *present) {
-    const json_t *o;
-    const cfg_ctx *c;
+    const json_t *o = NULL;
+    const cfg_ctx *c = NULL;
     int rc = draft_pick(s, key, &o, &c);
     return rc ? rc : get_int(c, o, key, required, out, present);
 }
 
 static int draft_bool(const draft_src *s, const char *key, bool *out, bool *present) {
-    const json_t *o;
-    const cfg_ctx *c;
+    const json_t *o = NULL;
+    const cfg_ctx *c = NULL;
     int rc = draft_pick(s, key, &o, &c);
     return rc ? rc : get_bool(c, o, key, false, out, present);
 }
 
 static int draft_double(const draft_src *s, const char *key, double *out, bool *present) {
-    const json_t *o;
-    const cfg_ctx *c;
+    const json_t *o = NULL;
+    const cfg_ctx *c = NULL;
     int rc = draft_pick(s, key, &o, &c);
     return rc ? rc : get_double(c, o, key, false, out, present);
 }
 
 static int draft_string(const draft_src *s, const char *key, char *out, size_t cap, bool *present) {
-    const json_t *o;
-    const cfg_ctx *c;
+    const json_t *o = NULL;
+    const cfg_ctx *c = NULL;
     int rc = draft_pick(s, key, &o, &c);
     return rc ? rc : get_string(c, o, key, false, out, cap, present);
 }
@@ -792,8 +792,8 @@ static int draft_string(const draft_src *s, const char *key, char *out, size_t c
 static int draft_taps(const draft_src *s, em_hf_draft *d) {
     bool aux = d->flavour == EM_HF_DRAFT_SPECULATORS;
     const char *key = aux ? "aux_hidden_state_layer_ids" : "target_layer_ids";
-    const json_t *o;
-    const cfg_ctx *c;
+    const json_t *o = NULL;
+    const cfg_ctx *c = NULL;
     int rc = draft_pick(s, key, &o, &c);
     if (rc) return rc;
     json_t *list = member(o, key);

@@ -882,7 +882,7 @@ static int tk_check_specials(builder *b, const tk_file *f) {
     for (uint64_t i = 0; i < v->n_tokens && !rc; i++) {
         if (v->types[i] != EM_HF_TOKEN_CONTROL) continue;
         const char *s = v->tokens[i];
-        size_t n = strlen(s), nb;
+        size_t n = strlen(s), nb = 0;
         int64_t prev = bmap_put(&seen, s, n, (int64_t)i);
         if (prev >= 0) {
             rc = em_err_set(b->err, EM_EFORMAT, "%s: special '%s' is given to both id %lld and "

@@ -89,7 +89,7 @@ static int acts_for(kimi_acts *a, const em_mat *w, em_pool *pool, em_arena *aren
 
 int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
             em_err *err) {
-    const em_act *act;
+    const em_act *act = NULL;
     int rc = acts_for(a, w, pool, arena, &act, err);
     return rc ? rc : em_matmul_act(pool, w, act, y, ldy, err);
 }

@@ -1,15 +1,19 @@
-/* base/: errors, arenas, the thread pool, file reads (truncation, direct I/O), SHA-256
- * against FIPS 180-2 vectors, size/int parsing, fp16/bf16 against the compiler's own
- * _Float16 conversions. */
+/* base/: errors, arenas, the thread pool, file reads (truncation, direct I/O), guarded
+ * mappings of files that shrink or change under them, SHA-256 against FIPS 180-2 vectors,
+ * size/int parsing, fp16/bf16 against the compiler's own _Float16 conversions. */
 #include "testutil.h"
 
 #include "base/base.h"
 
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void test_err_messages(void **state) {
@@ -165,6 +169,93 @@ static void test_files(void **state) {
     free(data);
 }
 
+/* A file of n pattern bytes (none zero) at path; returns the pattern. */
+static uint8_t *pattern_file(const char *path, size_t n) {
+    uint8_t *data = malloc(n);
+    for (size_t i = 0; i < n; i++) data[i] = (uint8_t)(1 + i % 251);
+    em_test_write(path, data, n);
+    return data;
+}
+
+/* Reads every byte of m through a volatile pointer (the compiler must not skip the loads). */
+static void read_all(const em_mmap *m, uint8_t *copy) {
+    const volatile uint8_t *p = m->data;
+    for (uint64_t i = 0; i < m->size; i++) copy[i] = p[i];
+}
+
+static void test_guarded_mapping(void **state) {
+    (void)state;
+    const long page = sysconf(_SC_PAGESIZE);
+    const size_t n = 5 * (size_t)page + 100, cut = 2 * (size_t)page + 10;
+    const char *path = em_test_path("guarded.bin");
+    uint8_t *data = pattern_file(path, n), *copy = malloc(n);
+    em_err err = { 0 };
+
+    /* truncated while mapped, then read: zeros past the new end instead of SIGBUS */
+    em_mmap m;
+    assert_int_equal(em_mmap_open_guarded(&m, path, &err), EM_OK);
+    assert_int_equal(m.size, n);
+    assert_int_equal(em_mmap_check(true, &err), EM_OK);
+    assert_false(em_mmap_damaged(&m));
+    assert_int_equal(truncate(path, (off_t)cut), 0);
+    read_all(&m, copy);
+    assert_memory_equal(copy, data, cut);
+    for (size_t i = cut; i < n; i++)
+        if (copy[i]) fail_msg("byte %zu past the new end reads %u, want 0", i, copy[i]);
+    assert_true(em_mmap_damaged(&m));
+    assert_int_equal(em_mmap_check(false, &err), EM_EIO); /* the fault alone tells */
+    char want[256];
+    snprintf(want, sizeof want, "%s changed on disk while mapped (%zu bytes now, %zu mapped)", path, cut, n);
+    assert_string_equal(err.msg, want);
+    em_mmap_close(&m);
+    assert_int_equal(em_mmap_check(true, &err), EM_OK); /* closed: no longer watched */
+
+    /* shrunk between two uses: the size check sees it before any read */
+    em_test_write(path, data, n);
+    assert_int_equal(em_mmap_open_guarded(&m, path, &err), EM_OK);
+    assert_int_equal(truncate(path, (off_t)cut), 0);
+    assert_int_equal(em_mmap_check(false, &err), EM_OK); /* no fault, files not looked at */
+    assert_int_equal(em_mmap_check(true, &err), EM_EIO);
+    assert_string_equal(err.msg, want);
+    assert_true(em_mmap_damaged(&m));
+    em_test_write(path, data, n); /* the old size again: still damaged, the pages are gone */
+    assert_int_equal(em_mmap_check(false, &err), EM_EIO);
+    em_mmap_close(&m);
+
+    /* rewritten in place (same size, new modification time) */
+    assert_int_equal(em_mmap_open_guarded(&m, path, &err), EM_OK);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    struct timespec later[2] = { st.st_atim, st.st_mtim };
+    later[1].tv_sec += 10;
+    assert_int_equal(utimensat(AT_FDCWD, path, later, 0), 0);
+    assert_int_equal(em_mmap_check(true, &err), EM_EIO);
+    snprintf(want, sizeof want, "%s changed on disk while mapped (%zu bytes now, %zu mapped)", path, n, n);
+    assert_string_equal(err.msg, want);
+    em_mmap_close(&m);
+
+    /* a plain mapping is not guarded: in a child, its fault still ends the process with SIGBUS
+     * (the handler, installed above, hands faults outside guarded mappings on) */
+    em_test_write(path, data, n);
+    em_test_write(em_test_path("other.bin"), "guarded", 7);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGBUS, SIG_DFL); /* not the test harness's handler: the default is chained to */
+        em_mmap g, plain;
+        if (em_mmap_open_guarded(&g, em_test_path("other.bin"), NULL) || em_mmap_open(&plain, path, NULL)) _exit(3);
+        if (truncate(path, (off_t)cut)) _exit(4);
+        read_all(&plain, copy);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGBUS)
+        fail_msg("the child read a truncated plain mapping and ended with status 0x%x, want SIGBUS", status);
+    free(copy);
+    free(data);
+}
+
 static void test_sha256(void **state) {
     (void)state;
     em_sha256 *s;
@@ -284,6 +375,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_err_messages), cmocka_unit_test(test_arena),
         cmocka_unit_test(test_pool),         cmocka_unit_test(test_pool_stress),         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_guarded_mapping),
         cmocka_unit_test(test_sha256),       cmocka_unit_test(test_parse),
         cmocka_unit_test(test_half),
     };

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "experts/experts.h"
 #include "model/model.h"
@@ -319,6 +320,58 @@ static void test_faults(void **state) {
     em_target_close(ref);
 }
 
+/* The model file truncated under an open target, in both storage modes: the next forward
+ * reads zero pages where the file's pages were (no SIGBUS) and fails with a message naming the
+ * file; so does every later call, and a new open of the (now short) file is refused. */
+static void test_file_truncated(void **state) {
+    (void)state;
+    NEED_MODELS();
+    int32_t tok[8];
+    for (int i = 0; i < 8; i++) tok[i] = (int32_t)((i * 53 + 11) % 512);
+    size_t n;
+    void *orig = em_test_read(paths[0], &n);
+    const int modes[2] = { EM_MOE_RESIDENT, EM_MOE_SSD };
+    for (int k = 0; k < 2; k++) {
+        const char *copy = em_test_path("truncated.gguf");
+        em_test_write(copy, orig, n);
+        const uint64_t budget = modes[k] == EM_MOE_SSD ? 2 * slot_of(copy) : 0;
+        em_target *t = open_model(copy, modes[k], budget);
+        em_err err = { 0 };
+        int rc;
+        free(run_rows(t, tok, 4, true, &rc, &err));
+        assert_int_equal(rc, 0);
+        assert_int_equal(truncate(copy, (off_t)(n / 2)), 0);
+        free(run_rows(t, tok + 4, 2, false, &rc, &err)); /* no size check here: the fault tells */
+        assert_int_equal(rc, EM_EIO);
+        print_message("%s: %s\n", k ? "ssd" : "resident", err.msg);
+        char want[1024];
+        snprintf(want, sizeof want, "model file %s changed on disk while mapped (%zu bytes now, %zu mapped): restart to reload",
+                 copy, n / 2, n);
+        assert_string_equal(err.msg, want);
+        assert_int_equal(em_target_commit(t, 1, &err), EM_EIO); /* and so on, for good */
+        em_target_reset(t);
+        free(run_rows(t, tok, 4, true, &rc, &err));
+        assert_int_equal(rc, EM_EIO);
+        assert_string_equal(err.msg, want);
+        em_target_close(t);
+        assert_int_equal(em_model_files_check(true, &err), EM_OK); /* closed: nothing is watched */
+
+        /* shrunk between two requests: the next prompt's size check fails it before any read */
+        em_test_write(copy, orig, n);
+        t = open_model(copy, modes[k], budget);
+        free(run_rows(t, tok, 4, true, &rc, &err));
+        assert_int_equal(rc, 0);
+        assert_int_equal(truncate(copy, (off_t)(n - 4096)), 0);
+        em_target_reset(t);
+        free(run_rows(t, tok, 4, true, &rc, &err));
+        assert_int_equal(rc, EM_EIO);
+        assert_non_null(strstr(err.msg, "changed on disk while mapped"));
+        assert_non_null(strstr(err.msg, copy));
+        em_target_close(t);
+    }
+    free(orig);
+}
+
 static void test_bad_options(void **state) {
     (void)state;
     NEED_MODELS();
@@ -405,6 +458,7 @@ int main(void) {
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_cost_hint),
         cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_file_truncated),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_cli),
     };

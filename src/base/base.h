@@ -99,10 +99,28 @@ int em_cpu_count(void);
 typedef struct em_mmap {
     const uint8_t *data;
     uint64_t size;
+    int guard;          /* guarded mappings: registry slot + 1; 0: not guarded */
 } em_mmap;
 
+/* Reading a page of a plain mapping past the end of a file that shrank since raises SIGBUS
+ * (the process dies). A guarded mapping (em_mmap_open_guarded: files a long-running process
+ * computes from, like model weights) survives that: a SIGBUS handler (installed with the first
+ * guarded mapping; faults elsewhere go to the handler that was there before) replaces the
+ * lost pages with zero pages and marks the mapping damaged, and the read goes on, on zeros.
+ * Whoever computed from it must then call em_mmap_check and discard the result. */
 int em_mmap_open(em_mmap *m, const char *path, em_err *err);
+int em_mmap_open_guarded(em_mmap *m, const char *path, em_err *err);
 void em_mmap_close(em_mmap *m);
+/* Every guarded mapping that is open: EM_EIO, naming the first that lost pages ("PATH changed
+ * on disk while mapped (N bytes now, M mapped)"), else EM_OK. check_files: also fstat each
+ * file, so a size or modification time that changed since mapping counts as damage before any
+ * fault (a system call per mapping; without it the check is a single atomic load while
+ * nothing is damaged). Damage is permanent for the mapping's life. Thread-safe. */
+int em_mmap_check(bool check_files, em_err *err);
+bool em_mmap_damaged(const em_mmap *m);
+/* mapguard.c's registry (file.c calls these): fd is kept open (closed by remove). */
+int em_mmap_guard_add(em_mmap *m, int fd, const char *path, em_err *err);
+void em_mmap_guard_remove(em_mmap *m);
 
 /* Reads exactly n bytes at offset, retrying on EINTR and short reads; a read that hits end
  * of file first is EM_EFORMAT ("truncated"), naming path and offset. */

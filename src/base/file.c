@@ -1,6 +1,6 @@
-/* Files: whole-file read-only mappings, pread/write loops that survive EINTR and short
- * transfers, and direct (O_DIRECT) reads with a buffered fallback. Every error names the
- * path, and for reads the byte offset. */
+/* Files: whole-file read-only mappings (guarded ones register with mapguard.c), pread/write
+ * loops that survive EINTR and short transfers, and direct (O_DIRECT) reads with a buffered
+ * fallback. Every error names the path, and for reads the byte offset. */
 #include "base.h"
 
 #include <errno.h>
@@ -11,9 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int em_mmap_open(em_mmap *m, const char *path, em_err *err) {
+static int map_file(em_mmap *m, const char *path, bool guard, em_err *err) {
     m->data = NULL;
     m->size = 0;
+    m->guard = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return em_err_set(err, EM_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -37,11 +38,23 @@ int em_mmap_open(em_mmap *m, const char *path, em_err *err) {
         m->data = p;
         m->size = (uint64_t)st.st_size;
     }
-    close(fd); /* the mapping keeps the file alive */
-    return EM_OK;
+    /* the mapping keeps the file alive; a guarded one keeps fd too, to see the file change */
+    int rc = guard && m->data ? em_mmap_guard_add(m, fd, path, err) : EM_OK;
+    if (rc) {
+        munmap((void *)m->data, (size_t)m->size);
+        m->data = NULL;
+        m->size = 0;
+    }
+    if (rc || !m->guard) close(fd);
+    return rc;
 }
 
+int em_mmap_open(em_mmap *m, const char *path, em_err *err) { return map_file(m, path, false, err); }
+
+int em_mmap_open_guarded(em_mmap *m, const char *path, em_err *err) { return map_file(m, path, true, err); }
+
 void em_mmap_close(em_mmap *m) {
+    em_mmap_guard_remove(m); /* before munmap: the handler must not touch the range after */
     if (m->data) munmap((void *)m->data, (size_t)m->size);
     m->data = NULL;
     m->size = 0;

@@ -676,7 +676,9 @@ static int load_all(loader *L, const em_draft_opts *o, em_err *err) {
     info->n_drafts = hp->block - hp->slot0;
     info->n_vocab = hp->vocab;
     info->has_confidence = hp->conf;
-    if ((rc = em_gguf_open(&s->tg, L->tpath, err))) return em_err_prefix(err, "drafter %s: target", L->path);
+    /* guarded: a file that shrinks while mapped fails the forwards (em_model_files_check), not the process */
+    static const em_gguf_open_opts guarded = { .guard_mapping = true };
+    if ((rc = em_gguf_open_ex(&s->tg, L->tpath, &guarded, err))) return em_err_prefix(err, "drafter %s: target", L->path);
     if ((rc = check_target(L, err))) return rc;
     info->n_feat = info->n_taps * hp->target_embd;
     if ((rc = draft_vocab(L, err)) ||
@@ -706,7 +708,7 @@ int dsp_load(dspark *s, const char *draft_path, const char *target_path, const e
     int rc;
     if (!(s->path = em_strdup(draft_path, err)) || !(s->target_path = em_strdup(target_path, err))) return EM_ENOMEM;
     if ((rc = em_arena_create(&s->store, 1u << 20, err))) return rc;
-    if ((rc = em_gguf_open(&s->g, draft_path, err))) return rc;
+    if ((rc = em_gguf_open_ex(&s->g, draft_path, &(em_gguf_open_opts){ .guard_mapping = true }, err))) return rc;
     loader L = { .s = s, .g = s->g, .path = draft_path, .tpath = target_path };
     return load_all(&L, o, err);
 }

@@ -123,6 +123,8 @@ int em_gguf_open(em_gguf **out, const char *path, em_err *err);
  * or that check em_gguf_missing before reading data. */
 typedef struct em_gguf_open_opts {
     bool allow_missing_data;
+    bool guard_mapping; /* map every file guarded (em_mmap_open_guarded): a file that shrinks
+                           while open gives zeros and em_mmap_check's error, not SIGBUS */
 } em_gguf_open_opts;
 /* em_gguf_open with options (NULL: as em_gguf_open). */
 int em_gguf_open_ex(em_gguf **out, const char *path, const em_gguf_open_opts *opts, em_err *err);

@@ -84,6 +84,7 @@ typedef struct gguf_file {
     uint64_t *tat;       /* byte offset of each tensor info; likewise */
     char *names;         /* NUL-terminated copies of keys and tensor names */
     bool allow_missing;  /* em_gguf_open_opts.allow_missing_data */
+    bool guard;          /* em_gguf_open_opts.guard_mapping */
 } gguf_file;
 
 typedef struct parser {
@@ -556,12 +557,13 @@ static int file_parse(gguf_file *f, em_err *err) {
     return EM_OK;
 }
 
-static int file_open(gguf_file *f, const char *path, bool allow_missing, em_err *err) {
+static int file_open(gguf_file *f, const char *path, bool allow_missing, bool guard, em_err *err) {
     memset(f, 0, sizeof *f);
     f->allow_missing = allow_missing;
+    f->guard = guard;
     f->path = em_strdup(path, err);
     if (!f->path) return EM_ENOMEM;
-    int rc = em_mmap_open(&f->map, path, err);
+    int rc = guard ? em_mmap_open_guarded(&f->map, path, err) : em_mmap_open(&f->map, path, err);
     if (!rc) {
         f->bytes = f->map.data;
         f->size = f->map.size;
@@ -664,7 +666,7 @@ static int model_of_file(em_gguf **out, const char *path, gguf_file *f, em_err *
 int em_gguf_open_single(em_gguf **out, const char *path, em_err *err) {
     gguf_file f;
     *out = NULL;
-    int rc = file_open(&f, path, false, err);
+    int rc = file_open(&f, path, false, false, err);
     return rc ? rc : model_of_file(out, path, &f, err);
 }
 
@@ -796,7 +798,7 @@ static int open_split(em_gguf **out, const char *path, gguf_file *given, const s
             rc = em_err_set(err, EM_ENOTFOUND, "%s: missing shard %s (shard %u of %u)", path, name,
                             i + 1, sk->count);
         else
-            rc = file_open(&g->files[i], name, given->allow_missing, err);
+            rc = file_open(&g->files[i], name, given->allow_missing, given->guard, err);
     }
     free(name);
     /* shard 0 carries the metadata, split.tensors.count included */
@@ -844,7 +846,7 @@ int em_gguf_open_ex(em_gguf **out, const char *path, const em_gguf_open_opts *op
     gguf_file f;
     split_keys sk;
     *out = NULL;
-    int rc = file_open(&f, path, opts && opts->allow_missing_data, err);
+    int rc = file_open(&f, path, opts && opts->allow_missing_data, opts && opts->guard_mapping, err);
     if (rc) return rc;
     if ((rc = read_split_keys(&f, &sk, err))) {
         file_free(&f);

@@ -149,6 +149,14 @@ const em_target_info *em_target_get_info(const em_target *t);
 /* Routed-expert counters since open, for one layer (a model layer index) or all (-1); a
  * target without routed experts gives zeros. */
 int em_target_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
+/* Whether the model files of every open target (and drafter) are still what was mapped:
+ * EM_EIO "model file PATH changed on disk while mapped (N bytes now, M mapped): restart to
+ * reload" once one lost pages under a forward (truncated: the reads gave zeros instead of
+ * SIGBUS) or, with check_files, changed size or modification time since it was opened. The
+ * target calls enforce this: prefill checks the files first, and every verify, commit and
+ * prefill fails with this error when a file was damaged before or during it. Permanent: a
+ * damaged model must be opened again. */
+int em_model_files_check(bool check_files, em_err *err);
 /* Test hook: the (after_n_reads + 1)-th expert read from now fails (kind: EM_EXPERT_FAULT_EIO
  * or _SHORT of experts/experts.h). EM_EUNSUPPORTED unless experts are read from storage. */
 int em_target_expert_fault_arm(em_target *t, int kind, uint64_t after_n_reads, em_err *err);

@@ -42,7 +42,7 @@ int em_model_open(em_target **out, const char *path, const em_model_opts *opts, 
     em_gguf *g = NULL;
     /* a file cut short (an interrupted download) opens, so its sizes can be reported; its
      * missing data is refused before any forward reads it (check_data) */
-    rc = em_gguf_open_ex(&g, path, &(em_gguf_open_opts){ .allow_missing_data = true }, err);
+    rc = em_gguf_open_ex(&g, path, &(em_gguf_open_opts){ .allow_missing_data = true, .guard_mapping = true }, err);
     if (rc) return rc;
     char missing[256] = "";
     int64_t n_missing = 0;
@@ -98,31 +98,54 @@ static int check_data(const em_target *t, const char *what, em_err *err) {
     return t->missing_data[0] ? em_err_set(err, EM_EFORMAT, "%s: %s", what, t->missing_data) : EM_OK;
 }
 
+int em_model_files_check(bool check_files, em_err *err) {
+    em_err e = { 0 };
+    int rc = em_mmap_check(check_files, &e);
+    return rc ? em_err_set(err, rc, "model file %s: restart to reload", e.msg) : EM_OK;
+}
+
+/* After a forward: a fault on the mapped weights during it (they read as zeros then) makes its
+ * results worthless, whatever the forward returned; after a failed one the files are looked
+ * at too (an expert read that found its file shorter says why only in its own words). */
+static int after_forward(int rc, em_err *err) {
+    em_err e = { 0 };
+    if (em_model_files_check(rc != 0, &e)) {
+        if (err) *err = e;
+        return e.code;
+    }
+    return rc;
+}
+
 int em_target_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
     int rc = check_data(t, "verify", err);
+    if (!rc) rc = em_model_files_check(false, err);
     if (rc) return rc;
     rc = check_rows(t, "verify", tok, n, out, err);
     if (rc) return rc;
-    return t->ops->verify(t, tok, n, out, err);
+    return after_forward(t->ops->verify(t, tok, n, out, err), err);
 }
 
 int em_target_commit(em_target *t, int k, em_err *err) {
     int rc = check_data(t, "commit", err);
+    if (!rc) rc = em_model_files_check(false, err);
     if (rc) return rc;
     if (t->pending < 0)
         return em_err_set(err, EM_EINVAL, "commit: no verify to commit from");
     if (k < 0 || k > t->pending)
         return em_err_set(err, EM_EINVAL, "commit: %d rows, but the last verify had %d", k, t->pending);
-    return t->ops->commit(t, k, err);
+    return after_forward(t->ops->commit(t, k, err), err);
 }
 
 int em_target_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
     static const em_rows none = { 0 };
     int rc = check_data(t, "prefill", err);
+    /* a prompt starts a request: the files' sizes are looked at, so a file that changed since
+     * the last request is caught before anything reads it */
+    if (!rc) rc = em_model_files_check(true, err);
     if (rc) return rc;
     rc = check_rows(t, "prefill", tok, n, out ? out : &none, err);
     if (rc) return rc;
-    return t->ops->prefill(t, tok, n, out ? out : &none, err);
+    return after_forward(t->ops->prefill(t, tok, n, out ? out : &none, err), err);
 }
 
 em_cost em_target_cost(const em_target *t, int n) {

@@ -256,6 +256,7 @@ static enum MHD_Result generate(em_server *s, struct MHD_Connection *c, http_req
 static enum MHD_Result dispatch(em_server *s, struct MHD_Connection *c, http_req *r) {
     em_srv_error e;
     bool ready = atomic_load(&s->ready);
+    if (r->route == EM_ROUTE_HEALTH && ready && em_srv_model_lost(s, &e)) return respond_error(s, c, r, &e);
     if (r->route == EM_ROUTE_HEALTH)
         return ready ? respond_json(s, c, r, 200, dup_text("{\"status\":\"ok\"}"))
                      : (em_srv_fail(&e, 503, "unavailable_error", NULL, "Loading model"), respond_error(s, c, r, &e));

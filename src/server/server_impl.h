@@ -215,6 +215,8 @@ struct em_server {
     bool worker_started;
     pthread_t worker;
     uint64_t id_state;        /* response ids, under mu */
+    bool model_lost;          /* a model file changed on disk (worker.c), under mu */
+    char model_lost_msg[EM_ERR_MSG];
     em_srv_metrics metrics;
 };
 
@@ -233,6 +235,9 @@ void em_srv_job_wait(em_srv_job *j);
 /* Streaming: copies up to max pending bytes into buf, waiting for some; 0 when the stream
  * is over and drained. */
 size_t em_srv_job_read(em_srv_job *j, char *buf, size_t max);
+/* Whether the model was lost (its file changed on disk while mapped): then e holds the 503
+ * every generation request and /health get, naming the file. */
+bool em_srv_model_lost(em_server *s, em_srv_error *e);
 /* A fresh random-looking id with prefix into out[cap]; em_srv_random: 64 such bits (a
  * request's seed when it gives none). Not cryptographic. */
 void em_srv_make_id(em_server *s, const char *prefix, char *out, size_t cap);

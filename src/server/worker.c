@@ -8,8 +8,10 @@
  * worker never holds it while decoding. A job is freed by whoever drops its last reference
  * (connection, streaming response, worker, queue). Before each decode step's token is
  * accepted the worker checks whether the client is still there (cancel flag, socket
- * hang-up), so a vanished client stops its generation within one step. Must not: touch
- * MHD (http.c owns the connections). */
+ * hang-up), so a vanished client stops its generation within one step. After each job it
+ * checks that the model's files are still what was mapped: once one changed on disk the model
+ * is lost (every later request, and /health, is 503 saying so). Must not: touch MHD (http.c
+ * owns the connections). */
 #include "server/server_impl.h"
 
 #include <poll.h>
@@ -95,6 +97,7 @@ static void out_append_locked(em_srv_job *j, const char *a, size_t na, const cha
         return;
     }
     size_t need = j->out_len + na + nb + nc;
+    if (need == j->out_len) return; /* nothing to add (and out may still be NULL) */
     if (need > j->out_cap) {
         size_t cap = j->out_cap ? j->out_cap : 1024;
         while (cap < need) cap *= 2;
@@ -140,6 +143,34 @@ static void fail_job_locked(em_srv_job *j, int status, const char *type, const c
     pthread_cond_broadcast(&j->cv);
 }
 
+/* The model's files changed on disk (s->mu held): e filled with the 503 every request gets. */
+static bool model_lost_locked(em_server *s, em_srv_error *e) {
+    if (!s->model_lost) return false;
+    em_srv_fail(e, 503, "unavailable_error", NULL, "%s", s->model_lost_msg);
+    return true;
+}
+
+bool em_srv_model_lost(em_server *s, em_srv_error *e) {
+    pthread_mutex_lock(&s->mu);
+    bool lost = model_lost_locked(s, e);
+    pthread_mutex_unlock(&s->mu);
+    return lost;
+}
+
+/* After each job: whether the model's files are still what was mapped (a file truncated or
+ * rewritten under the server fails the job that ran into it with 500 through the target's own
+ * checks); once not, the model is lost for good and every later request is 503. */
+static void check_model_files(em_server *s) {
+    em_err err = { 0 };
+    if (!em_model_files_check(true, &err)) return;
+    pthread_mutex_lock(&s->mu);
+    bool first = !s->model_lost;
+    s->model_lost = true;
+    snprintf(s->model_lost_msg, sizeof s->model_lost_msg, "%s", err.msg);
+    pthread_mutex_unlock(&s->mu);
+    if (first) em_log(EM_LOG_ERROR, "serve: %s; every request fails (503) until the server is restarted", err.msg);
+}
+
 int em_srv_job_submit(em_srv_job *j, em_srv_error *e) {
     em_server *s = j->srv;
     int cap = s->opts.queue < 0 ? 0 : s->opts.queue;
@@ -147,6 +178,10 @@ int em_srv_job_submit(em_srv_job *j, em_srv_error *e) {
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
         return em_srv_fail(e, 503, "unavailable_error", NULL, "the server is shutting down");
+    }
+    if (model_lost_locked(s, e)) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
     }
     if (s->n_queued + (s->running ? 1 : 0) >= cap + 1) {
         int queued = s->n_queued;
@@ -181,7 +216,7 @@ size_t em_srv_job_read(em_srv_job *j, char *buf, size_t max) {
         pthread_cond_wait(&j->cv, &s->mu);
     size_t n = j->out_len - j->out_pos;
     if (n > max) n = max;
-    memcpy(buf, j->out + j->out_pos, n);
+    if (n) memcpy(buf, j->out + j->out_pos, n); /* n == 0: out may be NULL (nothing was ever sent) */
     j->out_pos += n;
     if (j->out_pos == j->out_len) j->out_pos = j->out_len = 0;
     pthread_mutex_unlock(&s->mu);
@@ -332,11 +367,22 @@ static void *worker_main(void *arg) {
         s->head = j->next;
         if (!s->head) s->tail = NULL;
         s->n_queued--;
+        em_srv_error lost;
+        if (model_lost_locked(s, &lost)) { /* queued before the model was lost */
+            fail_job_locked(j, lost.status, lost.type, lost.message);
+            if (job_release_locked(j)) {
+                pthread_mutex_unlock(&s->mu);
+                job_free(j);
+                pthread_mutex_lock(&s->mu);
+            }
+            continue;
+        }
         j->state = EM_JOB_RUNNING;
         s->running = j;
         pthread_mutex_unlock(&s->mu);
 
         run_job(s, j);
+        check_model_files(s);
 
         pthread_mutex_lock(&s->mu);
         s->running = NULL;

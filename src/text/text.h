@@ -190,8 +190,12 @@ typedef struct em_chat_msg {
  * No default system message, no BOS. *out is a new NUL-terminated string (free()). */
 int em_chat_render_kimi(const em_chat_msg *msgs, size_t n_msgs, bool add_generation_prompt,
                         char **out, size_t *len, em_err *err);
-/* Renders and encodes (specials parsed, as Kimi's tokenizer does); checks first that every
- * role marker used, <|im_middle|> and <|im_end|> are CONTROL tokens of t. */
+/* Encodes the conversation in Kimi's chat format: the template's markers are their CONTROL
+ * tokens, names and contents are plain text (encoded without EM_TOK_PARSE_SPECIAL, as
+ * llama-server does), so special-token text in a message stays text and cannot forge a turn.
+ * Without such text the ids equal em_chat_render_kimi's string encoded with specials parsed
+ * (transformers' apply_chat_template). Checks first that every role marker used, <|im_middle|>
+ * and <|im_end|> are CONTROL tokens of t. */
 int em_chat_encode_kimi(const em_tok *t, const em_chat_msg *msgs, size_t n_msgs,
                         bool add_generation_prompt, int32_t **ids, size_t *n_ids, em_err *err);
 

@@ -131,6 +131,7 @@ def cmd_slowread(port, body, sleep, wait):
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
     time.sleep(float(sleep))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read at full speed
     data, closed = read_all(s, float(wait))
     events = [ln for ln in data.split(b"\n") if ln.startswith(b"data: ")]
     return {"closed": closed, "status": status_of(data), "last": events[-1].decode() if events else ""}

@@ -126,6 +126,16 @@ resp2=$(post "$A_URL/v1/completions" '{"prompt":"Hello","max_tokens":3,"temperat
 check "sampling with a seed is reproducible" test "$(jq -c .choices <<<"$resp")" = "$(jq -c .choices <<<"$resp2")"
 resp=$(post "$A_URL/v1/completions" '{"model":"kimi_a.gguf","prompt":[23,285,229],"max_tokens":2,"temperature":0}')
 check "prompt as token ids, model by name" jqc '.usage.prompt_tokens == 3 and .usage.completion_tokens >= 1' <<<"$resp"
+# one-model servers serve any name (clients often send a fixed one): the same greedy result as
+# naming none, and the response names the model served
+body='{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0,"ignore_eos":true,"return_tokens":true}'
+want=$(post "$A_URL/v1/chat/completions" "$body" | jq -c '.choices[0].tokens')
+for name in default gpt-4o-mini kimi_a.gguf "$MODEL"; do
+    resp=$(post "$A_URL/v1/chat/completions" "$(jq -c --arg m "$name" '. + {model: $m}' <<<"$body")" -w '\n%{http_code}')
+    check "any model name ('${name##*/}'): 200, the same tokens, model kimi_a.gguf" bash -c '[ "$(tail -n 1 <<<"$1")" = 200 ] && head -n 1 <<<"$1" | jq -e --argjson w "$2" ".choices[0].tokens == \$w and .model == \"kimi_a.gguf\"" >/dev/null' _ "$resp" "$want"
+done
+code=$(status "$A_URL/v1/completions" '{"prompt":"Hi","max_tokens":2,"model":"davinci-002"}')
+check "completions naming another model: 200 ($code)" test "$code" = 200
 resp=$(post "$A_URL/v1/chat/completions" '{"messages":[{"role":"user","content":[{"type":"text","text":"Hel"},{"type":"text","text":"lo"}]}],"max_tokens":2,"temperature":0}')
 check "chat content as a list of text parts" jqc '.choices[0].message.role == "assistant"' <<<"$resp"
 

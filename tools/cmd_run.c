@@ -282,6 +282,8 @@ static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_op
     if (!rc) {
         em_spec_params p = { .sampling = o->sampling, .n_max = o->n_max };
         rc = em_spec_generate(s, ids, (int)n_ids, &p, on_token, &k, &r, err);
+        /* the engine's own failure (say, logits that are all NaN: broken weights) names the model */
+        if (rc && !k.rc) em_err_prefix(err, "%s: generation failed", o->mf.model);
         if (!rc) rc = k.rc;
     }
     if (k.wrote && !k.ends_in_newline) putchar('\n');

@@ -38,14 +38,21 @@ static const char serve_usage[] =
     "server flags:\n"
     "      --host H           address or name to bind (default 127.0.0.1)\n"
     "      --port N           TCP port (default 8080; 0 picks a free one, printed at start)\n"
-    "  -a, --alias NAME       the model id clients see and send (default: the file name)\n"
-    "      --api-key KEY      require \"Authorization: Bearer KEY\" on every endpoint but /health\n"
-    "      --api-key-file F   the same, KEY being the first line of file F\n"
+    "  -a, --alias NAME       the model id /v1/models lists (default: the file name); requests\n"
+    "                         may name any model, the one loaded serves them\n"
+    "      --api-key KEY      require \"Authorization: Bearer KEY\" on every endpoint but /health;\n"
+    "                         an empty KEY is refused, spaces around it are removed (with a note)\n"
+    "      --api-key-file F   the same, KEY being the first line of file F (no NUL bytes)\n"
     "      --queue N          requests that may wait besides the running one (default 64);\n"
     "                         beyond that, 503 with Retry-After\n"
     "      --max-body B       request body limit, e.g. 16MiB (default); larger bodies get 413\n"
     "      --max-connections N  open connections at most (default 256)\n"
-    "      --timeout S        idle keep-alive connections close after S seconds (default 600)\n"
+    "      --max-connections-per-ip N  open connections from one client address (default 64)\n"
+    "      --request-timeout S  a request's headers and body must arrive within S seconds of the\n"
+    "                         connection opening or of the previous response, else the\n"
+    "                         connection is closed (default 10; idle keep-alive too)\n"
+    "      --timeout S        a response whose client reads nothing for S seconds is dropped\n"
+    "                         (default 600)\n"
     "  -v, --verbose          log every request\n";
 
 typedef struct serve_opts {
@@ -63,7 +70,11 @@ static int parse_server_flag(const char *a, const char *v, serve_opts *o) {
     long long n;
     if (!strcmp(a, "--host")) o->so.host = v;
     else if (!strcmp(a, "-a") || !strcmp(a, "--alias")) o->alias = v;
-    else if (!strcmp(a, "--api-key")) o->so.api_key = v;
+    else if (!strcmp(a, "--api-key")) {
+        /* "" would mean no authentication: an unset variable must not open the server */
+        if (!v[0]) return em_cli_usage_error(cmd, "--api-key: the key is empty (leave the flag out for a server without one)");
+        o->so.api_key = v;
+    }
     else if (!strcmp(a, "--api-key-file")) o->api_key_file = v;
     else if (!strcmp(a, "--port")) {
         if (em_parse_int(v, 0, 65535, &n, a, &err)) return em_cli_usage_error(cmd, "%s", err.msg);
@@ -80,6 +91,12 @@ static int parse_server_flag(const char *a, const char *v, serve_opts *o) {
     } else if (!strcmp(a, "--max-connections")) {
         if (em_parse_int(v, 1, 1 << 16, &n, a, &err)) return em_cli_usage_error(cmd, "%s", err.msg);
         o->so.connections = (unsigned)n;
+    } else if (!strcmp(a, "--max-connections-per-ip")) {
+        if (em_parse_int(v, 1, 1 << 16, &n, a, &err)) return em_cli_usage_error(cmd, "%s", err.msg);
+        o->so.connections_per_ip = (unsigned)n;
+    } else if (!strcmp(a, "--request-timeout")) {
+        if (em_parse_int(v, 1, 1 << 24, &n, a, &err)) return em_cli_usage_error(cmd, "%s", err.msg);
+        o->so.request_timeout_s = (unsigned)n;
     } else if (!strcmp(a, "--timeout")) {
         if (em_parse_int(v, 1, 1 << 24, &n, a, &err)) return em_cli_usage_error(cmd, "%s", err.msg);
         o->so.timeout_s = (unsigned)n;
@@ -90,7 +107,7 @@ static int parse_server_flag(const char *a, const char *v, serve_opts *o) {
 static bool server_flag(const char *a) {
     static const char *const flags[] = {
         "--host", "--port", "-a", "--alias", "--api-key", "--api-key-file", "--queue", "--max-body",
-        "--max-connections", "--timeout",
+        "--max-connections", "--max-connections-per-ip", "--request-timeout", "--timeout",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(a, flags[i])) return true;
@@ -119,16 +136,49 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     return em_model_flags_need_model(cmd, &o->mf);
 }
 
-/* The first line of path (without its newline) into *key (free()). */
+/* Clients send keys without surrounding whitespace (HTTP trims header values), so a key that
+ * has some could never match: it is removed, with a note on stderr. A control byte inside
+ * cannot be sent in a header at all: refused. what names the key's source in messages; key
+ * (n bytes, NUL-terminated) is trimmed in place. */
+static int trim_key(const char *what, char *key, size_t n, em_err *err) {
+    size_t lead = strspn(key, " \t\v\f\r\n"), end = n;
+    while (end > lead && strchr(" \t\v\f\r\n", key[end - 1])) end--;
+    if (end == lead) return em_err_set(err, EM_EINVAL, "%s: the API key is empty", what);
+    for (size_t i = lead; i < end; i++)
+        if ((unsigned char)key[i] < 0x20 || key[i] == 0x7f)
+            return em_err_set(err, EM_EINVAL, "%s: the API key has a control byte (0x%02x) at offset %zu; no client "
+                              "can send it", what, (unsigned char)key[i], i);
+    if (lead || end < n)
+        fprintf(stderr, "ember serve: note: %s: removed whitespace around the API key (%zu bytes before, %zu after); "
+                "clients send keys without it\n", what, lead, n - end);
+    memmove(key, key + lead, end - lead);
+    key[end - lead] = 0;
+    return EM_OK;
+}
+
+/* The first line of path (without its line end) into *key (free()). A NUL byte anywhere is
+ * refused: the key would silently end there. */
 static int read_key_file(const char *path, char **key, em_err *err) {
     char *text;
     size_t len;
     int rc = em_file_read_all(path, &text, &len, err);
     if (rc) return rc;
-    text[strcspn(text, "\r\n")] = 0;
+    const char *nul = memchr(text, 0, len);
+    if (nul) {
+        rc = em_err_set(err, EM_EINVAL, "%s: a NUL byte at offset %zu (an API key file holds the key as text)", path,
+                        (size_t)(nul - text));
+        free(text);
+        return rc;
+    }
+    size_t n = strcspn(text, "\n");
+    text[n] = 0;
     if (!text[0]) {
         free(text);
         return em_err_set(err, EM_EINVAL, "%s: the first line (the API key) is empty", path);
+    }
+    if ((rc = trim_key(path, text, n, err))) {
+        free(text);
+        return rc;
     }
     *key = text;
     return EM_OK;
@@ -251,6 +301,13 @@ static int serve_main(int argc, char **argv) {
     char *key = NULL;
     if (o.api_key_file) {
         if (read_key_file(o.api_key_file, &key, &err)) return em_cli_fail(&em_cmd_serve, &err);
+        o.so.api_key = key;
+    } else if (o.so.api_key) {
+        if (!(key = strdup(o.so.api_key))) return em_cli_fail(&em_cmd_serve, &(em_err){ EM_ENOMEM, "out of memory" });
+        if (trim_key("--api-key", key, strlen(key), &err)) {
+            free(key);
+            return em_cli_usage_error(&em_cmd_serve, "%s", err.msg);
+        }
         o.so.api_key = key;
     }
     if (o.verbose) em_log_set_level(EM_LOG_DEBUG);

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SSE_BLOCK (16u << 10)
@@ -33,6 +34,7 @@ typedef struct http_req {
     bool too_big;
     uint64_t discarded;
     bool refused;     /* the headers decided the answer (err), given once the request is in */
+    bool close;       /* the connection cannot be trusted with another request: close it */
     em_srv_error err;
     em_srv_job *job; /* a generation request's job, while this request lasts */
 } http_req;
@@ -91,6 +93,7 @@ static enum MHD_Result respond(em_server *s, struct MHD_Connection *c, http_req 
         return MHD_NO;
     }
     add_common_headers(resp, content_type);
+    if (r->close) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == 405) {
@@ -125,6 +128,73 @@ static enum MHD_Result respond_cors_preflight(em_server *s, struct MHD_Connectio
     MHD_destroy_response(resp);
     note_response(s, r, MHD_HTTP_NO_CONTENT);
     return ret;
+}
+
+/* ---- message framing ------------------------------------------------------------------------ */
+
+/* How the headers say the body ends. libmicrohttpd takes the first Content-Length and knows
+ * only "chunked" as a transfer coding (others make it read until the client closes), so a
+ * request it would frame differently from another server (request smuggling) or never finish
+ * is refused here with 400, and its connection closed (RFC 9112 6.1, 6.3). */
+typedef struct framing {
+    int n_length;           /* Content-Length headers */
+    const char *length;     /* the first one's value */
+    const char *other_length; /* a later one that differs from it, or NULL */
+    int n_te;               /* Transfer-Encoding headers */
+    int n_codings;          /* transfer codings they list */
+    char coding[32];        /* the last one */
+    char unsupported[32];   /* a coding other than chunked before the last, or "" */
+    bool chunked_early;     /* chunked before the last coding */
+} framing;
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!value) value = "";
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (f->n_length++ == 0) f->length = value;
+        else if (strcmp(f->length, value) && !f->other_length) f->other_length = value;
+        return MHD_YES;
+    }
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) return MHD_YES;
+    f->n_te++;
+    for (const char *p = value; *p;) { /* a comma-separated list; repeated headers continue it */
+        p += strspn(p, " \t,");
+        size_t n = strcspn(p, ",");
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+        if (!n) continue;
+        if (f->n_codings++) {
+            if (!strcasecmp(f->coding, "chunked")) f->chunked_early = true;
+            else if (!f->unsupported[0]) snprintf(f->unsupported, sizeof f->unsupported, "%s", f->coding);
+        }
+        snprintf(f->coding, sizeof f->coding, "%.*s", (int)(n < 31 ? n : 31), p);
+        p += n;
+    }
+    return MHD_YES;
+}
+
+/* -1 with e filled when the request's framing is refused. */
+static int check_framing(struct MHD_Connection *c, em_srv_error *e) {
+    framing f = { 0 };
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+    if (f.n_te && f.n_length)
+        return em_srv_fail(e, 400, "invalid_request_error", NULL,
+                           "the request has both Transfer-Encoding and Content-Length; send one");
+    if (f.other_length)
+        return em_srv_fail(e, 400, "invalid_request_error", NULL,
+                           "the request has two different Content-Length headers ('%.40s' and '%.40s')", f.length,
+                           f.other_length);
+    if (!f.n_te) return 0;
+    if (!f.n_codings) return em_srv_fail(e, 400, "invalid_request_error", NULL, "Transfer-Encoding is empty");
+    if (strcasecmp(f.coding, "chunked") || f.chunked_early)
+        return em_srv_fail(e, 400, "invalid_request_error", NULL,
+                           "Transfer-Encoding '%s' does not end with one 'chunked': the body's length cannot be "
+                           "determined",
+                           f.coding);
+    if (f.unsupported[0])
+        return em_srv_fail(e, 400, "invalid_request_error", NULL,
+                           "transfer coding '%s' is not supported (only chunked)", f.unsupported);
+    return 0;
 }
 
 /* ---- checks made on the headers ------------------------------------------------------------ */
@@ -203,7 +273,20 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return n ? (ssize_t)n : MHD_CONTENT_READER_END_OF_STREAM;
 }
 
-static void sse_free(void *cls) { em_srv_job_unref(cls); }
+/* Streams being sent are counted so that stopping can let them finish (em_srv_http_drain). */
+static void streams_add(em_server *s, int d) {
+    pthread_mutex_lock(&s->conn_mu);
+    s->n_streams += d;
+    pthread_cond_broadcast(&s->conn_cv);
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+static void sse_free(void *cls) {
+    em_srv_job *j = cls;
+    em_server *s = j->srv;
+    em_srv_job_unref(j);
+    streams_add(s, -1);
+}
 
 static enum MHD_Result stream_job(em_server *s, struct MHD_Connection *c, http_req *r) {
     em_srv_job_ref(r->job); /* the response's own reference, dropped by sse_free */
@@ -212,6 +295,7 @@ static enum MHD_Result stream_job(em_server *s, struct MHD_Connection *c, http_r
         em_srv_job_unref(r->job);
         return MHD_NO;
     }
+    streams_add(s, 1);
     add_common_headers(resp, "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
@@ -284,6 +368,88 @@ static enum MHD_Result dispatch(em_server *s, struct MHD_Connection *c, http_req
     }
 }
 
+/* ---- connections and the request timeout ------------------------------------------------------- */
+
+/* libmicrohttpd's own timeout (--timeout) counts idle time, so a client that sends a header
+ * byte now and then would hold its connection (and a thread, and a slot of
+ * --max-connections) for ever. Each connection is therefore tracked from MHD's "started" to
+ * its "closed" notification: while a request is due (from the connection's start or the end of
+ * the previous response until the request's last body byte) it has a deadline, and the reaper
+ * shuts the socket down once the deadline passes. MHD then sees the client gone and closes the
+ * connection (no answer is sent: MHD may be in the middle of reading). Once a request is in,
+ * its answer, however long it takes to generate or stream, has no such deadline. */
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    em_server *s = cls;
+    em_srv_conn *k = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!info || !(k = calloc(1, sizeof *k))) return; /* untracked: only MHD's idle timeout applies */
+        k->fd = info->connect_fd;
+        k->receiving = true;
+        k->deadline = mono_now() + s->opts.request_timeout_s;
+        pthread_mutex_lock(&s->conn_mu);
+        k->next = s->conns;
+        if (s->conns) s->conns->prev = k;
+        s->conns = k;
+        pthread_mutex_unlock(&s->conn_mu);
+        *socket_context = k;
+        return;
+    }
+    if (code != MHD_CONNECTION_NOTIFY_CLOSED || !k) return;
+    pthread_mutex_lock(&s->conn_mu);
+    if (k->prev) k->prev->next = k->next;
+    else s->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->conn_mu);
+    free(k);
+    *socket_context = NULL;
+}
+
+static void set_due(em_server *s, struct MHD_Connection *c, bool due) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    em_srv_conn *k = info ? info->socket_context : NULL;
+    if (!k) return;
+    pthread_mutex_lock(&s->conn_mu);
+    k->receiving = due;
+    if (due) k->deadline = mono_now() + s->opts.request_timeout_s;
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+/* The request is in (or answered before its body): its answer has no deadline. */
+static void request_received(em_server *s, struct MHD_Connection *c) { set_due(s, c, false); }
+/* A response is done: the next request on this connection is due within the timeout. */
+static void next_request_due(em_server *s, struct MHD_Connection *c) { set_due(s, c, true); }
+
+static void *reaper_main(void *arg) {
+    em_server *s = arg;
+    pthread_mutex_lock(&s->conn_mu);
+    while (!s->reaper_stop) {
+        double now = mono_now(), next = now + s->opts.request_timeout_s;
+        for (em_srv_conn *k = s->conns; k; k = k->next) {
+            if (!k->receiving) continue;
+            if (k->deadline <= now) {
+                em_log(EM_LOG_DEBUG, "serve: http: no complete request within %u s (--request-timeout): closing",
+                       s->opts.request_timeout_s);
+                shutdown(k->fd, SHUT_RDWR); /* fd is still this connection's: see em_srv_conn */
+                k->receiving = false;
+            } else if (k->deadline < next) next = k->deadline;
+        }
+        /* new deadlines are at least now + the timeout, never before the one waited for */
+        struct timespec until = { .tv_sec = (time_t)next, .tv_nsec = (long)((next - (double)(time_t)next) * 1e9) };
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &until);
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    return NULL;
+}
+
 /* ---- MHD callbacks ---------------------------------------------------------------------------- */
 
 /* Keeps body bytes up to the limit; past it, counts and drops them (the answer is 413), and
@@ -325,15 +491,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = r;
         r->method = method;
         r->url = url;
+        r->route = find_route(url) ? find_route(url)->route : EM_ROUTE_NONE;
+        if (check_framing(c, &r->err)) {
+            r->close = true;
+            request_received(s, c);
+            return respond_error(s, c, r, &r->err);
+        }
         if (!strcmp(method, MHD_HTTP_METHOD_OPTIONS)) {
-            r->route = find_route(url) ? find_route(url)->route : EM_ROUTE_NONE;
-            return has_body(c) ? respond_cors_preflight(s, c, r) : MHD_YES;
+            if (!has_body(c)) return MHD_YES;
+            request_received(s, c);
+            return respond_cors_preflight(s, c, r);
         }
         if (check_headers(s, c, url, method, r, &r->err)) {
             r->refused = true;
             /* refusing before a body arrives skips it (MHD then closes the connection);
              * without a body, answer once the request is complete and keep the connection */
-            if (has_body(c)) return respond_error(s, c, r, &r->err);
+            if (has_body(c)) {
+                request_received(s, c);
+                return respond_error(s, c, r, &r->err);
+            }
         }
         return MHD_YES;
     }
@@ -342,6 +518,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return ret;
     }
+    request_received(s, c); /* before dispatch, which may wait for the worker */
     if (!strcmp(method, MHD_HTTP_METHOD_OPTIONS)) return respond_cors_preflight(s, c, r);
     if (r->refused) return respond_error(s, c, r, &r->err);
     if (r->too_big) {
@@ -354,7 +531,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c;
+    em_server *s = cls;
+    next_request_due(s, c);
     http_req *r = *con_cls;
     if (!r) return;
     if (r->job) {
@@ -419,26 +597,72 @@ static int bound_port(int fd) {
     return -1;
 }
 
+static int start_reaper(em_server *s, em_err *err) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_cond_init(&s->conn_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    int rc = pthread_create(&s->reaper, NULL, reaper_main, s);
+    if (rc) {
+        pthread_cond_destroy(&s->conn_cv);
+        pthread_mutex_destroy(&s->conn_mu);
+        return em_err_set(err, EM_EIO, "serve: cannot start the request-timeout thread: %s", strerror(rc));
+    }
+    s->reaper_started = true;
+    return EM_OK;
+}
+
+static void stop_reaper(em_server *s) {
+    if (!s->reaper_started) return;
+    pthread_mutex_lock(&s->conn_mu);
+    s->reaper_stop = true;
+    pthread_cond_broadcast(&s->conn_cv);
+    pthread_mutex_unlock(&s->conn_mu);
+    pthread_join(s->reaper, NULL);
+    s->reaper_started = false;
+    pthread_cond_destroy(&s->conn_cv);
+    pthread_mutex_destroy(&s->conn_mu);
+}
+
 int em_srv_http_start(em_server *s, em_err *err) {
     int fd = -1, family = AF_INET;
-    int rc = listen_on(s->opts.host, s->opts.port, &fd, &family, err);
+    int rc = start_reaper(s, err);
     if (rc) return rc;
+    rc = listen_on(s->opts.host, s->opts.port, &fd, &family, err);
+    if (rc) {
+        stop_reaper(s);
+        return rc;
+    }
     s->port = bound_port(fd);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES) flags |= MHD_USE_POLL;
     if (family == AF_INET6) flags |= MHD_USE_IPv6;
     s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
                               MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                              MHD_OPTION_CONNECTION_LIMIT, s->opts.connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                              s->opts.timeout_s, MHD_OPTION_END);
+                              MHD_OPTION_CONNECTION_LIMIT, s->opts.connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              s->opts.connections_per_ip, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                              MHD_OPTION_CONNECTION_TIMEOUT, s->opts.timeout_s, MHD_OPTION_END);
     if (!s->mhd) {
         close(fd);
+        stop_reaper(s);
         return em_err_set(err, EM_EIO, "libmicrohttpd could not start on %s port %d", s->opts.host, s->port);
     }
     return EM_OK;
 }
 
+void em_srv_http_drain(em_server *s, double seconds) {
+    if (!s->reaper_started) return;
+    double end = mono_now() + seconds;
+    struct timespec until = { .tv_sec = (time_t)end, .tv_nsec = (long)((end - (double)(time_t)end) * 1e9) };
+    pthread_mutex_lock(&s->conn_mu);
+    while (s->n_streams > 0 && pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &until) == 0) {}
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
 void em_srv_http_stop(em_server *s) {
     if (s->mhd) MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
+    stop_reaper(s); /* after MHD: its last "closed" notifications take conn_mu */
 }

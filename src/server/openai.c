@@ -166,24 +166,13 @@ static int get_number(const json_t *o, const char *key, double lo, double hi, do
 
 /* ---- the fields both kinds share -------------------------------------------------------- */
 
-static const char *base_name(const char *path) {
-    const char *slash = strrchr(path, '/');
-    return slash ? slash + 1 : path;
-}
-
-/* The model must be ours: its id, its path or its file name (absent is fine, as in
- * llama-server). */
-static int check_model(const em_srv_model_ctx *m, const json_t *root, em_srv_error *e) {
+/* Any model name is served: a one-model server answers whatever a client calls it (as
+ * llama-server does; many clients send a fixed name such as "gpt-4o-mini"). Responses name
+ * the served model (the id /v1/models lists), not the one asked for. Absent is fine too. */
+static int check_model(const json_t *root, em_srv_error *e) {
     json_t *v = field(root, "model");
-    if (!v) return 0;
-    if (!json_is_string(v)) return em_srv_fail(e, 400, INVALID, "model", "'model' must be a string");
-    const char *name = json_string_value(v);
-    if ((m->id && !strcmp(name, m->id)) || (m->path && (!strcmp(name, m->path) || !strcmp(name, base_name(m->path)))))
-        return 0;
-    em_srv_fail(e, 404, INVALID, "model", "The model '%.200s' does not exist; this server serves '%s'", name,
-                m->id ? m->id : "");
-    e->code = "model_not_found";
-    return -1;
+    if (v && !json_is_string(v)) return em_srv_fail(e, 400, INVALID, "model", "'model' must be a string");
+    return 0;
 }
 
 static int parse_stop(const json_t *root, em_srv_req *r, em_srv_error *e) {
@@ -449,7 +438,7 @@ void em_srv_req_free(em_srv_req *r) {
 
 static int parse_fields(const em_srv_model_ctx *m, const json_t *root, int kind, uint64_t seed, em_srv_req *r,
                         long long *max_tokens, em_srv_error *e) {
-    if (check_model(m, root, e) || refuse_unsupported(root, kind, e)) return -1;
+    if (check_model(root, e) || refuse_unsupported(root, kind, e)) return -1;
     if (get_bool(root, "stream", &r->stream, e) || get_bool(root, "ignore_eos", &r->ignore_eos, e) ||
         get_bool(root, "return_tokens", &r->return_tokens, e))
         return -1;

@@ -8,6 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* How long stopping waits for streams to reach their clients before closing them. */
+#define EM_SRV_DRAIN_SECONDS 2.0
+
 /* A copy of s in which bytes that are not valid UTF-8 become '?' (names end up in JSON). */
 static char *utf8_copy(const char *s) {
     if (!s) return NULL;
@@ -61,6 +64,9 @@ int em_server_start(em_server **out, const em_server_opts *opts, em_err *err) {
     if (o.max_body == 0) o.max_body = EM_SERVER_DEFAULT_MAX_BODY;
     if (o.connections == 0) o.connections = EM_SERVER_DEFAULT_CONNECTIONS;
     if (o.timeout_s == 0) o.timeout_s = EM_SERVER_DEFAULT_TIMEOUT;
+    if (o.request_timeout_s == 0) o.request_timeout_s = EM_SERVER_DEFAULT_REQUEST_TIMEOUT;
+    if (o.connections_per_ip == 0) o.connections_per_ip = EM_SERVER_DEFAULT_CONNECTIONS_PER_IP;
+    if (o.connections_per_ip > o.connections) o.connections_per_ip = o.connections;
     s->opts = o;
     s->started = (int64_t)time(NULL);
     s->id_state = (uint64_t)s->started * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)s ^
@@ -104,6 +110,7 @@ void em_server_stop(em_server *s) {
     if (!s || s->stopped) return;
     atomic_store(&s->ready, false);
     em_srv_worker_stop(s);
+    em_srv_http_drain(s, EM_SRV_DRAIN_SECONDS); /* streams send their last event (an error) */
     em_srv_http_stop(s);
     s->stopped = true;
 }

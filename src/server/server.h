@@ -13,7 +13,8 @@
  *
  * Life cycle: em_server_start binds and serves at once (503 "Loading model" everywhere but
  * the 404s); em_server_set_model makes it ready (starts the worker); em_server_stop fails what
- * is queued, stops the running request, joins the worker and closes every connection;
+ * is queued and the running request (503; a stream gets that error as its last event), joins
+ * the worker, gives streams up to 2 s to reach their clients and closes every connection;
  * em_server_free releases it. The server borrows the model (spec, tokenizer) for its whole
  * life: free those only after em_server_free. */
 #ifndef EM_SERVER_H
@@ -32,6 +33,8 @@ typedef struct em_server em_server;
 #define EM_SERVER_DEFAULT_MAX_BODY (16u << 20)
 #define EM_SERVER_DEFAULT_CONNECTIONS 256
 #define EM_SERVER_DEFAULT_TIMEOUT 600
+#define EM_SERVER_DEFAULT_REQUEST_TIMEOUT 10
+#define EM_SERVER_DEFAULT_CONNECTIONS_PER_IP 64
 
 typedef struct em_server_opts {
     const char *host;     /* address or name to bind; NULL: EM_SERVER_DEFAULT_HOST */
@@ -42,14 +45,22 @@ typedef struct em_server_opts {
                              0: EM_SERVER_DEFAULT_QUEUE; < 0: none may wait */
     size_t max_body;      /* request body bytes (413 beyond); 0: EM_SERVER_DEFAULT_MAX_BODY */
     unsigned connections; /* open connections at most; 0: EM_SERVER_DEFAULT_CONNECTIONS */
-    unsigned timeout_s;   /* idle keep-alive connections close after this; 0: default */
+    unsigned connections_per_ip; /* open connections from one client address at most (beyond:
+                             refused at once); 0: EM_SERVER_DEFAULT_CONNECTIONS_PER_IP */
+    unsigned request_timeout_s; /* a request's headers and body must arrive within this many
+                             seconds of the connection opening or of the previous response
+                             (so also: idle keep-alive connections close after it); the
+                             connection is closed otherwise, without an answer. Responses are
+                             not bounded by it. 0: EM_SERVER_DEFAULT_REQUEST_TIMEOUT */
+    unsigned timeout_s;   /* a response whose client reads nothing for this long is dropped;
+                             0: EM_SERVER_DEFAULT_TIMEOUT */
     const char *build_info; /* shown by /props; NULL: "ember" */
 } em_server_opts;
 
 /* What is served. Strings are copied; spec and tok are borrowed until em_server_free. */
 typedef struct em_server_model {
-    const char *id;            /* the model name clients see and send (alias or file name) */
-    const char *path;          /* the model file (also accepted as a model name) */
+    const char *id;            /* the model name clients see in /v1/models and responses */
+    const char *path;          /* the model file */
     em_spec *spec;             /* the decode loop over the loaded target (used by the worker only) */
     const em_target *target;   /* that target, for its expert counters (worker only); may be NULL */
     const em_tok *tok;         /* the target's tokenizer (thread-safe) */

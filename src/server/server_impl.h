@@ -33,7 +33,7 @@ enum em_srv_kind { EM_SRV_CHAT = 0, EM_SRV_COMPLETION };
 typedef struct em_srv_model_ctx {
     const em_tok *tok;
     const char *id;   /* model id clients see */
-    const char *path; /* model file, also accepted as a name (as is its base name) */
+    const char *path; /* the model file */
     int n_ctx;        /* positions the target holds */
 } em_srv_model_ctx;
 
@@ -194,11 +194,31 @@ struct em_srv_job {
     char *body;
 };
 
+/* A connection while libmicrohttpd has it (http.c): from its notification that the
+ * connection started to the one that it closed, which comes before MHD closes the socket, so
+ * fd is never another connection's socket while the record exists. */
+typedef struct em_srv_conn em_srv_conn;
+struct em_srv_conn {
+    int fd;
+    bool receiving;         /* a request's headers or body are due ... */
+    double deadline;        /* ... by this time (CLOCK_MONOTONIC seconds) */
+    em_srv_conn *prev, *next;
+};
+
 struct em_server {
     em_server_opts opts;      /* strings point into the copies below */
     char *host, *api_key, *build_info;
     struct MHD_Daemon *mhd;
     int port;
+
+    /* http.c: open connections and the reaper thread that closes those whose request is
+     * late (--request-timeout); streams still being sent (drained before stopping) */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv;   /* the reaper's sleep; signalled to stop it */
+    em_srv_conn *conns;
+    bool reaper_started, reaper_stop;
+    pthread_t reaper;
+    int n_streams;            /* SSE responses not yet finished, under conn_mu */
     int64_t started;          /* Unix seconds */
 
     pthread_mutex_t mu;
@@ -245,6 +265,9 @@ uint64_t em_srv_random(em_server *s);
 
 /* http.c */
 int em_srv_http_start(em_server *s, em_err *err);
+/* Waits (at most seconds) until every streaming response has been sent to its client; the
+ * worker must be stopped first, so that every stream has its last event. */
+void em_srv_http_drain(em_server *s, double seconds);
 void em_srv_http_stop(em_server *s);
 
 #endif

@@ -298,13 +298,26 @@ static void finish_stream(gen *g, const char *finish, const em_srv_stats *st) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The request was validated before it was queued, so whatever fails now (the model's logits
+ * all NaN, memory) is the server's fault: 500. */
 static void finish_error(em_srv_job *j, const em_err *err) {
     em_server *s = j->srv;
     em_log(EM_LOG_ERROR, "serve: %s: generation failed: %s", j->id, err->msg);
+    char msg[sizeof err->msg + 32];
+    snprintf(msg, sizeof msg, "generation failed: %s", err->msg);
     pthread_mutex_lock(&s->mu);
-    fail_job_locked(j, err->code == EM_EINVAL ? 400 : 500, err->code == EM_EINVAL ? "invalid_request_error" : "server_error",
-                    err->msg);
+    fail_job_locked(j, 500, "server_error", msg);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* A generation the server stopped (SIGTERM) rather than its client: the client is told. */
+static bool stopped_by_server(em_srv_job *j) {
+    em_server *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    bool stopping = s->stopping;
+    if (stopping) fail_job_locked(j, 503, "unavailable_error", "the server is shutting down");
+    pthread_mutex_unlock(&s->mu);
+    return stopping;
 }
 
 /* Runs j through the decode loop and leaves its response (or events) behind; the caller
@@ -339,6 +352,8 @@ static void run_job(em_server *s, em_srv_job *j) {
                         .gen_s = res.gen_seconds, .drafted = res.drafted, .accepted = res.accepted };
     const char *finish = !g.text.matched && res.finish == EM_SPEC_LENGTH ? EM_SRV_FINISH_LENGTH : EM_SRV_FINISH_STOP;
     if (rc) finish_error(j, &g.err);
+    else if (g.cancelled && stopped_by_server(j))
+        em_log(EM_LOG_INFO, "serve: %s: stopped by the server after %d tokens", j->id, g.n_gen);
     else if (g.cancelled) em_log(EM_LOG_INFO, "serve: %s: client went away after %d tokens", j->id, g.n_gen);
     else if (j->req.stream) finish_stream(&g, finish, &st);
     else {

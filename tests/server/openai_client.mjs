@@ -91,9 +91,21 @@ async function main() {
   check('completions: stop string cuts the text', comp.choices[0].text.startsWith(stopped.choices[0].text) &&
         stopped.choices[0].text.length <= 3 && stopped.choices[0].finish_reason === 'stop', stopped.choices[0]);
 
+  // any model name is served (many clients send a fixed one); responses name the served model
+  for (const name of ['gpt-4o-mini', 'default']) {
+    const any = await client.chat.completions.create({ model: name, messages, ...greedy });
+    check(`chat naming model '${name}': served, the same greedy text, model ${modelId}`,
+          any.choices[0].message.content === content && any.model === modelId, { model: any.model, content: any.choices[0].message.content });
+  }
+  const anyStream = await client.chat.completions.create({ model: 'gpt-4o-mini', messages, ...greedy, stream: true });
+  let anyText = '';
+  for await (const chunk of anyStream) for (const c of chunk.choices) anyText += c.delta.content ?? '';
+  check("chat stream naming model 'gpt-4o-mini': the same text", anyText === content, anyText);
+  const anyComp = await client.completions.create({ model: 'davinci-002', prompt: 'Hello world', ...greedy });
+  check("completions naming model 'davinci-002': the same greedy text", anyComp.choices[0].text === comp.choices[0].text &&
+        anyComp.model === modelId, anyComp.choices[0].text);
+
   // errors, as the SDK's typed exceptions
-  await expectError('unknown model: NotFoundError 404',
-                    client.chat.completions.create({ model: 'gpt-4o', messages, ...greedy }), OpenAI.NotFoundError, 404);
   await expectError('n = 2: BadRequestError 400',
                     client.chat.completions.create({ model: modelId, messages, ...greedy, n: 2 }), OpenAI.BadRequestError, 400);
   await expectError('negative max_tokens: BadRequestError 400',

@@ -253,6 +253,95 @@ static void test_act_reuse_and_slices(void **state) {
     free(part);
 }
 
+/* em_acts / em_mm / em_mm_many: each output is exactly em_matmul's (its own conversion into
+ * its own buffer) for weights of several activation types read from one input; the input is
+ * converted once per activation type (the same prepared rows come back, and the arena grows by
+ * one conversion per type only); a weight type without activations is refused. */
+static void test_acts_cache(void **state) {
+    (void)state;
+    em_pool *pool;
+    assert_int_equal(em_pool_create(&pool, 2, NULL), 0);
+    em_arena *arena;
+    assert_int_equal(em_arena_create(&arena, 1u << 16, NULL), 0);
+    enum { K = 5 };
+    /* Q8_0 rows twice, Q8_K rows (Q4_K, Q6_K) twice, F32 in place */
+    static const int types[K] = { EM_TYPE_Q8_0, EM_TYPE_Q4_K, EM_TYPE_F32, EM_TYPE_Q8_0, EM_TYPE_Q6_K };
+    static const int64_t rows[K] = { 70, 33, 19, 5, 40 };
+    const int64_t cols = 256, n = 3, ldx = cols + 5;
+    float *x = rand_floats(n * ldx, 1.5f);
+    em_mat m[K];
+    void *w[K];
+    float *want[K], *one[K], *many[K];
+    em_acts a;
+    em_acts_init(&a, x, ldx, cols, n);
+    em_mm_out out[K];
+    for (int k = 0; k < K; k++) {
+        uint64_t rb, bytes;
+        w[k] = rand_weights(types[k], rows[k], cols, &rb);
+        assert_int_equal(em_mat_init(&m[k], types[k], rows[k], cols, w[k], NULL), 0);
+        const size_t sz = (size_t)(n * rows[k]) * sizeof(float);
+        want[k] = malloc(sz), one[k] = malloc(sz), many[k] = malloc(sz);
+        assert_int_equal(em_act_bytes(types[k], cols, n, &bytes, NULL), 0);
+        void *buf = bytes ? malloc((size_t)bytes) : NULL;
+        assert_int_equal(em_matmul(pool, &m[k], x, ldx, n, want[k], rows[k], buf, NULL), 0);
+        free(buf);
+        out[k] = (em_mm_out){ .x = &a, .w = &m[k], .y = many[k], .ldy = rows[k] };
+    }
+    assert_int_equal(em_mm_many(out, K, pool, arena, NULL), 0);
+    const size_t used = em_arena_used(arena);
+    uint64_t q8_0, q8_k;
+    assert_int_equal(em_act_bytes(EM_TYPE_Q8_0, cols, n, &q8_0, NULL), 0);
+    assert_int_equal(em_act_bytes(EM_TYPE_Q4_K, cols, n, &q8_k, NULL), 0);
+    assert_true(used >= q8_0 + q8_k && used < q8_0 + q8_k + 2 * 64); /* two conversions, 64-aligned */
+    const em_act *first, *again;
+    assert_int_equal(em_acts_for(&a, EM_TYPE_Q6_K, pool, arena, &first, NULL), 0);
+    assert_int_equal(em_acts_for(&a, EM_TYPE_Q4_K, pool, arena, &again, NULL), 0);
+    assert_ptr_equal(first, again);
+    assert_int_equal(em_acts_for(&a, EM_TYPE_F32, pool, arena, &first, NULL), 0);
+    assert_ptr_equal(first->data, x); /* f32 rows in place */
+    for (int k = 0; k < K; k++) {
+        assert_int_equal(em_mm(&a, &m[k], one[k], rows[k], pool, arena, NULL), 0);
+        const size_t sz = (size_t)(n * rows[k]) * sizeof(float);
+        assert_memory_equal(many[k], want[k], sz);
+        assert_memory_equal(one[k], want[k], sz);
+        free(w[k]), free(want[k]), free(one[k]), free(many[k]);
+    }
+    assert_int_equal(em_arena_used(arena), used); /* nothing converted twice */
+    em_err err = { 0 };
+    assert_int_equal(em_mm_many(out, EM_MATMUL_MULTI_MAX + 1, pool, arena, &err), EM_EINVAL);
+    float *f = em_falloc(arena, UINT64_MAX / 2, "test rows", &err);
+    assert_null(f);
+    assert_non_null(strstr(err.msg, "test rows"));
+    assert_non_null(em_falloc(arena, 10, "ten", NULL));
+    em_arena_free(arena);
+    em_pool_free(pool);
+    free(x);
+}
+
+/* The CPU's nominal costs are the fixed rates the seeded decisions were made on (the old
+ * formula, bit for bit), and a device's table adds its kinds and per-op costs. */
+static void test_device_costs(void **state) {
+    (void)state;
+    const double bytes[] = { 0.0, 1.0, 12345.0, 3.3e9, 7.77e7 }, flops[] = { 0.0, 2.0, 9.9e9, 1.234567e11 };
+    const int threads[] = { 0, 1, 2, 3, 16 };
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        const em_device_costs d = em_device_costs_cpu(threads[t]);
+        assert_string_equal(d.name, "cpu");
+        assert_true(d.disk_bps == 2e9);
+        for (size_t b = 0; b < sizeof bytes / sizeof bytes[0]; b++)
+            for (size_t f = 0; f < sizeof flops / sizeof flops[0]; f++) {
+                const double old = bytes[b] / 20e9 + flops[f] / (20e9 * (threads[t] > 0 ? threads[t] : 1));
+                const em_work w = { .bytes = bytes[b], .flops = { [EM_WORK_WEIGHTS] = flops[f] } };
+                const double got = em_device_seconds(&d, &w);
+                assert_memory_equal(&got, &old, sizeof got);
+            }
+    }
+    const em_device_costs gpu = { .name = "gpu", .mem_bps = 4e12, .flops_per_s = { 1e15, 5e13 }, .op_seconds = 1e-6,
+                                  .disk_bps = 1e10 };
+    const em_work w = { .bytes = 8e9, .flops = { 2e15, 1e14 }, .ops = 100 };
+    assert_true(fabs(em_device_seconds(&gpu, &w) - (2e-3 + 2.0 + 2.0 + 1e-4)) < 1e-12);
+}
+
 static void test_matmul_errors(void **state) {
     (void)state;
     em_err err = { 0 };
@@ -554,6 +643,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_act_reuse_and_slices),
         cmocka_unit_test(test_matmul_errors),
+        cmocka_unit_test(test_acts_cache),
+        cmocka_unit_test(test_device_costs),
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_softmax),

@@ -1,5 +1,6 @@
 /* experts/: store locations against the tensors' own bytes, the route union, the cache's
- * budget and policies, io_uring vs pread vs O_DIRECT paths, and injected faults. The model
+ * budget and policies, io_uring vs pread vs O_DIRECT paths, injected faults, and the provider
+ * a model asks for its route unions' weights (storage policy, views, counters, fault shim). The model
  * files are small GGUFs written here with stacked expert tensors of random bytes. */
 #include "testutil.h"
 
@@ -481,12 +482,169 @@ static void test_faults(void **state) {
     model_close(&m);
 }
 
+/* ---- provider ------------------------------------------------------------------------- */
+
+/* The file's expert tensors as a model hands them to a provider (layer 0 has none). */
+static void src_of(const model *m, int n_layers, int X, em_experts_src *src) {
+    static const char *const parts[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    memset(src, 0, (size_t)n_layers * sizeof *src);
+    for (int l = 1; l < n_layers; l++) {
+        src[l].n_expert = X;
+        for (int p = 0; p < 3; p++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[p]);
+            const em_gguf_tensor *t = em_gguf_find_tensor(m->g, name);
+            assert_non_null(t);
+            assert_int_equal(em_mat_init(&src[l].part[p], t->type, t->ne[1] * t->ne[2], t->ne[0], t->data, NULL), 0);
+        }
+    }
+}
+
+typedef struct view_ctx {
+    const model *m;
+    const int *experts;
+    int seen[64];
+    bool mapped; /* resident: the views must point into the mapping itself */
+} view_ctx;
+
+/* A run's callback: each view is its expert's rows of the model's matrices, with their bytes. */
+static int view_fn(void *vctx, const int *idx, const em_expert_view *v, int n, em_err *err) {
+    (void)err;
+    view_ctx *c = vctx;
+    for (int j = 0; j < n; j++) {
+        assert_int_equal(v[j].expert, c->experts[idx[j]]);
+        c->seen[idx[j]]++;
+        const em_expert_layer *L = em_expert_store_layer(c->m->s, v[j].layer);
+        for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+            const em_mat *mp = &v[j].part[p];
+            assert_int_equal(mp->type, L->type[p]);
+            assert_int_equal(mp->rows, L->rows[p]);
+            assert_int_equal(mp->cols, L->cols[p]);
+            assert_int_equal(mp->row_bytes, L->row_bytes[p]);
+            const uint8_t *want = expected(c->m, v[j].layer, v[j].expert, p);
+            assert_memory_equal(mp->data, want, L->part_bytes[p]);
+            if (c->mapped) assert_ptr_equal(mp->data, want);
+        }
+    }
+    return EM_OK;
+}
+
+static int run_views(em_experts *x, const model *m, int layer, const int *experts, int n, bool mapped, em_err *err) {
+    view_ctx c = {.m = m, .experts = experts, .mapped = mapped};
+    int rc = em_experts_run(x, layer, experts, n, 4, 2, view_fn, &c, err);
+    for (int i = 0; rc == 0 && i < n; i++) assert_int_equal(c.seen[i], 1);
+    return rc;
+}
+
+/* The storage policy: AUTO is resident when everything fits in 90% of the memory available
+ * (or that is unknown), a model without routed experts is always resident, and the default
+ * budget is half of what the resident part leaves, clamped to one slot .. every slot. */
+static void test_provider_policy(void **state) {
+    (void)state;
+    const uint64_t G = 1ull << 30;
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_AUTO, 9 * G, G, 10 * G), EM_EXPERTS_RESIDENT);
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_AUTO, 9 * G + 1, G, 10 * G), EM_EXPERTS_SSD);
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_AUTO, 90 * G, G, 0), EM_EXPERTS_RESIDENT);
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_AUTO, 90 * G, 0, G), EM_EXPERTS_RESIDENT);
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_SSD, G, G, 10 * G), EM_EXPERTS_SSD);
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_SSD, G, 0, 10 * G), EM_EXPERTS_RESIDENT);
+    assert_int_equal(em_experts_choose_storage(EM_EXPERTS_RESIDENT, 90 * G, G, G), EM_EXPERTS_RESIDENT);
+
+    const char *path = em_test_path("m7.gguf");
+    write_model(path, 3, 8, 32, 24); /* parts of 3072, 1536, 3072 bytes: slots of 3 x 8 KiB bound */
+    model m;
+    model_open(&m, path);
+    const uint64_t slot = 3 * 8192, all = slot * 8 * 2;
+    assert_int_equal(em_experts_default_budget(m.s, 1000, 0), slot);
+    assert_int_equal(em_experts_default_budget(m.s, 1000, 500), slot);
+    assert_int_equal(em_experts_default_budget(m.s, 1000, 1000 + 2 * 5 * slot), 5 * slot);
+    assert_int_equal(em_experts_default_budget(m.s, 1000, 1000 + 3 * all), all);
+    model_close(&m);
+}
+
+/* A provider over the model's tensors: resident views are the mapped rows themselves, SSD
+ * views hold the same bytes from the cache, and the counters, cost hints, fault shim and
+ * argument checks behave per mode. */
+static void test_provider_runs(void **state) {
+    (void)state;
+    const char *path = em_test_path("m8.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    em_experts_src src[3];
+    src_of(&m, 3, 8, src);
+    em_err err = {0};
+    em_experts *x;
+    const uint64_t slot = 3 * 8192;
+    for (int mode = EM_EXPERTS_RESIDENT; mode <= EM_EXPERTS_SSD; mode++) {
+        const em_experts_opts o = {.storage = mode, .cache_bytes = 3 * slot};
+        assert_int_equal(em_experts_open(&x, m.g, src, 3, &o, &err), 0);
+        uint64_t seed = 7, uses = 0;
+        for (int step = 0; step < 30; step++) {
+            int ex[8], used = 0;
+            for (int e = 0; e < 8; e++)
+                if (em_test_rand(&seed) % 2) ex[used++] = e;
+            const int layer = 1 + step % 2;
+            assert_int_equal(run_views(x, &m, layer, ex, used, mode == EM_EXPERTS_RESIDENT, &err), 0);
+            uses += (uint64_t)used;
+        }
+        em_experts_counts c, c1, c2;
+        em_experts_stats(x, -1, &c);
+        em_experts_stats(x, 1, &c1);
+        em_experts_stats(x, 2, &c2);
+        assert_int_equal(c.storage, mode);
+        assert_int_equal(c.n_experts, 16);
+        assert_int_equal(c.hits + c.misses, uses);
+        assert_int_equal(c1.hits + c1.misses + c2.hits + c2.misses, uses);
+        double sec;
+        const uint64_t cost = em_experts_cost(x, 4, 2, &sec);
+        if (mode == EM_EXPERTS_RESIDENT) {
+            assert_int_equal(c.misses, 0);
+            assert_int_equal(c.bytes_read, 0);
+            assert_int_equal(c.file_bytes, 0);
+            assert_int_equal(cost, 0);
+            assert_true(sec == 0.0);
+            assert_int_equal(em_experts_fault_arm(x, EM_EXPERT_FAULT_EIO, 0, &err), EM_EUNSUPPORTED);
+        } else {
+            assert_true(c.misses > 0 && c.bytes_read > 0);
+            assert_int_equal(c.file_bytes, 2 * 8 * (3072 + 1536 + 3072));
+            assert_int_equal(c.cache_budget, 3 * slot);
+            assert_true(c.cache_bytes <= c.cache_budget);
+            assert_true(cost > 0 && sec > 0.0);
+            assert_int_equal(em_experts_fault_arm(x, 7, 0, &err), EM_EINVAL);
+            assert_int_equal(em_experts_fault_arm(x, EM_EXPERT_FAULT_EIO, 0, &err), 0);
+            const int all[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+            assert_int_equal(run_views(x, &m, 1, all, 8, false, &err), EM_EIO);
+            assert_non_null(strstr(err.msg, "Input/output error"));
+            assert_int_equal(run_views(x, &m, 1, all, 8, false, &err), 0); /* the next run works */
+        }
+        const int bad[1] = {8};
+        assert_int_equal(em_experts_run(x, 0, bad, 0, 1, 1, view_fn, NULL, &err), EM_EINVAL); /* dense layer */
+        assert_non_null(strstr(err.msg, "layer 0"));
+        assert_int_not_equal(em_experts_run(x, 1, bad, 1, 1, 1, view_fn, NULL, &err), 0);
+        em_experts_close(x);
+    }
+    assert_int_equal(em_experts_fault_arm(NULL, EM_EXPERT_FAULT_EIO, 0, &err), EM_EUNSUPPORTED);
+    em_experts_opts o = {.storage = 9};
+    assert_int_equal(em_experts_open(&x, m.g, src, 3, &o, &err), EM_EINVAL);
+    assert_null(x);
+    /* the cache must serve the model's matrices: a table that disagrees with the file fails */
+    src[2].n_expert = 4;
+    o = (em_experts_opts){.storage = EM_EXPERTS_SSD};
+    assert_int_equal(em_experts_open(&x, m.g, src, 3, &o, &err), EM_EFORMAT);
+    print_message("mismatch: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "layer 2"));
+    assert_non_null(strstr(err.msg, path));
+    model_close(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_locates), cmocka_unit_test(test_store_bad_shapes),
         cmocka_unit_test(test_io_paths),
         cmocka_unit_test(test_union_dedup),   cmocka_unit_test(test_budget),
         cmocka_unit_test(test_policies),      cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_provider_policy), cmocka_unit_test(test_provider_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -285,7 +285,7 @@ static void test_faults(void **state) {
         expect_same(l, ref_pre, 6, V);
         free(l);
         /* verify: fails, the committed state stays */
-        OK(em_target_expert_fault_arm(t, kinds[k], 1, E));
+        OK(em_experts_fault_arm(t->experts, kinds[k], 1, E));
         l = run_rows(t, tok + 6, 3, false, &rc, &err);
         free(l);
         assert_int_equal(rc, EM_EIO);
@@ -301,7 +301,7 @@ static void test_faults(void **state) {
         free(l);
         /* prefill: fails and resets the sequence; the next prefill works */
         em_target_reset(t);
-        OK(em_target_expert_fault_arm(t, kinds[k], 4, E));
+        OK(em_experts_fault_arm(t->experts, kinds[k], 4, E));
         l = run_rows(t, tok, 6, true, &rc, &err);
         free(l);
         assert_int_equal(rc, EM_EIO);
@@ -387,12 +387,12 @@ static void test_bad_options(void **state) {
     assert_non_null(strstr(err.msg, "smaller than one expert"));
     assert_non_null(strstr(err.msg, paths[0]));
     t = open_model(paths[0], EM_MOE_RESIDENT, 0);
-    assert_int_equal(em_target_expert_fault_arm(t, EM_EXPERT_FAULT_EIO, 0, &err), EM_EUNSUPPORTED);
+    assert_int_equal(em_experts_fault_arm(t->experts, EM_EXPERT_FAULT_EIO, 0, &err), EM_EUNSUPPORTED);
     em_target_expert_counts c;
     assert_int_equal(em_target_expert_stats(t, 99, &c, &err), EM_EINVAL);
     em_target_close(t);
     t = open_model(paths[0], EM_MOE_SSD, 1ull << 30);
-    assert_int_equal(em_target_expert_fault_arm(t, 7, 0, &err), EM_EINVAL);
+    assert_int_equal(em_experts_fault_arm(t->experts, 7, 0, &err), EM_EINVAL);
     em_target_close(t);
 }
 

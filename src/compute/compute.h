@@ -1,6 +1,8 @@
 /* compute/: tensor operations over quant types on the CPU: the matrix-vector product y = W x,
- * the multi-row product over quant types (activations converted once per row), and the
- * row ops the models need (norms, activations, softmax). Knows nothing of files or models. */
+ * the multi-row product over quant types (activations converted once per row, and once per
+ * input for all the products that read it: em_acts), the row ops the models need (norms,
+ * activations, softmax, attention rows, RoPE), and the nominal costs of each device that
+ * estimates use (em_device_costs). Knows nothing of files or models. */
 #ifndef EM_COMPUTE_H
 #define EM_COMPUTE_H
 
@@ -84,6 +86,35 @@ int em_matmul_multi(em_pool *pool, const em_mm_item *items, int n_items, em_err 
 int em_matmul(em_pool *pool, const em_mat *w, const float *x, int64_t ldx, int64_t n, float *y,
               int64_t ldy, void *buf, em_err *err);
 
+/* ---- products through an activation cache (acts.c) -----------------------------------------
+ * One input's rows, converted on demand at most once per activation type, for every product
+ * that reads them (the projections of one normed input may mix weight types). Conversions
+ * come from the caller's arena and stay valid until it is reset. */
+typedef struct em_acts {
+    const float *x;
+    int64_t ldx, cols, n;
+    em_act act[3];  /* by activation type: F32, Q8_0, Q8_K */
+    bool have[3];
+} em_acts;
+
+/* n rows of cols floats, row j at x + j * ldx. Nothing is converted yet. */
+void em_acts_init(em_acts *a, const float *x, int64_t ldx, int64_t cols, int64_t n);
+/* The rows prepared for weights of type wtype (converted now unless done before). */
+int em_acts_for(em_acts *a, int wtype, em_pool *pool, em_arena *arena, const em_act **act, em_err *err);
+/* y[j][r] = w[r] . x[j] through the cache (em_matmul_act's result). */
+int em_mm(em_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena, em_err *err);
+/* Several products in one pool run (em_matmul_multi): out[i].y = out[i].w . out[i].x, each
+ * input converted once per activation type however many products read it. */
+typedef struct em_mm_out {
+    em_acts *x;
+    const em_mat *w;
+    float *y;
+    int64_t ldy;
+} em_mm_out;
+int em_mm_many(const em_mm_out *out, int n_out, em_pool *pool, em_arena *arena, em_err *err);
+/* count floats from the arena, or NULL with EM_ENOMEM and `what` in the message. */
+float *em_falloc(em_arena *arena, uint64_t count, const char *what, em_err *err);
+
 /* ---- element-wise and row ops (ops.c) -----------------------------------------------------
  * fp32 in and out; sums of squares and softmax denominators accumulate in double. Outputs may
  * alias inputs. */
@@ -138,15 +169,53 @@ void em_dot_rows_multi(const float *x, int64_t ldx, int64_t m, const float *q, i
 void em_weighted_rows_multi(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
                             int64_t n, float *y, int64_t ldy);
 
-/* ---- a nominal machine for cost estimates ------------------------------------------------
- * Rates that estimates use when they must not depend on timing: spec/ weighs a drafter's block
- * against a target's verify with them, so a seeded run chooses the same widths every time.
- * Only their ratios matter for such comparisons. */
-#define EM_NOMINAL_MEM_BPS 20e9          /* weight bytes streamed from memory per second */
-#define EM_NOMINAL_FLOPS_PER_THREAD 20e9 /* multiply-adds count 2 */
+/* ---- nominal costs per device ------------------------------------------------------------
+ * Rates that estimates use when they must not depend on timing: decode/ weighs a drafter's
+ * block against a target's verify with them, so a seeded run chooses the same widths every
+ * time. Only their ratios matter for such comparisons. Each device states its own table (a
+ * target or drafter keeps the one of the device it runs on); the CPU's is below. */
+#define EM_NOMINAL_MEM_BPS 20e9          /* CPU: weight bytes streamed from memory per second */
+#define EM_NOMINAL_FLOPS_PER_THREAD 20e9 /* CPU: per thread; multiply-adds count 2 */
 #define EM_NOMINAL_DISK_BPS 2e9          /* storage reads (a typical NVMe rate) */
-static inline double em_nominal_seconds(double mem_bytes, double flops, int threads) {
-    return mem_bytes / EM_NOMINAL_MEM_BPS + flops / (EM_NOMINAL_FLOPS_PER_THREAD * (threads > 0 ? threads : 1));
+
+/* Kinds of arithmetic a device may run at different rates. */
+enum em_work_kind {
+    EM_WORK_WEIGHTS = 0, /* products against weight matrices (any weight type) */
+    EM_WORK_F32 = 1,     /* fp32 vector work: attention over caches, recurrences, norms */
+    EM_WORK_NKINDS
+};
+
+typedef struct em_device_costs {
+    const char *name;                  /* "cpu", "cuda:0", ... */
+    double mem_bps;                    /* bytes streamed from the device's memory per second */
+    double flops_per_s[EM_WORK_NKINDS]; /* the whole device (all its threads), by kind */
+    double op_seconds;                 /* fixed cost of one op (a kernel launch); 0 on the CPU,
+                                          where hand-offs are part of the rates */
+    double disk_bps;                   /* storage reads into the device's memory */
+} em_device_costs;
+
+/* What one estimate counts: bytes read from memory, flops by kind, ops issued. */
+typedef struct em_work {
+    double bytes;
+    double flops[EM_WORK_NKINDS];
+    double ops;
+} em_work;
+
+/* The CPU with `threads` threads (0 or less: one): every kind at
+ * EM_NOMINAL_FLOPS_PER_THREAD per thread, memory at EM_NOMINAL_MEM_BPS. */
+static inline em_device_costs em_device_costs_cpu(int threads) {
+    const double f = EM_NOMINAL_FLOPS_PER_THREAD * (threads > 0 ? threads : 1);
+    return (em_device_costs){ .name = "cpu", .mem_bps = EM_NOMINAL_MEM_BPS, .flops_per_s = { f, f },
+                              .op_seconds = 0.0, .disk_bps = EM_NOMINAL_DISK_BPS };
+}
+
+/* Seconds `w` takes on device d at its nominal rates (memory and arithmetic do not overlap:
+ * a bound that keeps estimates monotone in both). */
+static inline double em_device_seconds(const em_device_costs *d, const em_work *w) {
+    double s = w->bytes / d->mem_bps;
+    for (int k = 0; k < EM_WORK_NKINDS; k++)
+        if (w->flops[k] != 0.0) s += w->flops[k] / d->flops_per_s[k];
+    return w->ops != 0.0 ? s + w->ops * d->op_seconds : s;
 }
 
 /* ---- rotary position embeddings (rope.c) --------------------------------------------------

@@ -52,35 +52,30 @@ static void rope_rows(const dspark *s, float *x, int64_t n_rows, int n_heads) {
         em_rope_apply(x + i * (int64_t)n_heads * hd, n_heads, hd, s->hp.rope_dims, s->cs + i * half, s->sn + i * half);
 }
 
+/* y = W x over n rows, through compute's activation cache (scratch reset per product group:
+ * sized at open for the conversions of one group, so nothing here allocates). */
 static int mm(dspark *s, const em_mat *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
               em_err *err) {
-    return em_matmul(s->pool, w, x, ldx, n, y, ldy, s->act, err);
+    em_arena_reset(s->scratch);
+    em_acts a;
+    em_acts_init(&a, x, ldx, w->cols, n);
+    return em_mm(&a, w, y, ldy, s->pool, s->scratch, err);
 }
 
 #define DSP_SAME_INPUT_MAX 8
 
-/* y_i = W_i x for several matrices (at most DSP_SAME_INPUT_MAX) over the same n rows x: the
- * rows are converted once and the products share one pool run when the matrices take one
- * activation type (else one product at a time). Each output is exactly what mm would give. */
+/* y_i = W_i x for several matrices (at most DSP_SAME_INPUT_MAX) over the same n rows x, in
+ * one pool run, the rows converted once per activation type (em_mm_many). Each output is
+ * exactly what mm would give. */
 static int mm_same_input(dspark *s, const em_mat *const *w, float *const *y, const int64_t *ldy, int n_w,
                          const float *x, int64_t ldx, int64_t n, em_err *err) {
-    bool one_type = true;
-    for (int i = 1; i < n_w; i++)
-        one_type = one_type && em_dot_act_type(w[i]->type) == em_dot_act_type(w[0]->type) && w[i]->cols == w[0]->cols;
-    if (!one_type) {
-        for (int i = 0; i < n_w; i++) {
-            int rc = mm(s, w[i], x, ldx, n, y[i], ldy[i], err);
-            if (rc) return rc;
-        }
-        return EM_OK;
-    }
-    em_act act;
-    int rc = em_act_prepare(s->pool, w[0]->type, x, ldx, w[0]->cols, n, s->act, &act, err);
-    if (rc) return rc;
-    em_mm_item items[DSP_SAME_INPUT_MAX];
+    em_arena_reset(s->scratch);
+    em_acts a;
+    em_acts_init(&a, x, ldx, w[0]->cols, n);
+    em_mm_out out[DSP_SAME_INPUT_MAX];
     assert(n_w <= DSP_SAME_INPUT_MAX);
-    for (int i = 0; i < n_w; i++) items[i] = (em_mm_item){ .w = w[i], .act = &act, .y = y[i], .ldy = ldy[i] };
-    return em_matmul_multi(s->pool, items, n_w, err);
+    for (int i = 0; i < n_w; i++) out[i] = (em_mm_out){ .x = &a, .w = w[i], .y = y[i], .ldy = ldy[i] };
+    return em_mm_many(out, n_w, s->pool, s->scratch, err);
 }
 
 /* ---- context -------------------------------------------------------------------------- */
@@ -219,10 +214,13 @@ static int gate_up(dspark *s, const dsp_layer *y, em_err *err) {
         if (!rc) em_swiglu(s->fg, s->fu, B * hp->ff, s->fg);
         return rc;
     }
-    em_act act;
-    int rc = em_act_prepare(s->pool, y->gate.type, s->xn, d, d, B, s->act, &act, err);
+    em_arena_reset(s->scratch);
+    em_acts a;
+    em_acts_init(&a, s->xn, d, d, B);
+    const em_act *act;
+    int rc = em_acts_for(&a, y->gate.type, s->pool, s->scratch, &act, err);
     if (rc) return rc;
-    ffn_job job = { .s = s, .y = y, .act = &act, .per = FFN_TASK_ROWS };
+    ffn_job job = { .s = s, .y = y, .act = act, .per = FFN_TASK_ROWS };
     em_pool_run(s->pool, (int)((hp->ff + job.per - 1) / job.per), ffn_task, &job);
     return EM_OK;
 }

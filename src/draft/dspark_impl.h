@@ -61,8 +61,8 @@ typedef struct dspark {
     float *cs, *sn;          /* [rows][rope_dims / 2] */
     float *scores;           /* [n_threads][cap + B] */
     float *e, *state, *zin, *zout, *tmp;
-    void *act;
-    uint64_t act_bytes;
+    em_arena *scratch;       /* activation conversions of one product group (compute's em_acts),
+                                reset before each; sized at open for two of the largest */
 
     /* vanilla Markov biases W2 W1[prev] by token, least recently used replaced first: entry i
      * holds bias_rows[i] of token bias_tok[i] (-1: empty); n_bias 0 without a cache */

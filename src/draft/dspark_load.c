@@ -524,9 +524,13 @@ static int size_act(dspark *s, em_err *err) {
     if (!rc && hp->markov == DSP_MARKOV_GATED) rc = need_act(&s->gate_w, 1, &b, err);
     if (!rc && hp->markov == DSP_MARKOV_RNN) rc = need_act(&s->joint_w, 1, &b, err);
     if (rc) return rc;
-    s->act_bytes = b;
-    if (b > 0 && !(s->act = em_aligned_alloc(64, (size_t)b, "drafter activation scratch", err))) return EM_ENOMEM;
-    if (b > 0) memset(s->act, 0, (size_t)b); /* its pages now, not in the first block (alloc_touched) */
+    /* a group of products converts its input for at most two quantized activation types */
+    const size_t cap = 2 * (size_t)em_align_up(b, 64);
+    if ((rc = em_arena_create(&s->scratch, cap, err))) return rc;
+    void *p = cap > 0 ? em_arena_alloc(s->scratch, cap) : NULL;
+    if (cap > 0 && !p) return em_err_set(err, EM_ENOMEM, "out of memory for %zu bytes of drafter activation scratch", cap);
+    if (p) memset(p, 0, cap); /* its pages now, not in the first block (alloc_touched) */
+    em_arena_reset(s->scratch);
     return EM_OK;
 }
 
@@ -627,7 +631,8 @@ static double block_seconds(const dspark *s) {
         }
         flops += 2.0 * (mat_params(&y->wk) + mat_params(&y->wv)); /* one context row */
     }
-    return em_nominal_seconds(bytes, flops, em_pool_threads(s->pool));
+    const em_device_costs dev = em_device_costs_cpu(em_pool_threads(s->pool));
+    return em_device_seconds(&dev, &(em_work){ .bytes = bytes, .flops = { [EM_WORK_WEIGHTS] = flops } });
 }
 
 /* What one more draft slot adds: propose makes a slot's LM head row and Markov bias only
@@ -635,7 +640,9 @@ static double block_seconds(const dspark *s) {
  * The bias is charged every slot as if the per-token cache missed (a fixed estimate that
  * depends on nothing timed or seen). */
 static double slot_seconds(const dspark *s) {
-    return em_nominal_seconds(0.0, 2.0 * (mat_params(&s->head) + mat_params(&s->w2)), em_pool_threads(s->pool));
+    const em_device_costs dev = em_device_costs_cpu(em_pool_threads(s->pool));
+    const double flops = 2.0 * (mat_params(&s->head) + mat_params(&s->w2));
+    return em_device_seconds(&dev, &(em_work){ .flops = { [EM_WORK_WEIGHTS] = flops } });
 }
 
 /* ---- warming -------------------------------------------------------------------------- */
@@ -715,7 +722,7 @@ int dsp_load(dspark *s, const char *draft_path, const char *target_path, const e
 
 void dsp_unload(dspark *s) {
     if (s->pool) em_pool_free(s->pool);
-    free(s->act);
+    if (s->scratch) em_arena_free(s->scratch);
     free(s->layers);
     if (s->store) em_arena_free(s->store);
     if (s->tg) em_gguf_close(s->tg);

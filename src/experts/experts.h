@@ -18,11 +18,17 @@
  *   naming the file and the offset; no partial entry is kept and the next call works. A per-
  *   cache fault shim (em_expert_cache_fault_arm, always compiled in: one compare per read)
  *   injects EIO or short reads for tests.
+ * - provider (em_experts): a model's routed experts as its MoE forward asks for them. Owns
+ *   the storage policy (resident: views into the mapping; ssd: a store and a cache), the
+ *   default budget, the cache's life, the load summary, statistics, cost hints and the fault
+ *   shim. The forward asks only for the weights of one layer's route union (em_experts_run);
+ *   a device cache is meant to be another provider behind the same calls.
  * Single-threaded: one cache is used by one thread at a time (the forward's thread). */
 #ifndef EM_EXPERTS_H
 #define EM_EXPERTS_H
 
 #include "base/base.h"
+#include "compute/compute.h"
 #include "format/gguf.h"
 
 enum { EM_EXPERT_GATE = 0, EM_EXPERT_UP = 1, EM_EXPERT_DOWN = 2, EM_EXPERT_NPARTS = 3 };
@@ -174,5 +180,82 @@ uint64_t em_expert_cache_estimate_layer(const em_expert_cache *c, int layer, int
 /* Test hook: the (after_n_reads + 1)-th read completed from now fails as kind says (EIO:
  * the read reports an I/O error; SHORT: it returns half the bytes asked for). Fires once. */
 void em_expert_cache_fault_arm(em_expert_cache *c, int kind, uint64_t after_n_reads);
+
+/* ---- provider ----------------------------------------------------------------------------- */
+
+/* Where routed experts live (the values of model.h's em_moe_storage). RESIDENT: used in place
+ * from the mapping. SSD: read on demand through a cache; everything else stays mapped. AUTO:
+ * resident when all tensors fit in EM_EXPERTS_AUTO_FIT of MemAvailable, else SSD. */
+enum em_experts_storage { EM_EXPERTS_AUTO = 0, EM_EXPERTS_RESIDENT = 1, EM_EXPERTS_SSD = 2 };
+#define EM_EXPERTS_AUTO_FIT 0.9
+/* The default SSD budget: this share of the memory the resident weights leave. */
+#define EM_EXPERTS_DEFAULT_CACHE_SHARE 0.5
+
+/* One layer's routed-expert tensors as the model loaded them (views into the mapping of the
+ * file the provider opens with): part[GATE], part[UP] n_expert * F rows, part[DOWN]
+ * n_expert * E rows. n_expert == 0: the layer has none. */
+typedef struct em_experts_src {
+    int n_expert;
+    em_mat part[EM_EXPERT_NPARTS];
+} em_experts_src;
+
+typedef struct em_experts_opts {
+    int storage;          /* enum em_experts_storage */
+    uint64_t cache_bytes; /* SSD: the cache budget; 0: em_experts_default_budget */
+} em_experts_opts;
+
+typedef struct em_experts em_experts;
+
+/* Chooses the storage mode, opens what it needs (SSD: the store and the cache of g's routed
+ * experts, checked against layers[]), and logs the one-line load summary. layers[0..n_layer)
+ * must stay valid (g open) until em_experts_close. Errors name the file. */
+int em_experts_open(em_experts **out, const em_gguf *g, const em_experts_src *layers, int n_layer,
+                    const em_experts_opts *opts, em_err *err);
+void em_experts_close(em_experts *x); /* NULL-safe */
+
+/* The mode AUTO resolves to (or `requested` itself): tensors of all_bytes in total, routed of
+ * them routed experts, avail bytes of memory (0: unknown, taken as enough). Nothing routed:
+ * RESIDENT. */
+int em_experts_choose_storage(int requested, uint64_t all_bytes, uint64_t routed_bytes, uint64_t avail);
+/* The default budget: EM_EXPERTS_DEFAULT_CACHE_SHARE of what avail leaves after the resident
+ * bytes, at least the largest slot, at most every slot of the store. */
+uint64_t em_experts_default_budget(const em_expert_store *s, uint64_t resident, uint64_t avail);
+
+/* One expert's matrices while a run holds it (mapped or cached): part[p] is the expert's
+ * rows of layers[layer].part[p]. */
+typedef struct em_expert_view {
+    int layer, expert;
+    em_mat part[EM_EXPERT_NPARTS];
+} em_expert_view;
+
+/* Called with several experts at once so they can be computed together; idx[j] is v[j]'s
+ * index in the experts array of the run. The views are valid only during the call. */
+typedef int (*em_experts_fn)(void *ctx, const int *idx, const em_expert_view *v, int n, em_err *err);
+
+/* The weights of experts[0..n) of layer (distinct, e.g. em_route_union.expert) for n_rows rows
+ * of k experts each: resident, one call with all of them; SSD, the cache's run (hits first,
+ * while the misses load, then batch by batch). Counts the uses; on failure nothing stays
+ * pinned and the next run works. */
+int em_experts_run(em_experts *x, int layer, const int *experts, int n, int n_rows, int k, em_experts_fn fn,
+                   void *ctx, em_err *err);
+
+typedef struct em_experts_counts {
+    uint64_t bytes_read, reads, hits, misses;
+    double read_seconds;
+    uint64_t cache_bytes, cache_budget, slot_bytes; /* 0 when resident */
+    uint64_t n_experts;                            /* over all layers */
+    uint64_t resident_bytes, file_bytes;
+    int storage;                                   /* EM_EXPERTS_RESIDENT or _SSD */
+} em_experts_counts;
+
+/* Counters of one layer (-1: all) since open; resident uses count as hits. */
+void em_experts_stats(const em_experts *x, int layer, em_experts_counts *out);
+/* Bytes from storage, and the seconds they would take (at the rate measured so far, else
+ * EM_NOMINAL_DISK_BPS), that a verify of n_rows rows of k experts would read now; 0 when
+ * resident. The uniform-routing estimate is calibrated by the unions run so far. */
+uint64_t em_experts_cost(const em_experts *x, int n_rows, int k, double *seconds);
+/* Test hook (the cache's fault shim): the (after_n_reads + 1)-th read from now fails as kind
+ * says. EM_EUNSUPPORTED when x is NULL or resident, EM_EINVAL for another kind. */
+int em_experts_fault_arm(em_experts *x, int kind, uint64_t after_n_reads, em_err *err);
 
 #endif

@@ -2,8 +2,10 @@
  * RMSNorm -> KDA or MLA -> residual -> RMSNorm -> dense MLP or MoE -> residual, final norm,
  * lm head), the KDA layer's projections around the recurrent core of kda.c, and the target
  * ops of model.h (verify / commit / prefill / cost / reset). The same target runs kimi-k3:
- * its extra parts (AttnRes layer inputs, full-rank KDA gate, bounded decay gate; kimi_k3.c,
+ * its extra parts (AttnRes layer inputs, full-rank KDA gate, bounded decay gate; attnres.c,
  * mla.c, moe.c) switch on from the hyperparameters and leave kimi-linear's path unchanged.
+ * The top of model/'s tree: it calls mla.c, moe.c, attnres.c, kda.c and kimi_load.c, which
+ * never call back; routed experts come from an experts/ provider it opens and closes.
  *
  * State: per KDA layer a committed em_kda_state and a transition log; per MLA layer a latent
  * cache of n_ctx rows, where rows < pos are committed and rows >= pos are scratch that a
@@ -40,6 +42,9 @@ typedef struct kimi {
     bool replay;             /* the pending verify was unlogged */
     em_arena *arena;
     size_t arena_cap;
+    em_experts_src *expert_src; /* [n_layer] the routed-expert tensors, as experts/ sees them */
+    em_experts *experts;     /* their provider (storage mode, cache, statistics) */
+    em_device_costs dev;     /* nominal rates of the device the target runs on */
     /* cost model: bytes read per verify besides routed experts, per-expert bytes per MoE layer */
     uint64_t dense_bytes, expert_bytes;
     int n_moe;
@@ -47,65 +52,6 @@ typedef struct kimi {
 } kimi;
 
 /* ---- step helpers --------------------------------------------------------------------- */
-
-float *kimi_falloc(em_arena *arena, uint64_t count, const char *what, em_err *err) {
-    float *p = count <= SIZE_MAX / sizeof(float) ? em_arena_alloc(arena, (size_t)count * sizeof(float)) : NULL;
-    if (!p) em_err_set(err, EM_ENOMEM, "out of memory for %s (%llu floats)", what, (unsigned long long)count);
-    return p;
-}
-
-void kimi_acts_init(kimi_acts *a, const float *x, int64_t ldx, int64_t cols, int64_t n) {
-    *a = (kimi_acts){ .x = x, .ldx = ldx, .cols = cols, .n = n };
-}
-
-static int act_slot(int act_type) {
-    switch (act_type) {
-    case EM_TYPE_F32: return 0;
-    case EM_TYPE_Q8_0: return 1;
-    case EM_TYPE_Q8_K: return 2;
-    default: return -1;
-    }
-}
-
-/* The activations of a for weights w, converted on first use. */
-static int acts_for(kimi_acts *a, const em_mat *w, em_pool *pool, em_arena *arena, const em_act **act,
-                    em_err *err) {
-    int slot = act_slot(em_dot_act_type(w->type));
-    if (slot < 0)
-        return em_err_set(err, EM_EUNSUPPORTED, "no activation type for weights of type %s", em_type_name(w->type));
-    if (!a->have[slot]) {
-        uint64_t bytes;
-        int rc = em_act_bytes(w->type, a->cols, a->n, &bytes, err);
-        if (rc) return rc;
-        void *buf = bytes ? em_arena_alloc(arena, (size_t)bytes) : NULL;
-        if (bytes && !buf) return em_err_set(err, EM_ENOMEM, "out of memory for %llu activation bytes", (unsigned long long)bytes);
-        rc = em_act_prepare(pool, w->type, a->x, a->ldx, a->cols, a->n, buf, &a->act[slot], err);
-        if (rc) return rc;
-        a->have[slot] = true;
-    }
-    *act = &a->act[slot];
-    return EM_OK;
-}
-
-int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
-            em_err *err) {
-    const em_act *act = NULL;
-    int rc = acts_for(a, w, pool, arena, &act, err);
-    return rc ? rc : em_matmul_act(pool, w, act, y, ldy, err);
-}
-
-int kimi_mm_many(const kimi_mm_out *out, int n_out, em_pool *pool, em_arena *arena, em_err *err) {
-    em_mm_item items[EM_MATMUL_MULTI_MAX];
-    if (n_out > EM_MATMUL_MULTI_MAX) return em_err_set(err, EM_EINVAL, "%d products in one run (at most %d)", n_out, EM_MATMUL_MULTI_MAX);
-    for (int i = 0; i < n_out; i++) {
-        int rc = acts_for(out[i].x, out[i].w, pool, arena, &items[i].act, err);
-        if (rc) return rc;
-        items[i].w = out[i].w;
-        items[i].y = out[i].y;
-        items[i].ldy = out[i].ldy;
-    }
-    return em_matmul_multi(pool, items, n_out, err);
-}
 
 /* Resets the step arena, re-making it in one block when the last step outgrew it. */
 static int arena_begin(kimi *k, em_err *err) {
@@ -137,30 +83,30 @@ static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float
     const int64_t D = hp->d_inner, hd = hp->kda_head_dim;
     em_arena *a = k->arena;
     em_pool *pool = k->pool;
-    float *qkv = kimi_falloc(a, (uint64_t)n * 3 * D, "KDA q/k/v rows", err);
-    float *f = kimi_falloc(a, (uint64_t)n * D, "KDA gate rows", err);
-    float *g2 = kimi_falloc(a, (uint64_t)n * D, "KDA output gate rows", err);
-    float *o = kimi_falloc(a, (uint64_t)n * D, "KDA output rows", err);
-    float *b = kimi_falloc(a, (uint64_t)n * hp->kda_heads, "KDA beta rows", err);
-    float *low_f = kimi_falloc(a, (uint64_t)n * hd, "KDA gate low-rank rows", err);
-    float *low_g = kimi_falloc(a, (uint64_t)n * hd, "KDA output gate low-rank rows", err);
+    float *qkv = em_falloc(a, (uint64_t)n * 3 * D, "KDA q/k/v rows", err);
+    float *f = em_falloc(a, (uint64_t)n * D, "KDA gate rows", err);
+    float *g2 = em_falloc(a, (uint64_t)n * D, "KDA output gate rows", err);
+    float *o = em_falloc(a, (uint64_t)n * D, "KDA output rows", err);
+    float *b = em_falloc(a, (uint64_t)n * hp->kda_heads, "KDA beta rows", err);
+    float *low_f = em_falloc(a, (uint64_t)n * hd, "KDA gate low-rank rows", err);
+    float *low_g = em_falloc(a, (uint64_t)n * hd, "KDA output gate low-rank rows", err);
     if (!qkv || !f || !g2 || !o || !b || !low_f || !low_g) return EM_ENOMEM;
     /* every product of the normed input in one pool run, then the two low-rank ups in one */
-    kimi_acts xa, fa, ga;
-    kimi_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
+    em_acts xa, fa, ga;
+    em_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
     const bool full_gate = w->g.rows > 0; /* K3: g2 = ssm_g x, no low-rank pair */
-    const kimi_mm_out from_x[] = {
+    const em_mm_out from_x[] = {
         { &xa, &w->q, qkv, 3 * D },         { &xa, &w->k, qkv + D, 3 * D },
         { &xa, &w->v, qkv + 2 * D, 3 * D }, { &xa, &w->beta, b, hp->kda_heads },
         { &xa, &w->f_a, low_f, hd },
-        full_gate ? (kimi_mm_out){ &xa, &w->g, g2, D } : (kimi_mm_out){ &xa, &w->g_a, low_g, hd },
+        full_gate ? (em_mm_out){ &xa, &w->g, g2, D } : (em_mm_out){ &xa, &w->g_a, low_g, hd },
     };
-    int rc = kimi_mm_many(from_x, 6, pool, a, err);
+    int rc = em_mm_many(from_x, 6, pool, a, err);
     if (rc) return rc;
-    kimi_acts_init(&fa, low_f, hd, hd, n);
-    kimi_acts_init(&ga, low_g, hd, hd, n);
-    const kimi_mm_out from_low[] = { { &fa, &w->f_b, f, D }, { &ga, &w->g_b, g2, D } };
-    if ((rc = kimi_mm_many(from_low, full_gate ? 1 : 2, pool, a, err))) return rc;
+    em_acts_init(&fa, low_f, hd, hd, n);
+    em_acts_init(&ga, low_g, hd, hd, n);
+    const em_mm_out from_low[] = { { &fa, &w->f_b, f, D }, { &ga, &w->g_b, g2, D } };
+    if ((rc = em_mm_many(from_low, full_gate ? 1 : 2, pool, a, err))) return rc;
 
     em_kda_state *st = &k->kda_state[ly->slot];
     if (mode == STEP_COMMIT)
@@ -169,9 +115,9 @@ static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float
         rc = em_kda_forward(&k->kda_dims, &w->p, st, n, qkv, f, b, g2, o,
                             mode == STEP_LOGGED ? k->kda_log[ly->slot] : NULL, pool, a, err);
     if (rc) return rc;
-    kimi_acts oa;
-    kimi_acts_init(&oa, o, D, D, n);
-    return kimi_mm(&oa, &w->out, y, hp->n_embd, pool, a, err);
+    em_acts oa;
+    em_acts_init(&oa, o, D, D, n);
+    return em_mm(&oa, &w->out, y, hp->n_embd, pool, a, err);
 }
 
 /* ---- one forward step over n rows at positions pos.. ------------------------------------ */
@@ -191,9 +137,9 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
     int rc = arena_begin(k, err);
     if (rc) return rc;
     em_arena *a = k->arena;
-    float *x = kimi_falloc(a, (uint64_t)n * E, "residual rows", err);
-    float *h = kimi_falloc(a, (uint64_t)n * E, "normed rows", err);
-    float *y = kimi_falloc(a, (uint64_t)n * E, "layer output rows", err);
+    float *x = em_falloc(a, (uint64_t)n * E, "residual rows", err);
+    float *h = em_falloc(a, (uint64_t)n * E, "normed rows", err);
+    float *y = em_falloc(a, (uint64_t)n * E, "layer output rows", err);
     if (!x || !h || !y) return EM_ENOMEM;
     kimi_resbank bank; /* K3 AttnRes (off for kimi-linear: every layer input is x) */
     if ((rc = kimi_res_init(&bank, hp, n, a, err))) return rc;
@@ -233,9 +179,9 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
     if (!so->logits || so->first_logit >= n) return EM_OK;
     int r0 = so->first_logit, m = n - r0;
     rmsnorm_rows(kimi_res_input(&bank, x, k->w.output_res, r0, m), k->w.output_norm, hp->rms_eps, m, E, h);
-    kimi_acts ha;
-    kimi_acts_init(&ha, h, E, E, m);
-    return kimi_mm(&ha, &k->w.output, so->logits, hp->n_vocab, k->pool, a, err);
+    em_acts ha;
+    em_acts_init(&ha, h, E, E, m);
+    return em_mm(&ha, &k->w.output, so->logits, hp->n_vocab, k->pool, a, err);
 }
 
 /* ---- cost model --------------------------------------------------------------------------- */
@@ -252,24 +198,31 @@ static double raw_cost(const kimi *k, int n, int64_t pos, uint64_t *bytes_out) {
     double attn = 2.0 * n * (double)(pos + n) * hp->mla_heads * (2.0 * hp->kv_lora + hp->rope) * hp->n_mla;
     double flops = 2.0 * n * ((double)k->dense_bytes + (double)hp->n_expert_used * k->n_moe * k->expert_bytes) + attn;
     if (bytes_out) *bytes_out = (uint64_t)bytes;
-    return em_nominal_seconds(bytes, flops, em_pool_threads(k->pool));
+    /* one figure for all of it (weights and attention alike), as the CPU rates were set on */
+    const em_work w = { .bytes = bytes, .flops = { [EM_WORK_WEIGHTS] = flops } };
+    return em_device_seconds(&k->dev, &w);
 }
 
 static em_cost kimi_cost(const em_target *t, int n) {
     const kimi *k = (const kimi *)t;
     double nominal = raw_cost(k, n, t->pos, NULL);
-    double io_s; /* routed experts the cache would miss (moe.c; 0 when resident) */
-    uint64_t io = kimi_experts_cost(k->w.experts, n, k->hp.n_expert_used, &io_s);
+    double io_s; /* routed experts the cache would miss (experts/; 0 when resident) */
+    uint64_t io = em_experts_cost(k->experts, n, k->hp.n_expert_used, &io_s);
     return (em_cost){ .seconds = nominal * k->cost_scale + io_s, .bytes_read = io,
-                      .nominal_seconds = nominal + (double)io / EM_NOMINAL_DISK_BPS };
+                      .nominal_seconds = nominal + (double)io / k->dev.disk_bps };
 }
 
 static int kimi_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err) {
-    return kimi_experts_stats(((const kimi *)t)->w.experts, layer, out, err);
-}
-
-static int kimi_expert_fault(em_target *t, int kind, uint64_t after_n_reads, em_err *err) {
-    return kimi_experts_fault(((kimi *)t)->w.experts, kind, after_n_reads, err);
+    (void)err;
+    em_experts_counts c;
+    em_experts_stats(((const kimi *)t)->experts, layer, &c);
+    *out = (em_target_expert_counts){
+        .bytes_read = c.bytes_read, .reads = c.reads, .hits = c.hits, .misses = c.misses,
+        .read_seconds = c.read_seconds, .cache_bytes = c.cache_bytes, .cache_budget = c.cache_budget,
+        .slot_bytes = c.slot_bytes, .n_experts = c.n_experts, .resident_bytes = c.resident_bytes,
+        .file_bytes = c.file_bytes, .storage = c.storage,
+    };
+    return EM_OK;
 }
 
 static void cost_learn(kimi *k, int n, int64_t pos, double seconds) {
@@ -381,6 +334,8 @@ static void kimi_close(em_target *t) {
     free(k->replay_tok);
     if (k->arena) em_arena_free(k->arena);
     em_pool_free(k->pool);
+    em_experts_close(k->experts);
+    free(k->expert_src);
     kimi_unload(&k->hp, &k->w);
     em_gguf_close(k->g);
     free(k);
@@ -394,7 +349,6 @@ static const em_target_ops kimi_ops = {
     .reset = kimi_reset,
     .close = kimi_close,
     .expert_stats = kimi_expert_stats,
-    .expert_fault = kimi_expert_fault,
 };
 
 /* ---- open --------------------------------------------------------------------------------- */
@@ -452,6 +406,7 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     k->n_feature_layers = opts->n_feature_layers;
     int rc = em_pool_create(&k->pool, opts->n_threads, err);
     if (rc) return rc;
+    k->dev = em_device_costs_cpu(em_pool_threads(k->pool));
 
     k->kda_dims = (em_kda_dims){
         .n_head = hp->kda_heads, .head_dim = hp->kda_head_dim, .d_conv = hp->d_conv,
@@ -482,6 +437,33 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     return em_arena_create(&k->arena, k->arena_cap, err);
 }
 
+_Static_assert((int)EM_MOE_AUTO == (int)EM_EXPERTS_AUTO && (int)EM_MOE_RESIDENT == (int)EM_EXPERTS_RESIDENT &&
+                   (int)EM_MOE_SSD == (int)EM_EXPERTS_SSD,
+               "model.h's storage modes are experts/'s");
+
+/* The MoE layers' expert tensors handed to an experts/ provider, which every MoE layer then
+ * asks for its route unions' weights. */
+static int experts_open(kimi *k, const em_model_opts *opts, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    k->expert_src = em_calloc((size_t)hp->n_layer + 1, sizeof *k->expert_src, "expert tensors", err);
+    if (!k->expert_src) return EM_ENOMEM;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kimi_ffn_w *f = &k->w.layers[l].ffn;
+        if (!f->moe) continue;
+        k->expert_src[l] = (em_experts_src){ .n_expert = hp->n_expert,
+                                             .part = { f->gate_exps, f->up_exps, f->down_exps } };
+    }
+    const em_experts_opts xo = { .storage = opts->moe_storage, .cache_bytes = opts->expert_cache_bytes };
+    int rc = em_experts_open(&k->experts, k->g, k->expert_src, hp->n_layer, &xo, err);
+    if (rc) return rc;
+    k->base.experts = k->experts;
+    for (int l = 0; l < hp->n_layer; l++) {
+        k->w.layers[l].ffn.layer = l;
+        k->w.layers[l].ffn.xs = k->experts;
+    }
+    return EM_OK;
+}
+
 int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, em_err *err) {
     *out = NULL;
     kimi *k = em_calloc(1, sizeof *k, "kimi-linear target", err);
@@ -498,7 +480,7 @@ int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, 
         return rc;
     }
     rc = make_state(k, opts, err);
-    if (!rc) rc = kimi_experts_open(g, &k->hp, &k->w, opts, err);
+    if (!rc) rc = experts_open(k, opts, err);
     if (rc) {
         kimi_close(&k->base);
         return rc;

@@ -1,6 +1,8 @@
 /* Internal to model/: the kimi-linear target's hyperparameters, weights and state, shared by
  * kimi_load.c (reading and checking the GGUF), kimi.c (the forward pass, KDA projections and
- * the target ops), mla.c (MLA attention) and moe.c (router, experts, dense MLP).
+ * the target ops), mla.c (MLA attention), moe.c (router, experts, dense MLP, K3's SiTU and
+ * latent MoE) and attnres.c (K3's block attention residuals). The files form a tree: kimi.c
+ * calls the others, they call compute/, experts/ and kda.h, never kimi.c.
  *
  * Weights are views into the mapped GGUF (em_mat), used in place through the dot kernels;
  * vectors (norms, biases, conv taps, ssm_a) and a non-float router are dequantized to f32 at
@@ -10,6 +12,7 @@
 #define EM_MODEL_KIMI_IMPL_H
 
 #include "compute/compute.h"
+#include "experts/experts.h"
 #include "format/gguf.h"
 #include "model/kda.h"
 #include "model/model.h"
@@ -81,7 +84,7 @@ typedef struct kimi_ffn_w {
     em_mat routed_down, routed_up;
     const float *routed_norm;
     int layer;                        /* the model layer (experts/ addresses it so) */
-    struct kimi_experts *xs;          /* routed-expert storage (moe.c); NULL: resident, no stats */
+    em_experts *xs;                   /* the routed experts' provider (set at open for MoE layers) */
 } kimi_ffn_w;
 
 typedef struct kimi_layer {
@@ -100,52 +103,11 @@ typedef struct kimi_weights {
     const float *output_res;          /* K3 AttnRes score before the output norm (NULL: none) */
     kimi_layer *layers;               /* [n_layer] */
     em_arena *store;                  /* f32 vectors made at load */
-    struct kimi_experts *experts;     /* routed-expert storage (kimi_experts_open) */
 } kimi_weights;
 
 /* Reads and checks hyperparameters and weights; on failure everything is released. */
 int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err);
 void kimi_unload(kimi_hparams *hp, kimi_weights *w);
-
-/* ---- routed-expert storage (moe.c) ------------------------------------------------------
- * Resident: experts are used in place from the mapping. SSD: an experts/ store and cache read
- * them on demand. Either way each MoE layer's route union runs each needed expert once. */
-typedef struct kimi_experts kimi_experts;
-/* Chooses the storage mode (opts->moe_storage, opts->expert_cache_bytes), sets w->experts and
- * every MoE layer's ffn.xs / ffn.layer, logs the one-line summary. kimi_unload frees it. */
-int kimi_experts_open(em_gguf *g, const kimi_hparams *hp, kimi_weights *w, const em_model_opts *opts,
-                      em_err *err);
-void kimi_experts_close(kimi_experts *x);
-/* Storage bytes and seconds a verify of n rows would read now (0 when resident). */
-uint64_t kimi_experts_cost(const kimi_experts *x, int n, int k_used, double *seconds);
-int kimi_experts_stats(const kimi_experts *x, int layer, em_target_expert_counts *out, em_err *err);
-int kimi_experts_fault(kimi_experts *x, int kind, uint64_t after_n_reads, em_err *err);
-
-/* ---- per-step helpers (kimi.c) -------------------------------------------------------- */
-
-/* Activation rows of one input, converted on demand once per activation type. */
-typedef struct kimi_acts {
-    const float *x;
-    int64_t ldx, cols, n;
-    em_act act[3];
-    bool have[3];
-} kimi_acts;
-
-void kimi_acts_init(kimi_acts *a, const float *x, int64_t ldx, int64_t cols, int64_t n);
-/* y[j][r] = w[r] . x[j] through the activation cache (scratch from arena). */
-int kimi_mm(kimi_acts *a, const em_mat *w, float *y, int64_t ldy, em_pool *pool, em_arena *arena,
-            em_err *err);
-/* Several products in one pool run (em_matmul_multi): out[i].y = out[i].w . out[i].x. */
-typedef struct kimi_mm_out {
-    kimi_acts *x;
-    const em_mat *w;
-    float *y;
-    int64_t ldy;
-} kimi_mm_out;
-int kimi_mm_many(const kimi_mm_out *out, int n_out, em_pool *pool, em_arena *arena,
-                 em_err *err);
-/* count floats from the arena, or EM_ENOMEM with `what` in the message. */
-float *kimi_falloc(em_arena *arena, uint64_t count, const char *what, em_err *err);
 
 /* ---- layers --------------------------------------------------------------------------- */
 
@@ -168,24 +130,7 @@ typedef struct kimi_route_out {
 int kimi_ffn_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
                      const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_err *err);
 
-/* The router for one row of router logits [n_expert]: the chosen experts (best first), their
- * final weights, and the margin (selection score of the last chosen minus the best left out;
- * +inf when nothing is left). */
-void kimi_route(const kimi_hparams *hp, const float *logits, const float *bias, int *ids,
-                float *weights, float *margin, float *scratch /* [3 * n_expert + n_group] */);
-
-/* ---- kimi-k3 parts (kimi_k3.c) ----------------------------------------------------------- */
-
-/* The MLP activation of every FFN in place of silu(gate) * up: SiTU for K3, else SwiGLU. */
-void kimi_glu(const kimi_hparams *hp, const float *gate, const float *up, int64_t n, float *y);
-
-/* Latent MoE around the routed experts. in: xr = routed_down h ([n][L], from the arena) and yr
- * (a zeroed [n][L] for the experts' weighted sum), or h and y themselves when the layer
- * has no latent projection. out: y = routed_up RMSNorm(yr) (no-op without latent). */
-int kimi_latent_in(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
-                   const float **xr, float **yr, em_pool *pool, em_arena *arena, em_err *err);
-int kimi_latent_out(const kimi_hparams *hp, const kimi_ffn_w *w, int n, float *yr, float *y,
-                    em_pool *pool, em_arena *arena, em_err *err);
+/* ---- block attention residuals (attnres.c) ------------------------------------------------ */
 
 /* Block attention residuals over one step's rows: a bank of layer inputs (one per block) that
  * every layer half mixes with the current stream x by softmax scores (llama.cpp's res_mix):

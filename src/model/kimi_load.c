@@ -503,8 +503,6 @@ int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err) {
 }
 
 void kimi_unload(kimi_hparams *hp, kimi_weights *w) {
-    kimi_experts_close(w->experts);
-    w->experts = NULL;
     free(hp->kind);
     hp->kind = NULL;
     free(w->layers);

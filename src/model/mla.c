@@ -73,38 +73,38 @@ static void head_task(void *vctx, int h, int thread) {
 }
 
 /* q [n][H*(nope+rope)] from the normed input, directly or through the q LoRA. */
-static int mla_query(const kimi_hparams *hp, const kimi_mla_w *w, kimi_acts *xa, int n, float *q,
+static int mla_query(const kimi_hparams *hp, const kimi_mla_w *w, em_acts *xa, int n, float *q,
                      em_pool *pool, em_arena *arena, em_err *err) {
     const int64_t ldq = (int64_t)hp->mla_heads * (hp->nope + hp->rope);
-    if (hp->q_lora == 0) return kimi_mm(xa, &w->q, q, ldq, pool, arena, err);
-    float *qa = kimi_falloc(arena, (uint64_t)n * hp->q_lora, "MLA q LoRA rows", err);
+    if (hp->q_lora == 0) return em_mm(xa, &w->q, q, ldq, pool, arena, err);
+    float *qa = em_falloc(arena, (uint64_t)n * hp->q_lora, "MLA q LoRA rows", err);
     if (!qa) return EM_ENOMEM;
-    int rc = kimi_mm(xa, &w->q_a, qa, hp->q_lora, pool, arena, err);
+    int rc = em_mm(xa, &w->q_a, qa, hp->q_lora, pool, arena, err);
     if (rc) return rc;
     em_rmsnorm_rows(qa, hp->q_lora, w->q_a_norm, KIMI_MLA_NORM_EPS, n, hp->q_lora, qa, hp->q_lora);
-    kimi_acts qacts;
-    kimi_acts_init(&qacts, qa, hp->q_lora, hp->q_lora, n);
-    return kimi_mm(&qacts, &w->q_b, q, ldq, pool, arena, err);
+    em_acts qacts;
+    em_acts_init(&qacts, qa, hp->q_lora, hp->q_lora, n);
+    return em_mm(&qacts, &w->q_b, q, ldq, pool, arena, err);
 }
 
 int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, int64_t pos, int n,
                      const float *h, float *y, em_pool *pool, em_arena *arena, em_err *err) {
     const int H = hp->mla_heads, R = hp->kv_lora, C = hp->kv_lora + hp->rope;
     const int64_t ldq = (int64_t)H * (hp->nope + hp->rope), ldo = (int64_t)H * hp->v_head;
-    kimi_acts xa;
-    kimi_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
+    em_acts xa;
+    em_acts_init(&xa, h, hp->n_embd, hp->n_embd, n);
 
-    float *q = kimi_falloc(arena, (uint64_t)n * ldq, "MLA queries", err);
-    float *kv = kimi_falloc(arena, (uint64_t)n * C, "MLA latents", err);
-    float *o = kimi_falloc(arena, (uint64_t)n * ldo, "MLA head outputs", err);
+    float *q = em_falloc(arena, (uint64_t)n * ldq, "MLA queries", err);
+    float *kv = em_falloc(arena, (uint64_t)n * C, "MLA latents", err);
+    float *o = em_falloc(arena, (uint64_t)n * ldo, "MLA head outputs", err);
     if (!q || !kv || !o) return EM_ENOMEM;
     int rc;
     if (hp->q_lora == 0) { /* q and the latents from x in one pool run */
-        const kimi_mm_out from_x[] = { { &xa, &w->q, q, ldq }, { &xa, &w->kv_a, kv, C } };
-        rc = kimi_mm_many(from_x, 2, pool, arena, err);
+        const em_mm_out from_x[] = { { &xa, &w->q, q, ldq }, { &xa, &w->kv_a, kv, C } };
+        rc = em_mm_many(from_x, 2, pool, arena, err);
     } else {
         rc = mla_query(hp, w, &xa, n, q, pool, arena, err);
-        if (!rc) rc = kimi_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
+        if (!rc) rc = em_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
     }
     if (rc) return rc;
     /* the new rows of the latent cache */
@@ -119,9 +119,9 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     act_q_bytes = em_align_up(act_q_bytes, 64);
     act_c_bytes = em_align_up(act_c_bytes, 64);
     head_job *job = em_arena_alloc(arena, sizeof *job + (size_t)H * sizeof(int));
-    float *qa = kimi_falloc(arena, (uint64_t)H * n * C, "MLA absorbed queries", err);
-    float *ctx = kimi_falloc(arena, (uint64_t)H * n * R, "MLA contexts", err);
-    float *scores = kimi_falloc(arena, (uint64_t)H * QUERY_GROUP * (uint64_t)(pos + n), "MLA scores", err);
+    float *qa = em_falloc(arena, (uint64_t)H * n * C, "MLA absorbed queries", err);
+    float *ctx = em_falloc(arena, (uint64_t)H * n * R, "MLA contexts", err);
+    float *scores = em_falloc(arena, (uint64_t)H * QUERY_GROUP * (uint64_t)(pos + n), "MLA scores", err);
     uint8_t *act_q = em_arena_alloc(arena, (size_t)(H * act_q_bytes));
     uint8_t *act_c = em_arena_alloc(arena, (size_t)(H * act_c_bytes));
     if (!job || !qa || !ctx || !scores || !act_q || !act_c)
@@ -137,12 +137,12 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
         if (job->rc[i]) return em_err_set(err, job->rc[i], "MLA head %d failed", i);
 
     if (w->gate.rows > 0) { /* K3 output gate */
-        float *g = kimi_falloc(arena, (uint64_t)n * ldo, "MLA output gate rows", err);
+        float *g = em_falloc(arena, (uint64_t)n * ldo, "MLA output gate rows", err);
         if (!g) return EM_ENOMEM;
-        if ((rc = kimi_mm(&xa, &w->gate, g, ldo, pool, arena, err))) return rc;
+        if ((rc = em_mm(&xa, &w->gate, g, ldo, pool, arena, err))) return rc;
         for (int64_t i = 0; i < (int64_t)n * ldo; i++) o[i] *= em_sigmoidf(g[i]);
     }
-    kimi_acts oa;
-    kimi_acts_init(&oa, o, ldo, ldo, n);
-    return kimi_mm(&oa, &w->out, y, hp->n_embd, pool, arena, err);
+    em_acts oa;
+    em_acts_init(&oa, o, ldo, ldo, n);
+    return em_mm(&oa, &w->out, y, hp->n_embd, pool, arena, err);
 }

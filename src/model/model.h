@@ -76,8 +76,6 @@ typedef struct em_target_ops {
     void (*close)(em_target *t);
     /* optional (NULL: no routed experts): counters of one layer (-1: all) */
     int (*expert_stats)(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
-    /* optional test hook: arms the expert reader's fault shim (EM_EXPERT_FAULT_* of experts.h) */
-    int (*expert_fault)(em_target *t, int kind, uint64_t after_n_reads, em_err *err);
 } em_target_ops;
 
 typedef struct em_target_info {
@@ -104,6 +102,8 @@ struct em_target {
     int64_t pos;       /* committed positions */
     int pending;       /* rows of the last verify that commit may still take; -1: none */
     em_target_stats stats;
+    struct em_experts *experts; /* its routed experts' provider (experts/experts.h), NULL: none;
+                                   tests reach its fault shim through it (em_experts_fault_arm) */
     char missing_data[256]; /* non-empty: the file lacks tensor data (cut short); verify and
                                prefill fail with this message, nothing reads the data */
 };
@@ -157,8 +157,5 @@ int em_target_expert_stats(const em_target *t, int layer, em_target_expert_count
  * prefill fails with this error when a file was damaged before or during it. Permanent: a
  * damaged model must be opened again. */
 int em_model_files_check(bool check_files, em_err *err);
-/* Test hook: the (after_n_reads + 1)-th expert read from now fails (kind: EM_EXPERT_FAULT_EIO
- * or _SHORT of experts/experts.h). EM_EUNSUPPORTED unless experts are read from storage. */
-int em_target_expert_fault_arm(em_target *t, int kind, uint64_t after_n_reads, em_err *err);
 
 #endif

@@ -166,9 +166,3 @@ int em_target_expert_stats(const em_target *t, int layer, em_target_expert_count
                           t->info.n_layer - 1);
     return t->ops->expert_stats ? t->ops->expert_stats(t, layer, out, err) : EM_OK;
 }
-
-int em_target_expert_fault_arm(em_target *t, int kind, uint64_t after_n_reads, em_err *err) {
-    if (!t->ops->expert_fault)
-        return em_err_set(err, EM_EUNSUPPORTED, "expert fault: this target reads no experts from storage");
-    return t->ops->expert_fault(t, kind, after_n_reads, err);
-}

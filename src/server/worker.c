@@ -299,14 +299,13 @@ static void finish_stream(gen *g, const char *finish, const em_srv_stats *st) {
 }
 
 /* The request was validated before it was queued, so whatever fails now (the model's logits
- * all NaN, memory) is the server's fault: 500. */
+ * all NaN, memory, a model file changed on disk) is the server's fault: 500, with the engine's
+ * message as it is (it names what failed). */
 static void finish_error(em_srv_job *j, const em_err *err) {
     em_server *s = j->srv;
     em_log(EM_LOG_ERROR, "serve: %s: generation failed: %s", j->id, err->msg);
-    char msg[sizeof err->msg + 32];
-    snprintf(msg, sizeof msg, "generation failed: %s", err->msg);
     pthread_mutex_lock(&s->mu);
-    fail_job_locked(j, 500, "server_error", msg);
+    fail_job_locked(j, 500, "server_error", err->msg);
     pthread_mutex_unlock(&s->mu);
 }
 

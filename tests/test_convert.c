@@ -1119,6 +1119,51 @@ static void test_sigint(void **state) {
     em_test_sh(0, "rm -rf '%s'", src);
 }
 
+/* A checkpoint transformers 5.17 wrote itself (tests/fixtures/kimi_tf5: its own
+ * KimiLinearConfig and save_pretrained; no moe_router_activation_func, mla_use_nope or
+ * linear_attn_config), converted by the CLI with --type f32: `ember logits` of both reference
+ * sequences equals transformers' fp32 logits within TF5_TOL absolute (measured 6.3e-6 on
+ * logits up to 3.3 in magnitude; a wrong default, e.g. softmax routing or RoPE, moves them by
+ * more than 1e-2). */
+#define TF5_TOL 2e-5
+static void test_kimi_tf5_logits(void **state) {
+    (void)state;
+    const char *bin = getenv("EMBER_BIN");
+    if (!bin || !*bin) skip();
+    const char *out = em_test_path("kimi_tf5.gguf");
+    assert_int_equal(em_test_sh(1, "'%s' convert '%s' -o '%s' --type f32 --threads 2", bin,
+                                FIX("kimi_tf5"), out), 0);
+    json_error_t je;
+    json_t *man = json_load_file(em_test_src("tests/fixtures/ref/kimi_tf5/manifest.json"), 0, &je);
+    if (!man) fail_msg("kimi_tf5 manifest: %s", je.text);
+    static const char *const seqs[] = { "seq0", "seq1" };
+    for (int q = 0; q < 2; q++) {
+        json_t *toks = json_object_get(json_object_get(man, "tokens"), seqs[q]);
+        size_t n = json_array_size(toks);
+        assert_true(n > 0);
+        char list[1024] = "";
+        for (size_t i = 0; i < n; i++) {
+            size_t len = strlen(list);
+            snprintf(list + len, sizeof list - len, "%s%lld", i ? "," : "",
+                     (long long)json_integer_value(json_array_get(toks, i)));
+        }
+        const char *got_path = em_test_path("kimi_tf5.f32");
+        assert_int_equal(em_test_sh(1, "'%s' logits -m '%s' --tokens %s -o '%s' --threads 2", bin,
+                                    out, list, got_path), 0);
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/ref/kimi_tf5/%s.logits.bin", seqs[q]);
+        float *got = em_test_read_f32(got_path, n * 512), *want = em_test_read_f32(em_test_src(rel), n * 512);
+        double worst = 0;
+        for (size_t i = 0; i < n * 512; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+        fprintf(stderr, "kimi_tf5 %s: max |ember - transformers| = %.3g over %zu x 512 logits\n",
+                seqs[q], worst, n);
+        if (!(worst <= TF5_TOL)) fail_msg("kimi_tf5 %s: logits differ by %g (> %g)", seqs[q], worst, TF5_TOL);
+        free(got);
+        free(want);
+    }
+    json_decref(man);
+}
+
 /* The CLI writes the JSON report with the numbers of the API's report. */
 static void test_cli_report(void **state) {
     (void)state;
@@ -1178,6 +1223,7 @@ int main(void) {
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_sigint),
         cmocka_unit_test(test_cli_report),
+        cmocka_unit_test(test_kimi_tf5_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

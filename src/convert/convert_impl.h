@@ -223,6 +223,27 @@ void em_cv_set_s(cv_model *m, enum cv_vid v, const char *s);
 /* Takes ownership of arr (malloc'ed). */
 void em_cv_set_arr(cv_model *m, enum cv_vid v, int32_t *arr, int n);
 
+/* ---- outputs (outputs.c) ----------------------------------------------------------------- */
+
+/* Refuses (EM_EINVAL, naming both paths) any of outs[0..n_outs) or o->report_path that is the
+ * same file as another of them or as an input (st's shards, the files read from src_dir and
+ * tokenizer_dir). st may be NULL (then only the files beside it are compared). */
+int em_cv_check_outputs(const em_convert_opts *o, const em_safetensors *st, const char *const *outs,
+                        int n_outs, em_err *err);
+/* The staging name of output path out (malloc'ed): STEM.staged-PID.gguf for STEM.gguf; the
+ * writer derives shard names from it as from out. */
+char *em_cv_stage_path(const char *out, em_err *err);
+/* The final name of staged (a name the writer derived from em_cv_stage_path(out)). */
+char *em_cv_final_path(const char *out, const char *staged, em_err *err);
+/* Checks the final names (rep->shards[i].path) against the report and the inputs, writes the
+ * report (o->report_path, if any) to a temporary name, then renames the report and every
+ * staged[i] into place; on failure nothing new stays at a final name (the staged files left
+ * are the caller's to remove). */
+int em_cv_commit(const em_convert_opts *o, const em_safetensors *st, const char *const *staged,
+                 em_convert_report *rep, em_err *err);
+/* The JSON report written and fsynced to a temporary name next to path (*tmp, malloc'ed). */
+int em_cv_report_stage(const em_convert_report *rep, const char *path, char **tmp, em_err *err);
+
 /* ---- tokenizer keys (vocab.c) ------------------------------------------------------------ */
 
 /* Writes the tokenizer.* keys: from the tokenizer files in dir (NULL or a folder without

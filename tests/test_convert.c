@@ -1119,6 +1119,37 @@ static void test_sigint(void **state) {
     em_test_sh(0, "rm -rf '%s'", src);
 }
 
+/* Chat templates: Kimi-Linear's comes from its tokenizer_config.json, byte for byte (as
+ * llama.cpp's converter embeds it); a drafter without tokenizer files gets none. (Kimi-K3, which
+ * ships none, gets Ember's: tests/convert_k3.sh renders it.) */
+static void test_chat_template(void **state) {
+    (void)state;
+    em_convert_report r;
+    const char *out = em_test_path("tmpl_kimi_a.gguf");
+    convert_ok(FIX("kimi_a"), out, EM_TYPE_Q8_0, NULL, &r);
+    assert_string_equal(r.chat_template, "checkpoint");
+    em_convert_report_free(&r);
+    json_error_t je;
+    json_t *tc = json_load_file(FIX("kimi_a/tokenizer_config.json"), 0, &je);
+    if (!tc) fail_msg("%s", je.text);
+    const char *want = json_string_value(json_object_get(tc, "chat_template"));
+    assert_non_null(want);
+    em_gguf *g = open_gguf(out);
+    char got[4096];
+    em_err err = { 0 };
+    if (em_gguf_get_cstr(g, "tokenizer.chat_template", got, sizeof got, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(got, want);
+    em_gguf_close(g);
+    json_decref(tc);
+    out = em_test_path("tmpl_dspark.gguf");
+    convert_ok(FIX("dspark_specforge"), out, EM_TYPE_Q8_0, NULL, &r);
+    assert_string_equal(r.chat_template, "");
+    em_convert_report_free(&r);
+    g = open_gguf(out);
+    assert_int_equal(em_gguf_get_cstr(g, "tokenizer.chat_template", got, sizeof got, NULL), EM_ENOTFOUND);
+    em_gguf_close(g);
+}
+
 /* ---- outputs: all or nothing, never over an input (issue 15, items 13 and 14) -------------- */
 
 /* What a path holds ("" when it does not exist), malloc'ed. */
@@ -1352,6 +1383,7 @@ int main(void) {
         cmocka_unit_test(test_kimi_tf5_logits),
         cmocka_unit_test(test_failed_keeps_old),
         cmocka_unit_test(test_output_is_input),
+        cmocka_unit_test(test_chat_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

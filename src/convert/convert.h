@@ -110,6 +110,7 @@ typedef struct em_convert_report {
     em_convert_shard *shards;
     char tokenizer[64];        /* "gpt2/kimi-k2", "gpt2/gpt-2", or "none" */
     char tokenizer_dir[512];   /* where it came from ("" for none) */
+    char chat_template[32];    /* "checkpoint", "ember kimi-k3" (K3 ships none), or "" (none) */
     int64_t n_tokens;          /* tokens written (0 for none) */
     double seconds;
 } em_convert_report;

@@ -246,8 +246,12 @@ int em_cv_report_stage(const em_convert_report *rep, const char *path, char **tm
 
 /* ---- tokenizer keys (vocab.c) ------------------------------------------------------------ */
 
+/* Ember's Kimi-K3 chat template (k3_template.c), embedded when a K3 checkpoint has none. */
+extern const char em_cv_k3_chat_template[];
+
 /* Writes the tokenizer.* keys: from the tokenizer files in dir (NULL or a folder without
- * them: tokenizer.ggml.model = "none"), padded to vocab_size. Fills the report's tokenizer
+ * them: tokenizer.ggml.model = "none"), padded to vocab_size; tokenizer.chat_template from
+ * those files, else (Kimi-K3 rules) em_cv_k3_chat_template. Fills the report's tokenizer
  * fields. */
 int em_cv_write_vocab(em_gguf_writer *w, const char *dir, int64_t vocab_size, const char *arch,
                       const cv_model *m, em_convert_report *rep, em_err *err);

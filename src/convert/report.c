@@ -92,6 +92,7 @@ static json_t *report_json(const em_convert_report *rep) {
     json_object_set_new(o, "shards", shards_json(rep));
     json_object_set_new(o, "tokenizer", json_string(rep->tokenizer));
     json_object_set_new(o, "tokenizer_dir", json_string(rep->tokenizer_dir));
+    json_object_set_new(o, "chat_template", json_string(rep->chat_template));
     json_object_set_new(o, "tokens", json_integer(rep->n_tokens));
     json_object_set_new(o, "threads", json_integer(rep->n_threads));
     json_object_set_new(o, "seconds", json_real(rep->seconds));
@@ -177,6 +178,7 @@ void em_convert_report_print(const em_convert_report *rep, FILE *f) {
                 rep->quant[rep->worst].rel_rmse);
     fprintf(f, "  tokenizer      %s", rep->tokenizer);
     if (rep->n_tokens) fprintf(f, ", %lld tokens from %s", (long long)rep->n_tokens, rep->tokenizer_dir);
+    if (rep->chat_template[0]) fprintf(f, "; chat template: %s", rep->chat_template);
     fprintf(f, "\n");
     for (int i = 0; i < rep->n_shards; i++)
         fprintf(f, "  sha256         %s  %s\n", rep->shards[i].sha256, rep->shards[i].path);

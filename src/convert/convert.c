@@ -378,12 +378,13 @@ static int plan_rule(cv_plan *p, const cv_arch *a, const cv_model *m, const cv_r
 static int plan_scope(cv_plan *p, const cv_arch *a, const cv_model *m, int scope, int layer,
                       int type, em_err *err) {
     uint32_t cond = m->flags | (scope == CV_LAYER ? m->layer_flags[layer] : 0);
-    for (size_t i = 0; i < a->n_rules; i++) {
-        const cv_rule *r = &a->rules[i];
-        if (r->scope != scope || (r->when & cond) != r->when) continue;
-        int rc = plan_rule(p, a, m, r, layer, type, err);
-        if (rc) return rc;
-    }
+    for (size_t t = 0; t < a->rules.n; t++)
+        for (size_t i = 0; i < a->rules.list[t]->n; i++) {
+            const cv_rule *r = &a->rules.list[t]->rules[i];
+            if (r->scope != scope || (r->when & cond) != r->when) continue;
+            int rc = plan_rule(p, a, m, r, layer, type, err);
+            if (rc) return rc;
+        }
     return EM_OK;
 }
 
@@ -460,8 +461,11 @@ static int write_metadata(em_gguf_writer *w, const cv_arch *a, const cv_model *m
     int rc = em_gguf_writer_set_str(w, "general.architecture", a->name, err);
     if (!rc) rc = em_gguf_writer_set_str(w, "general.type", "model", err);
     if (!rc) rc = em_gguf_writer_set_str(w, "general.name", name, err);
-    for (size_t i = 0; !rc && i < a->n_keys; i++)
-        if (m->vals[a->keys[i].val].set) rc = write_key(w, a, &a->keys[i], &m->vals[a->keys[i].val], err);
+    for (size_t t = 0; !rc && t < a->keys.n; t++)
+        for (size_t i = 0; !rc && i < a->keys.list[t]->n; i++) {
+            const cv_key *k = &a->keys.list[t]->keys[i];
+            if (m->vals[k->val].set) rc = write_key(w, a, k, &m->vals[k->val], err);
+        }
     if (!rc)
         rc = em_gguf_writer_set_u32(w, "general.file_type",
                                     (uint32_t)(m->file_type >= 0 ? m->file_type

@@ -27,6 +27,14 @@
 
 /* ---- path identity ----------------------------------------------------------------------- */
 
+/* The folder holding path, into dir[4096] ("." for a bare name); returns dir. */
+static char *parent_dir(const char *path, char *dir) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, 4096, ".");
+    else snprintf(dir, 4096, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    return dir;
+}
+
 typedef struct path_id {
     bool exists, parent_ok;
     dev_t dev, pdev;
@@ -45,9 +53,7 @@ static path_id identify(const char *path) {
     const char *slash = strrchr(path, '/');
     id.base = slash ? slash + 1 : path;
     char dir[4096];
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    if (stat(dir, &sb) == 0) {
+    if (stat(parent_dir(path, dir), &sb) == 0) {
         id.parent_ok = true;
         id.pdev = sb.st_dev;
         id.pino = sb.st_ino;
@@ -96,12 +102,9 @@ static int refuse_input(const char *what, const char *out, const em_convert_opts
 
 /* An output whose folder is missing fails now, before any work, with the writer's message. */
 static int check_folder(const char *path, em_err *err) {
-    const char *slash = strrchr(path, '/');
     char dir[4096];
     struct stat sb;
-    if (!slash) return EM_OK;
-    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    if (stat(dir, &sb) != 0)
+    if (stat(parent_dir(path, dir), &sb) != 0)
         return em_err_set(err, EM_EIO, "%s: cannot create: %s", path, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
         return em_err_set(err, EM_EIO, "%s: cannot create: %s is not a folder", path, dir);
@@ -159,11 +162,8 @@ char *em_cv_final_path(const char *out, const char *staged, em_err *err) {
 }
 
 static void fsync_parent(const char *path) {
-    const char *slash = strrchr(path, '/');
     char dir[4096];
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = open(parent_dir(path, dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         (void)fsync(fd); /* best effort: the renames are done */
         close(fd);

@@ -22,8 +22,8 @@ static const char convert_usage[] =
     "                     [--split-max-size BYTES] [--threads N] [--tokenizer-from DIR]\n"
     "\n"
     "Converts a Hugging Face checkpoint (config.json, *.safetensors, tokenizer files) into a\n"
-    "GGUF file that Ember runs and llama.cpp loads: Kimi-Linear targets (kimi-linear) and\n"
-    "DFlash/DSpark drafters (dflash). Prints a validation report; fails, leaving no output\n"
+    "GGUF file that Ember runs and llama.cpp loads: Kimi-Linear (kimi-linear) and Kimi-K3\n"
+    "(kimi-k3) targets, DFlash/DSpark drafters (dflash). Prints a validation report; fails, leaving no output\n"
     "(and the files it would replace untouched), when any tensor does not map or does not\n"
     "match config.json. An output that is the report or an input file is refused (exit 2).\n"
     "\n"
@@ -165,7 +165,7 @@ static int convert_main(int argc, char **argv) {
 
 const em_cmd em_cmd_convert = {
     .name = "convert",
-    .summary = "convert a Hugging Face checkpoint (Kimi-Linear, DFlash/DSpark) to GGUF",
+    .summary = "convert a Hugging Face checkpoint (Kimi-Linear, Kimi-K3, DFlash/DSpark) to GGUF",
     .usage = convert_usage,
     .main = convert_main,
 };

@@ -14,6 +14,7 @@ packages=(
   liburing-dev                       # batched expert reads (experts/, io_uring)
   curl jq wrk                        # server tests (curl, jq) and bench/bench_server.sh (wrk)
   nodejs npm                         # the ggml reference test installs its npm prebuilt
+  python3 python3-numpy python3-jinja2 # test scripts: JSON, make_k3_hf.py (NumPy), chat templates
 )
 
 missing=()

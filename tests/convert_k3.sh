@@ -30,10 +30,12 @@
 #     the first rows agreeing to 1e-5 is what shows llama.cpp reads the repacked bytes as Ember
 #     does;
 #   - the same conversion split into shards (--split-max-size) gives Ember the same logits;
+#   - the converted file carries Ember's K3 chat template (K3 ships none), and Python's Jinja
+#     renders it to K3's XTML format, checked against conversations written out here;
 #   - a checkpoint missing one expert's weight_scale fails naming it, and a quantization format
 #     other than mxfp4-pack-quantized is refused, both leaving no output.
 #
-# Env (set by CTest): EMBER_BIN, EMBER_SRC, EMBER_BUILD. Exit 77 when /usr/bin/python3 has no numpy.
+# Env (set by CTest): EMBER_BIN, EMBER_SRC, EMBER_BUILD. Exit 77 when /usr/bin/python3 has no numpy or jinja2.
 set -u
 
 SRC="${EMBER_SRC:-$(cd "$(dirname "$0")/.." && pwd)}"
@@ -50,8 +52,8 @@ TOK8=5,77,300,12,200,45,9,130
 . "$SRC/tests/lib/check.sh"
 
 em_need_exes convert_k3 "$EMBER" "$SYN"
-if ! "$PY" -c 'import numpy' 2>/dev/null; then
-    echo "skipped: $PY with numpy is needed by $GEN"
+if ! "$PY" -c 'import numpy, jinja2' 2>/dev/null; then
+    echo "skipped: $PY with numpy (for $GEN) and jinja2 (the chat template) is needed"
     exit 77
 fi
 
@@ -83,6 +85,65 @@ for m in a b c; do
         { fail "ember logits $m: $(cat "$W/err")"; continue; }
     if cmp -s "$W/syn_$m.f32" "$W/conv_$m.f32"; then pass; else fail "variant $m: logits of the converted file differ from the synthetic file's"; fi
 done
+
+echo "== chat template: K3 ships none, the converted file carries Ember's, which renders K3's XTML"
+# Rendered with Python's Jinja under transformers' conventions (tojson with ensure_ascii,
+# raise_exception); the expected strings are K3's format (llamacpp-formats.md §4.3), written out.
+if [ -f "$W/conv_a.gguf" ]; then
+    check "report: chat template source" "ember kimi-k3" "$(json_get "$W/rep_a.json" 'd["chat_template"]')"
+    "$EMBER" inspect "$W/conv_a.gguf" --json >"$W/inspect_a.json" 2>"$W/err" || fail "inspect: $(cat "$W/err")"
+    if out=$("$PY" - "$W/inspect_a.json" <<'PYEOF' 2>&1
+import json, sys
+import jinja2, jinja2.ext, jinja2.sandbox
+meta = {e["key"]: e for e in json.load(open(sys.argv[1]))["metadata"]}
+assert meta["tokenizer.chat_template"]["type"] == "str", "tokenizer.chat_template is not a string"
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def raise_exception(msg):
+    raise jinja2.exceptions.TemplateError(msg)
+env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                   extensions=[jinja2.ext.loopcontrols])
+env.filters["tojson"] = tojson
+env.globals["raise_exception"] = raise_exception
+t = env.from_string(meta["tokenizer.chat_template"]["value"])
+O, S, C, E = "<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>"
+def msg(attrs, body):
+    return O + "message" + attrs + S + body + C + "message" + S + E
+effort = msg(' role="system" type="thinking-effort"',
+             "`thinking_effort` guides on how much to think in your thinking channel (not including the "
+             "response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
+             "Now the system is invoked with `thinking_effort=%s`.")
+cases = [
+    (dict(messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True),
+     effort % "max" + msg(' role="user"', "hi") + O + 'message role="assistant"' + S + O + "think" + S),
+    (dict(messages=[{"role": "system", "content": 'Be "brief" & kind.'},
+                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+          add_generation_prompt=True, thinking=False),
+     msg(' role="system"', 'Be "brief" & kind.') + msg(' role="user"', "ab") +
+     O + 'message role="assistant"' + S + O + "response" + S),
+    (dict(messages=[{"role": "user", "content": "q", "name": 'a"b'},
+                    {"role": "assistant", "content": "r", "reasoning_content": "t",
+                     "tool_calls": [{"id": "1", "function": {"name": "get", "arguments": {"k": "v", "n": 2}}}]},
+                    {"role": "tool", "content": "42"}],
+          tools=[{"type": "function", "function": {"name": "get", "parameters": {"b": 1, "a": [{"z": 1, "y": 2}]}}}],
+          thinking_effort="low"),
+     msg(' role="system" type="tool-declare"', "# Tools\nHere are the available tools, described in JSONSchema."
+         '\n\n```json\n[{"function":{"name":"get","parameters":{"a":[{"y":2,"z":1}],"b":1}},"type":"function"}]\n```') +
+     effort % "low" + msg(' role="user" name="a&quot;b"', "q") +
+     msg(' role="assistant"', O + "think" + S + "t" + C + "think" + S + O + "response" + S + "r" + C + "response" + S +
+         O + "tools" + S + O + 'call tool="get" index="1"' + S +
+         O + 'argument key="k" type="string"' + S + "v" + C + "argument" + S +
+         O + 'argument key="n" type="number"' + S + "2" + C + "argument" + S +
+         C + "call" + S + C + "tools" + S) +
+     msg(' role="tool" tool="get" index="1"', "42")),
+]
+for i, (kw, want) in enumerate(cases):
+    got = t.render(**kw)
+    assert got == want, "case %d:\n got  %r\n want %r" % (i, got, want)
+print("%d conversations render as K3's format" % len(cases))
+PYEOF
+    ); then pass; echo "   $out"; else fail "chat template: $out"; fi
+fi
 
 echo "== MXFP4 experts: repacked losslessly, never requantized"
 "$PY" "$GEN" write "$W/k3_a.gguf" "$W/hf_mx" --experts mxfp4 >/dev/null 2>"$W/err" || fail "make_k3_hf mxfp4: $(cat "$W/err")"

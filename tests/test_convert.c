@@ -1119,6 +1119,208 @@ static void test_sigint(void **state) {
     em_test_sh(0, "rm -rf '%s'", src);
 }
 
+/* Chat templates: Kimi-Linear's comes from its tokenizer_config.json, byte for byte (as
+ * llama.cpp's converter embeds it); a drafter without tokenizer files gets none. (Kimi-K3, which
+ * ships none, gets Ember's: tests/convert_k3.sh renders it.) */
+static void test_chat_template(void **state) {
+    (void)state;
+    em_convert_report r;
+    const char *out = em_test_path("tmpl_kimi_a.gguf");
+    convert_ok(FIX("kimi_a"), out, EM_TYPE_Q8_0, NULL, &r);
+    assert_string_equal(r.chat_template, "checkpoint");
+    em_convert_report_free(&r);
+    json_error_t je;
+    json_t *tc = json_load_file(FIX("kimi_a/tokenizer_config.json"), 0, &je);
+    if (!tc) fail_msg("%s", je.text);
+    const char *want = json_string_value(json_object_get(tc, "chat_template"));
+    assert_non_null(want);
+    em_gguf *g = open_gguf(out);
+    char got[4096];
+    em_err err = { 0 };
+    if (em_gguf_get_cstr(g, "tokenizer.chat_template", got, sizeof got, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(got, want);
+    em_gguf_close(g);
+    json_decref(tc);
+    out = em_test_path("tmpl_dspark.gguf");
+    convert_ok(FIX("dspark_specforge"), out, EM_TYPE_Q8_0, NULL, &r);
+    assert_string_equal(r.chat_template, "");
+    em_convert_report_free(&r);
+    g = open_gguf(out);
+    assert_int_equal(em_gguf_get_cstr(g, "tokenizer.chat_template", got, sizeof got, NULL), EM_ENOTFOUND);
+    em_gguf_close(g);
+}
+
+/* ---- outputs: all or nothing, never over an input (issue 15, items 13 and 14) -------------- */
+
+/* What a path holds ("" when it does not exist), malloc'ed. */
+static char *file_text(const char *path) {
+    if (access(path, F_OK) != 0) return strdup("");
+    size_t n;
+    return em_test_read(path, &n);
+}
+
+/* A failed conversion leaves the files it was replacing as they were, and no temporary file:
+ * the report's folder is missing (found before any work), the report is a folder (found when
+ * the GGUF is complete and staged). */
+static void test_failed_keeps_old(void **state) {
+    (void)state;
+    const char *bin = getenv("EMBER_BIN");
+    if (!bin || !*bin) skip();
+    char dir[800]; /* em_test_path's buffers rotate: keep a copy */
+    snprintf(dir, sizeof dir, "%s", mkdir_test("keep_old"));
+    assert_int_equal(em_test_sh(1, "cd '%s' && echo good > o.gguf && mkdir rdir && echo oldrep > r.json", dir), 0);
+    assert_int_equal(em_test_sh(1, "cd '%s' && '%s' convert '%s' -o o.gguf --report /nonexistent/r.json",
+                                dir, bin, FIX("kimi_a")), 1);
+    char path[900];
+    snprintf(path, sizeof path, "%s/o.gguf", dir);
+    char *t = file_text(path);
+    assert_string_equal(t, "good\n");
+    free(t);
+    assert_int_equal(em_test_sh(1, "cd '%s' && '%s' convert '%s' -o o.gguf --report rdir --threads 2",
+                                dir, bin, FIX("kimi_a")), 1);
+    t = file_text(path);
+    assert_string_equal(t, "good\n");
+    free(t);
+    assert_int_equal(dir_entries(dir), 3); /* o.gguf, rdir, r.json: nothing staged is left */
+    snprintf(path, sizeof path, "%s/rdir", dir);
+    assert_int_equal(dir_entries(path), 0);
+    /* the library does the same: the API's report_path */
+    char out[900], rep_path[900];
+    snprintf(out, sizeof out, "%s/o.gguf", dir);
+    em_convert_opts o = { .src_dir = FIX("kimi_a"), .out_path = out, .report_path = path,
+                          .type = EM_TYPE_Q8_0, .n_threads = 2 };
+    em_convert_report r;
+    em_err err = { 0 };
+    assert_int_not_equal(em_convert(&o, &r, &err), 0);
+    assert_non_null(strstr(err.msg, "rdir"));
+    em_convert_report_free(&r);
+    t = file_text(out);
+    assert_string_equal(t, "good\n");
+    free(t);
+    assert_int_equal(dir_entries(dir), 3);
+    /* and a successful one replaces both */
+    snprintf(rep_path, sizeof rep_path, "%s/r.json", dir);
+    o.report_path = rep_path;
+    if (em_convert(&o, &r, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(file_bytes(out), r.shards[0].bytes);
+    char hex[65];
+    if (em_sha256_file(out, hex, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(hex, r.shards[0].sha256);
+    json_error_t je;
+    json_t *j = json_load_file(rep_path, 0, &je);
+    if (!j) fail_msg("%s: %s", rep_path, je.text);
+    assert_string_equal(json_string_value(json_object_get(j, "sha256")), hex);
+    assert_string_equal(json_string_value(json_object_get(j, "output")), out);
+    json_decref(j);
+    em_convert_report_free(&r);
+    assert_int_equal(dir_entries(dir), 3);
+}
+
+/* An output that is the report or an input file is refused, naming both paths, before anything
+ * is written: a usage error for the CLI (exit 2), EM_EINVAL for the API; split shard names are
+ * checked when they are known (exit 1). Existing files are compared by inode, so a link or
+ * another spelling of the path is seen through. Nothing changes on disk. */
+static void test_output_is_input(void **state) {
+    (void)state;
+    const char *bin = getenv("EMBER_BIN");
+    if (!bin || !*bin) skip();
+    char dir[800]; /* em_test_path's buffers rotate: keep a copy */
+    snprintf(dir, sizeof dir, "%s", mkdir_test("out_in"));
+    assert_int_equal(em_test_sh(1, "cd '%s' && cp -r '%s' src && ln -s src/model.safetensors link.gguf "
+                                "&& ln src/config.json hard.json && echo keep > x.gguf", dir,
+                                FIX("kimi_a")), 0);
+    char sum_before[900];
+    snprintf(sum_before, sizeof sum_before, "%s/sum.txt", dir);
+    assert_int_equal(em_test_sh(0, "cd '%s' && sha256sum src/* x.gguf > sum.txt", dir), 0);
+    static const struct {
+        const char *args, *msg1, *msg2;
+        int status;
+    } cases[] = {
+        { "src -o x.gguf --report x.gguf", "'x.gguf'", "are the same file", 2 },
+        { "src -o x.gguf --report ./x.gguf", "'./x.gguf'", "are the same file", 2 },
+        { "src -o y.gguf --report ../out_in/y.gguf", "'y.gguf'", "'../out_in/y.gguf'", 2 },
+        { "src -o src/model.safetensors", "output 'src/model.safetensors'", "input file", 2 },
+        { "src -o ./src/../src/config.json", "output './src/../src/config.json'",
+          "input file 'src/config.json'", 2 },
+        { "src -o link.gguf", "output 'link.gguf'", "input file 'src/model.safetensors'", 2 },
+        { "src -o hard.json", "output 'hard.json'", "input file 'src/config.json'", 2 },
+        { "src -o x.gguf --report src/tokenizer_config.json", "report 'src/tokenizer_config.json'",
+          "input file", 2 },
+        { "src -o o.gguf --tokenizer-from src --report src/tiktoken.model", "report 'src/tiktoken.model'",
+          "input file", 2 },
+        { "src -o x.gguf --split-max-size 200000 --report x-00002-of-00004.gguf",
+          "output 'x-00002-of-00004.gguf'", "the report 'x-00002-of-00004.gguf'", 1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int st = em_test_sh(1, "cd '%s' && '%s' convert %s --threads 2", dir, bin, cases[i].args);
+        size_t n;
+        char *msg = em_test_read(em_test_path("err.txt"), &n);
+        if (st != cases[i].status || !strstr(msg, cases[i].msg1) || !strstr(msg, cases[i].msg2))
+            fail_msg("convert %s: exit %d (want %d): %s", cases[i].args, st, cases[i].status, msg);
+        free(msg);
+        assert_int_equal(em_test_sh(1, "cd '%s' && sha256sum -c --quiet sum.txt", dir), 0);
+        /* src/, link.gguf, hard.json, x.gguf, sum.txt: nothing new, nothing staged left */
+        assert_int_equal(dir_entries(dir), 5);
+    }
+    /* the API refuses the same, with EM_EINVAL */
+    char out[900];
+    snprintf(out, sizeof out, "%s/src/model.safetensors", dir);
+    char src[900];
+    snprintf(src, sizeof src, "%s/src", dir);
+    em_convert_opts o = { .src_dir = src, .out_path = out, .type = EM_TYPE_Q8_0 };
+    em_convert_report r;
+    em_err err = { 0 };
+    assert_int_equal(em_convert(&o, &r, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "is the input file"));
+    em_convert_report_free(&r);
+    assert_int_equal(em_test_sh(1, "cd '%s' && sha256sum -c --quiet sum.txt", dir), 0);
+}
+
+/* A checkpoint transformers 5.17 wrote itself (tests/fixtures/kimi_tf5: its own
+ * KimiLinearConfig and save_pretrained; no moe_router_activation_func, mla_use_nope or
+ * linear_attn_config), converted by the CLI with --type f32: `ember logits` of both reference
+ * sequences equals transformers' fp32 logits within TF5_TOL absolute (measured 6.3e-6 on
+ * logits up to 3.3 in magnitude; a wrong default, e.g. softmax routing or RoPE, moves them by
+ * more than 1e-2). */
+#define TF5_TOL 2e-5
+static void test_kimi_tf5_logits(void **state) {
+    (void)state;
+    const char *bin = getenv("EMBER_BIN");
+    if (!bin || !*bin) skip();
+    const char *out = em_test_path("kimi_tf5.gguf");
+    assert_int_equal(em_test_sh(1, "'%s' convert '%s' -o '%s' --type f32 --threads 2", bin,
+                                FIX("kimi_tf5"), out), 0);
+    json_error_t je;
+    json_t *man = json_load_file(em_test_src("tests/fixtures/ref/kimi_tf5/manifest.json"), 0, &je);
+    if (!man) fail_msg("kimi_tf5 manifest: %s", je.text);
+    static const char *const seqs[] = { "seq0", "seq1" };
+    for (int q = 0; q < 2; q++) {
+        json_t *toks = json_object_get(json_object_get(man, "tokens"), seqs[q]);
+        size_t n = json_array_size(toks);
+        assert_true(n > 0);
+        char list[1024] = "";
+        for (size_t i = 0; i < n; i++) {
+            size_t len = strlen(list);
+            snprintf(list + len, sizeof list - len, "%s%lld", i ? "," : "",
+                     (long long)json_integer_value(json_array_get(toks, i)));
+        }
+        const char *got_path = em_test_path("kimi_tf5.f32");
+        assert_int_equal(em_test_sh(1, "'%s' logits -m '%s' --tokens %s -o '%s' --threads 2", bin,
+                                    out, list, got_path), 0);
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/ref/kimi_tf5/%s.logits.bin", seqs[q]);
+        float *got = em_test_read_f32(got_path, n * 512), *want = em_test_read_f32(em_test_src(rel), n * 512);
+        double worst = 0;
+        for (size_t i = 0; i < n * 512; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+        fprintf(stderr, "kimi_tf5 %s: max |ember - transformers| = %.3g over %zu x 512 logits\n",
+                seqs[q], worst, n);
+        if (!(worst <= TF5_TOL)) fail_msg("kimi_tf5 %s: logits differ by %g (> %g)", seqs[q], worst, TF5_TOL);
+        free(got);
+        free(want);
+    }
+    json_decref(man);
+}
+
 /* The CLI writes the JSON report with the numbers of the API's report. */
 static void test_cli_report(void **state) {
     (void)state;
@@ -1178,6 +1380,10 @@ int main(void) {
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_sigint),
         cmocka_unit_test(test_cli_report),
+        cmocka_unit_test(test_kimi_tf5_logits),
+        cmocka_unit_test(test_failed_keeps_old),
+        cmocka_unit_test(test_output_is_input),
+        cmocka_unit_test(test_chat_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

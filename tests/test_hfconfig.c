@@ -7,6 +7,7 @@
 
 #include "format/hfconfig.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -566,6 +567,152 @@ static void test_draft_check_tensors(void **state) {
     em_safetensors_close(st);
 }
 
+/* ---- transformers 5.17's own save (tests/fixtures/kimi_tf5) ------------------------------
+ * Its KimiLinearConfig has no moe_router_activation_func, mla_use_nope, use_grouped_topk,
+ * first_k_dense_replace, moe_layer_freq, rope_theta or linear_attn_config: each absent field
+ * takes the value transformers' modeling code runs with; a stated value still wins. */
+
+/* The fixture's config.json, edited: set (a JSON value, or NULL to delete) up to 3 fields. */
+static int parse_tf5(em_hf_config *c, em_err *err, const char *k1, json_t *v1, const char *k2,
+                     json_t *v2, const char *k3, json_t *v3) {
+    json_error_t je;
+    json_t *root = json_load_file(em_test_src("tests/fixtures/kimi_tf5/config.json"), 0, &je);
+    if (!root) fail_msg("kimi_tf5/config.json: %s", je.text);
+    const char *keys[3] = { k1, k2, k3 };
+    json_t *vals[3] = { v1, v2, v3 };
+    for (int i = 0; i < 3; i++) {
+        if (!keys[i]) continue;
+        if (vals[i]) json_object_set_new(root, keys[i], vals[i]);
+        else json_object_del(root, keys[i]);
+    }
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    assert_non_null(text);
+    int rc = em_hf_config_parse(c, text, strlen(text), "tf5.json", err);
+    free(text);
+    return rc;
+}
+
+#define TF5_OK(c, ...)                                                   \
+    do {                                                                 \
+        em_err e_ = { 0 };                                               \
+        if (parse_tf5(c, &e_, __VA_ARGS__)) fail_msg("tf5: %s", e_.msg); \
+    } while (0)
+
+/* The fixture as saved: the fields it leaves out are defaulted as transformers runs. */
+static void test_tf5_saved(void **state) {
+    (void)state;
+    size_t n;
+    char *text = em_test_read(em_test_src("tests/fixtures/kimi_tf5/config.json"), &n);
+    static const char *const absent[] = { "moe_router_activation_func", "mla_use_nope",
+                                          "use_grouped_topk", "first_k_dense_replace",
+                                          "moe_layer_freq", "rope_theta", "rope_parameters",
+                                          "rope_scaling", "linear_attn_config" };
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+        if (strstr(text, absent[i])) fail_msg("kimi_tf5/config.json states %s", absent[i]);
+    free(text);
+    em_hf_config c;
+    TF5_OK(&c, NULL, NULL, NULL, NULL, NULL, NULL);
+    const em_hf_kimi *k = &c.kimi;
+    assert_string_equal(k->moe_router_activation_func, "sigmoid");
+    assert_true(k->mla_use_nope);
+    assert_true(k->use_grouped_topk);
+    assert_int_equal(k->first_k_dense_replace, 1); /* from mlp_layer_types */
+    assert_int_equal(k->moe_layer_freq, 1);
+    assert_true(k->rope.theta == 0); /* NoPE: no RoPE base needed */
+    assert_int_equal(k->kda_num_heads, 4);
+    assert_int_equal(k->kda_head_dim, 32);
+    assert_int_equal(k->kda_short_conv_kernel_size, 4);
+    static const uint8_t attn[4] = { EM_HF_ATTN_KDA, EM_HF_ATTN_MLA, EM_HF_ATTN_KDA, EM_HF_ATTN_MLA };
+    static const uint8_t mlp[4] = { EM_HF_MLP_DENSE, EM_HF_MLP_MOE, EM_HF_MLP_MOE, EM_HF_MLP_MOE };
+    assert_memory_equal(k->attn, attn, 4);
+    assert_memory_equal(k->mlp, mlp, 4);
+    assert_int_equal(k->num_experts, 8);
+    assert_int_equal(k->num_experts_per_token, 2);
+    assert_int_equal(k->num_shared_experts, 1);
+    assert_true(k->moe_renormalize);
+    assert_int_equal(k->num_expert_group, 1);
+}
+
+/* Router function: absent -> sigmoid; stated values are kept (and checked). */
+static void test_tf5_router(void **state) {
+    (void)state;
+    em_hf_config c;
+    TF5_OK(&c, "moe_router_activation_func", json_string("softmax"), NULL, NULL, NULL, NULL);
+    assert_string_equal(c.kimi.moe_router_activation_func, "softmax");
+    TF5_OK(&c, "moe_router_activation_func", json_string("sigmoid"), NULL, NULL, NULL, NULL);
+    assert_string_equal(c.kimi.moe_router_activation_func, "sigmoid");
+    em_err err = { 0 };
+    assert_int_equal(parse_tf5(&c, &err, "moe_router_activation_func", json_string("relu"), NULL,
+                               NULL, NULL, NULL),
+                     EM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "'moe_router_activation_func'"));
+    /* no experts at all: dense everywhere, no router to default */
+    TF5_OK(&c, "num_experts", NULL, "mlp_layer_types",
+           json_pack("[s,s,s,s]", "dense", "dense", "dense", "dense"), NULL, NULL);
+    assert_int_equal(c.kimi.num_experts, 0);
+    assert_string_equal(c.kimi.moe_router_activation_func, "");
+}
+
+/* mla_use_nope: absent -> true in the transformers-5 dialect; stated false means RoPE, which
+ * then needs its base; in the Moonshot dialect (linear_attn_config) it must be stated. */
+static void test_tf5_nope(void **state) {
+    (void)state;
+    em_hf_config c;
+    TF5_OK(&c, "mla_use_nope", json_true(), NULL, NULL, NULL, NULL);
+    assert_true(c.kimi.mla_use_nope);
+    em_err err = { 0 };
+    assert_int_equal(parse_tf5(&c, &err, "mla_use_nope", json_false(), NULL, NULL, NULL, NULL),
+                     EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "'rope_theta': missing"));
+    TF5_OK(&c, "mla_use_nope", json_false(), "rope_theta", json_real(50000.0), NULL, NULL);
+    assert_false(c.kimi.mla_use_nope);
+    assert_true(c.kimi.rope.theta == 50000.0);
+    json_t *lac = json_pack("{s:[i,i],s:[i,i],s:i,s:i,s:i}", "kda_layers", 1, 3, "full_attn_layers",
+                            2, 4, "num_heads", 4, "head_dim", 32, "short_conv_kernel_size", 4);
+    assert_int_equal(parse_tf5(&c, &err, "linear_attn_config", lac, NULL, NULL, NULL, NULL),
+                     EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "'mla_use_nope': missing"));
+    lac = json_pack("{s:[i,i],s:[i,i],s:i,s:i,s:i}", "kda_layers", 1, 3, "full_attn_layers", 2, 4,
+                    "num_heads", 4, "head_dim", 32, "short_conv_kernel_size", 4);
+    TF5_OK(&c, "linear_attn_config", lac, "mla_use_nope", json_true(), NULL, NULL);
+    assert_true(c.kimi.mla_use_nope);
+}
+
+/* use_grouped_topk: absent -> true (transformers always runs the group-limited top-k). */
+static void test_tf5_grouped_topk(void **state) {
+    (void)state;
+    em_hf_config c;
+    TF5_OK(&c, "use_grouped_topk", json_false(), NULL, NULL, NULL, NULL);
+    assert_false(c.kimi.use_grouped_topk);
+    TF5_OK(&c, "use_grouped_topk", json_true(), NULL, NULL, NULL, NULL);
+    assert_true(c.kimi.use_grouped_topk);
+}
+
+/* first_k_dense_replace / moe_layer_freq: absent -> the dense prefix mlp_layer_types shows,
+ * and 1; stated values must agree with mlp_layer_types. */
+static void test_tf5_dense_prefix(void **state) {
+    (void)state;
+    em_hf_config c;
+    TF5_OK(&c, "first_k_dense_replace", json_integer(1), "moe_layer_freq", json_integer(1), NULL,
+           NULL);
+    assert_int_equal(c.kimi.first_k_dense_replace, 1);
+    assert_int_equal(c.kimi.moe_layer_freq, 1);
+    TF5_OK(&c, "mlp_layer_types", json_pack("[s,s,s,s]", "dense", "dense", "sparse", "sparse"),
+           NULL, NULL, NULL, NULL);
+    assert_int_equal(c.kimi.first_k_dense_replace, 2);
+    assert_int_equal(c.kimi.n_dense, 2);
+    em_err err = { 0 };
+    assert_int_equal(parse_tf5(&c, &err, "first_k_dense_replace", json_integer(2), NULL, NULL,
+                               NULL, NULL),
+                     EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "'mlp_layer_types': entry 1 says sparse"));
+    /* neither stated: transformers and Moonshot's code disagree (1 vs 0): refused by name */
+    assert_int_equal(parse_tf5(&c, &err, "mlp_layer_types", NULL, NULL, NULL, NULL, NULL),
+                     EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "'first_k_dense_replace': missing"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kimi_linear_48b),
@@ -582,6 +729,11 @@ int main(void) {
         cmocka_unit_test(test_bad_table_complete),
         cmocka_unit_test(test_load_folder_and_text),
         cmocka_unit_test(test_draft_check_tensors),
+        cmocka_unit_test(test_tf5_saved),
+        cmocka_unit_test(test_tf5_router),
+        cmocka_unit_test(test_tf5_nope),
+        cmocka_unit_test(test_tf5_grouped_topk),
+        cmocka_unit_test(test_tf5_dense_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * the progress bar (only when stderr is a terminal) and the SIGINT/SIGTERM handling: the
  * signal only sets a flag the converter polls between chunks, so an interrupted conversion
  * fails cleanly and leaves no output (the flag is the one piece of global state here; a
- * signal handler can reach nothing else). */
+ * signal handler can reach nothing else). The GGUF and the --report file appear together or
+ * not at all (em_convert stages both); an output that is the report or an input file is a
+ * usage error (exit 2), any other failure exit 1. */
 #include "cli.h"
 
 #include "convert/convert.h"
@@ -20,13 +22,14 @@ static const char convert_usage[] =
     "                     [--split-max-size BYTES] [--threads N] [--tokenizer-from DIR]\n"
     "\n"
     "Converts a Hugging Face checkpoint (config.json, *.safetensors, tokenizer files) into a\n"
-    "GGUF file that Ember runs and llama.cpp loads: Kimi-Linear targets (kimi-linear) and\n"
-    "DFlash/DSpark drafters (dflash). Prints a validation report; fails, leaving no output,\n"
-    "when any tensor does not map or does not match config.json.\n"
+    "GGUF file that Ember runs and llama.cpp loads: Kimi-Linear (kimi-linear) and Kimi-K3\n"
+    "(kimi-k3) targets, DFlash/DSpark drafters (dflash). Prints a validation report; fails, leaving no output\n"
+    "(and the files it would replace untouched), when any tensor does not map or does not\n"
+    "match config.json. An output that is the report or an input file is refused (exit 2).\n"
     "\n"
     "  -o, --output OUT.gguf     the file to write (required)\n"
     "  --type T                  q8_0 (default), bf16, f16 or f32; see docs/convert.md\n"
-    "  --report FILE             also write the report as JSON\n"
+    "  --report FILE             also write the report as JSON (with the GGUF, or neither)\n"
     "  --split-max-size BYTES    split into shards of at most BYTES (e.g. 4GiB), named\n"
     "                            OUT-00001-of-0000N.gguf as gguf-split does\n"
     "  --threads N               quantization threads (default: one per CPU)\n"
@@ -68,14 +71,13 @@ static void draw_progress(void *user, const em_convert_progress *p) {
 
 typedef struct convert_args {
     em_convert_opts opts;
-    const char *report;
 } convert_args;
 
 static int parse_value(const char *flag, const char *val, convert_args *a) {
     em_err err = { 0 };
     long long n;
     if (!strcmp(flag, "-o") || !strcmp(flag, "--output")) a->opts.out_path = val;
-    else if (!strcmp(flag, "--report")) a->report = val;
+    else if (!strcmp(flag, "--report")) a->opts.report_path = val;
     else if (!strcmp(flag, "--tokenizer-from")) a->opts.tokenizer_dir = val;
     else if (!strcmp(flag, "--type")) {
         int t = em_type_from_name(val);
@@ -121,6 +123,10 @@ static int parse_args(int argc, char **argv, convert_args *a) {
     }
     if (!a->opts.src_dir) return em_cli_usage_error(&em_cmd_convert, "missing SRC_DIR");
     if (!a->opts.out_path) return em_cli_usage_error(&em_cmd_convert, "missing -o OUT.gguf");
+    /* an output that is the report or an input file: a usage error, before any work */
+    em_err err = { 0 };
+    if (em_convert_check_paths(&a->opts, &err) == EM_EINVAL)
+        return em_cli_usage_error(&em_cmd_convert, "%s", err.msg);
     return EM_EXIT_OK;
 }
 
@@ -150,8 +156,6 @@ static int convert_main(int argc, char **argv) {
     em_convert_report rep;
     rc = em_convert(&a.opts, &rep, &err);
     if (bar.drawn && rc) fputc('\n', stderr);
-    if (!rc && a.report && (rc = em_convert_report_write(&rep, a.report, &err)))
-        for (int i = 0; i < rep.n_shards; i++) unlink(rep.shards[i].path); /* all or nothing */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (!rc) em_convert_report_print(&rep, stdout);
@@ -161,7 +165,7 @@ static int convert_main(int argc, char **argv) {
 
 const em_cmd em_cmd_convert = {
     .name = "convert",
-    .summary = "convert a Hugging Face checkpoint (Kimi-Linear, DFlash/DSpark) to GGUF",
+    .summary = "convert a Hugging Face checkpoint (Kimi-Linear, Kimi-K3, DFlash/DSpark) to GGUF",
     .usage = convert_usage,
     .main = convert_main,
 };

@@ -378,12 +378,13 @@ static int plan_rule(cv_plan *p, const cv_arch *a, const cv_model *m, const cv_r
 static int plan_scope(cv_plan *p, const cv_arch *a, const cv_model *m, int scope, int layer,
                       int type, em_err *err) {
     uint32_t cond = m->flags | (scope == CV_LAYER ? m->layer_flags[layer] : 0);
-    for (size_t i = 0; i < a->n_rules; i++) {
-        const cv_rule *r = &a->rules[i];
-        if (r->scope != scope || (r->when & cond) != r->when) continue;
-        int rc = plan_rule(p, a, m, r, layer, type, err);
-        if (rc) return rc;
-    }
+    for (size_t t = 0; t < a->rules.n; t++)
+        for (size_t i = 0; i < a->rules.list[t]->n; i++) {
+            const cv_rule *r = &a->rules.list[t]->rules[i];
+            if (r->scope != scope || (r->when & cond) != r->when) continue;
+            int rc = plan_rule(p, a, m, r, layer, type, err);
+            if (rc) return rc;
+        }
     return EM_OK;
 }
 
@@ -460,8 +461,11 @@ static int write_metadata(em_gguf_writer *w, const cv_arch *a, const cv_model *m
     int rc = em_gguf_writer_set_str(w, "general.architecture", a->name, err);
     if (!rc) rc = em_gguf_writer_set_str(w, "general.type", "model", err);
     if (!rc) rc = em_gguf_writer_set_str(w, "general.name", name, err);
-    for (size_t i = 0; !rc && i < a->n_keys; i++)
-        if (m->vals[a->keys[i].val].set) rc = write_key(w, a, &a->keys[i], &m->vals[a->keys[i].val], err);
+    for (size_t t = 0; !rc && t < a->keys.n; t++)
+        for (size_t i = 0; !rc && i < a->keys.list[t]->n; i++) {
+            const cv_key *k = &a->keys.list[t]->keys[i];
+            if (m->vals[k->val].set) rc = write_key(w, a, k, &m->vals[k->val], err);
+        }
     if (!rc)
         rc = em_gguf_writer_set_u32(w, "general.file_type",
                                     (uint32_t)(m->file_type >= 0 ? m->file_type
@@ -874,11 +878,13 @@ static int report_files(em_convert_report *rep, const em_safetensors *st, em_ggu
     rep->shards = rc ? NULL : em_calloc((size_t)(ns > 0 ? ns : 1), sizeof *rep->shards, "report", err);
     if (!rc && !rep->shards) rc = EM_ENOMEM;
     for (int i = 0; !rc && i < ns; i++) {
+        /* the report names the final file; the bytes are the staged one's */
+        const char *staged = em_gguf_writer_shard_path(w, i);
         em_convert_shard *sh = &rep->shards[rep->n_shards++];
-        sh->path = em_strdup(em_gguf_writer_shard_path(w, i), err);
+        sh->path = em_cv_final_path(o->out_path, staged, err);
         if (!sh->path) return EM_ENOMEM;
-        rc = file_size(sh->path, &sh->bytes, err);
-        if (!rc) rc = hash_file(sh->path, o, sh->sha256, err);
+        rc = file_size(staged, &sh->bytes, err);
+        if (!rc) rc = hash_file(staged, o, sh->sha256, err);
         rep->out_bytes += sh->bytes;
     }
     rep->ratio = rep->src_bytes ? (double)rep->out_bytes / (double)rep->src_bytes : 0;
@@ -966,11 +972,26 @@ static void report_setup(em_convert_report *rep, const em_convert_opts *o, const
     rep->n_src_tensors = (int64_t)em_safetensors_count(m->st);
 }
 
+/* Renames the staged files (and the report) into place: em_cv_commit with the writer's list. */
+static int commit(const em_convert_opts *o, const em_safetensors *st, const em_gguf_writer *w,
+                  em_convert_report *rep, em_err *err) {
+    int ns = em_gguf_writer_n_shards(w);
+    const char **staged = em_calloc((size_t)(ns > 0 ? ns : 1), sizeof *staged, "outputs", err);
+    if (!staged) return EM_ENOMEM;
+    for (int i = 0; i < ns; i++) staged[i] = em_gguf_writer_shard_path(w, i);
+    int rc = em_cv_commit(o, st, staged, rep, err);
+    free(staged);
+    return rc;
+}
+
 static int convert_model(const em_convert_opts *o, em_hf_config *cfg, const char *cfg_path,
-                         const em_safetensors *st, em_convert_report *rep, em_err *err) {
+                         const em_safetensors *st, em_convert_report *rep, double t0,
+                         em_err *err) {
     const cv_arch *a = NULL;
     int rc = em_cv_arch_for(cfg, cfg_path, &a, err);
     if (rc) return rc;
+    char *stage = em_cv_stage_path(o->out_path, err);
+    if (!stage) return EM_ENOMEM;
     cv_model *m = em_calloc(1, sizeof *m, "model description", err);
     if (!m) return EM_ENOMEM;
     m->cfg = cfg;
@@ -988,7 +1009,7 @@ static int convert_model(const em_convert_opts *o, em_hf_config *cfg, const char
         rep->n_src_dropped = plan.n_dropped;
         rep->n_src_skipped = plan.n_skipped;
         em_gguf_write_opts wo = { .max_shard_bytes = o->max_shard_bytes };
-        rc = em_gguf_writer_create(&w, o->out_path, &wo, err);
+        rc = em_gguf_writer_create(&w, stage, &wo, err);
     }
     if (!rc) rc = write_metadata(w, a, m, o, m->dims[CV_D_VOCAB], rep, err);
     if (!rc) rc = declare_tensors(w, &plan, rep, err);
@@ -998,10 +1019,13 @@ static int convert_model(const em_convert_opts *o, em_hf_config *cfg, const char
     if (!rc && cancelled(o)) /* a signal during the final fsync or rename */
         rc = em_err_set(err, EM_EIO, "conversion interrupted; no output was written");
     if (!rc) finish_qstats(rep);
-    /* the files are in place once finish succeeded; a later failure takes them away again */
+    rep->seconds = em_time_now() - t0;
+    if (!rc) rc = commit(o, st, w, rep, err);
+    /* the staged files exist once finish succeeded; after a failure none may stay */
     for (int i = 0; rc && written && i < em_gguf_writer_n_shards(w); i++)
         unlink(em_gguf_writer_shard_path(w, i));
     em_gguf_writer_free(w);
+    free(stage);
     plan_free(&plan);
     model_free(m);
     free(m);
@@ -1024,9 +1048,10 @@ int em_convert(const em_convert_opts *o, em_convert_report *rep, em_err *err) {
     em_safetensors *st = NULL;
     rc = em_hf_config_load(cfg, cfg_path, err);
     if (!rc) rc = em_safetensors_open(&st, o->src_dir, err);
-    if (!rc) rc = convert_model(o, cfg, cfg_path, st, rep, err);
+    if (!rc) rc = em_cv_check_outputs(o, st, &o->out_path, 1, err);
+    if (!rc) rc = convert_model(o, cfg, cfg_path, st, rep, t0, err);
     em_safetensors_close(st);
     free(cfg);
-    rep->seconds = em_time_now() - t0;
+    if (!rep->seconds) rep->seconds = em_time_now() - t0;
     return rc;
 }

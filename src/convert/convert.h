@@ -12,8 +12,13 @@
  *   - every source tensor maps (or is a documented training-only tensor that is dropped) and
  *     every required GGUF tensor is produced, else the conversion fails naming the tensor;
  *     each source shape is checked against config.json;
- *   - output appears only when complete (temporary file, fsync, rename): a failed, cancelled
- *     or interrupted conversion leaves no output file behind;
+ *   - output appears only when complete: the GGUF (every shard) and the JSON report are
+ *     written under temporary names next to their final ones, fsynced, and renamed into place
+ *     only when all of them are complete; a failed, cancelled or interrupted conversion leaves
+ *     no new file behind and whatever was at the output names untouched;
+ *   - no output is an input: the GGUF (every shard name) and the report must be different
+ *     files from each other and from every file the conversion reads (compared by device and
+ *     inode, or by folder and name for files not yet there), else EM_EINVAL naming both;
  *   - memory is bounded by a few row chunks (about 64 MiB at most), never a whole tensor:
  *     source bytes are read with pread into bounded buffers, not mapped, so they never count
  *     in the resident set;
@@ -44,6 +49,7 @@ typedef void (*em_convert_progress_fn)(void *user, const em_convert_progress *p)
 typedef struct em_convert_opts {
     const char *src_dir;  /* config.json, *.safetensors (single or sharded), tokenizer files */
     const char *out_path; /* OUT.gguf (shards: OUT-00001-of-0000N.gguf) */
+    const char *report_path; /* NULL, or where the JSON report goes (with the GGUF, or not at all) */
     int type;             /* EM_TYPE_Q8_0, EM_TYPE_BF16, EM_TYPE_F16 or EM_TYPE_F32 */
     /* Folder whose tokenizer files (tokenizer.json, or tiktoken.model + tokenizer_config.json)
      * give the vocabulary; NULL: src_dir. A drafter normally borrows its target's. Without
@@ -104,6 +110,7 @@ typedef struct em_convert_report {
     em_convert_shard *shards;
     char tokenizer[64];        /* "gpt2/kimi-k2", "gpt2/gpt-2", or "none" */
     char tokenizer_dir[512];   /* where it came from ("" for none) */
+    char chat_template[32];    /* "checkpoint", "ember kimi-k3" (K3 ships none), or "" (none) */
     int64_t n_tokens;          /* tokens written (0 for none) */
     double seconds;
 } em_convert_report;
@@ -112,6 +119,11 @@ typedef struct em_convert_report {
  * em_convert_report_free, also after a failure). */
 int em_convert(const em_convert_opts *o, em_convert_report *rep, em_err *err);
 void em_convert_report_free(em_convert_report *rep);
+
+/* The output checks em_convert makes first (EM_EINVAL naming both files when the output or the
+ * report is the other, or is an input file), for a caller that treats them as usage errors.
+ * Split shard names are checked by em_convert once they are known. */
+int em_convert_check_paths(const em_convert_opts *o, em_err *err);
 
 /* The report as one JSON object (docs/convert.md lists the fields); *json is malloc'ed. */
 int em_convert_report_json(const em_convert_report *rep, char **json, em_err *err);

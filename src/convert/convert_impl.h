@@ -68,7 +68,7 @@ enum {
     CV_C_CONF = 1u << 12,   /* drafter: confidence head */
     CV_C_BIAS = 1u << 13,   /* drafter: attention_bias */
     CV_C_MXFP4 = 1u << 14,  /* K3: routed experts in compressed-tensors MXFP4 */
-    CV_C_DENSEXP = 1u << 15, /* K3: routed experts as plain float weights */
+    CV_C_DENSEXP = 1u << 15, /* routed experts as plain float weights (Kimi-Linear; K3 unless MXFP4) */
     CV_C_LATENT = 1u << 16, /* K3: latent MoE (routed_expert_down/up_proj) */
     CV_C_LATNORM = 1u << 17, /* K3: routed_expert_norm (latent_moe_use_norm) */
     CV_C_ATTNRES = 1u << 18, /* K3: block attention residuals (attn_res_block_size > 0) */
@@ -125,6 +125,22 @@ typedef struct cv_rule {
     uint8_t dst_ne[4];
 } cv_rule;
 
+/* Shapes in rules: D2(a, b) is "2 dimensions, CV_D_a then CV_D_b" (src_n/src_dims, dst_n/dst_ne). */
+#define D1(a) 1, { CV_D_##a }
+#define D2(a, b) 2, { CV_D_##a, CV_D_##b }
+#define D3(a, b, c) 3, { CV_D_##a, CV_D_##b, CV_D_##c }
+#define D4(a, b, c, d) 4, { CV_D_##a, CV_D_##b, CV_D_##c, CV_D_##d }
+
+/* A piece of a rule table. An architecture's table is a list of pieces, so that one can reuse
+ * another's (K3 = Kimi-Linear's pieces plus its own); within a scope (before, per layer,
+ * after) rules apply in list order, which is the GGUF's tensor order. */
+typedef struct cv_rules {
+    const cv_rule *rules;
+    size_t n;
+} cv_rules;
+
+#define CV_TABLE(arr) { arr, sizeof arr / sizeof arr[0] }
+
 /* ---- metadata keys --------------------------------------------------------------------- */
 
 enum cv_ktype {
@@ -161,6 +177,12 @@ typedef struct cv_key {
     uint8_t val;     /* enum cv_vid */
 } cv_key;
 
+/* A piece of a key table (as cv_rules: keys are written in list order). */
+typedef struct cv_keys {
+    const cv_key *keys;
+    size_t n;
+} cv_keys;
+
 typedef struct cv_val {
     bool set;
     uint64_t u;
@@ -190,10 +212,14 @@ typedef struct cv_model {
 
 typedef struct cv_arch {
     const char *name;            /* general.architecture */
-    const cv_rule *rules;
-    size_t n_rules;
-    const cv_key *keys;
-    size_t n_keys;
+    struct {
+        const cv_rules *const *list; /* the pieces of the tensor table, in order */
+        size_t n;
+    } rules;
+    struct {
+        const cv_keys *const *list; /* the pieces of the key table, in order */
+        size_t n;
+    } keys;
     const char *optional_prefix; /* a source may also carry this prefix ("model.") */
     const char *const *skip_prefixes; /* NULL-terminated: sources consumed and not written
                                        * (K3's vision tower), counted in the report */
@@ -204,12 +230,25 @@ extern const cv_arch em_cv_arch_kimi_linear;
 extern const cv_arch em_cv_arch_dflash;
 extern const cv_arch em_cv_arch_kimi_k3;
 
-/* Shared by the Kimi-Linear and Kimi-K3 setups (map_kimi.c): the common dimensions, the
- * common key values (lead = leading dense layers), and the checks both architectures make
- * (quantization and activation are the caller's). */
+/* Kimi-Linear's table pieces that Kimi-K3's table reuses (map_kimi.c). */
+extern const cv_rules em_cv_kimi_lead, em_cv_kimi_kda_in, em_cv_kimi_kda_gates,
+    em_cv_kimi_kda_out_mla_in, em_cv_kimi_mla_out_ffn, em_cv_kimi_experts, em_cv_kimi_shexp,
+    em_cv_kimi_post;
+extern const cv_keys em_cv_kimi_keys_dims, em_cv_kimi_keys_gating, em_cv_kimi_keys_cache,
+    em_cv_kimi_keys_kda, em_cv_kimi_keys_lora, em_cv_kimi_keys_moe;
+
+/* Shared by the Kimi-Linear and Kimi-K3 setups (map_kimi.c): the common dimensions; the
+ * dimensions again with the model and per-layer conditions both have (q-LoRA, shared experts,
+ * tying; KDA/MLA and dense/MoE per layer) and the report's layout name; the common key values
+ * (lead = leading dense layers); and the checks both architectures make, the activation (act)
+ * included (quantization is the caller's). */
 void em_cv_kimi_dims(cv_model *m, const em_hf_kimi *k);
+void em_cv_kimi_layers(cv_model *m, const em_hf_kimi *k, const char *layout);
 int em_cv_kimi_values(cv_model *m, const em_hf_kimi *k, int64_t lead, em_err *err);
-int em_cv_kimi_common_check(const cv_model *m, const em_hf_kimi *k, int64_t *lead, em_err *err);
+int em_cv_kimi_common_check(const cv_model *m, const em_hf_kimi *k, const char *arch,
+                            const char *act, int64_t *lead, em_err *err);
+/* EM_EUNSUPPORTED: "CONFIG: what" (the mappings' refusals). */
+int em_cv_unsupported(const cv_model *m, em_err *err, const char *what);
 
 /* The architecture of a parsed config; EM_EUNSUPPORTED for what the converter cannot write. */
 int em_cv_arch_for(const em_hf_config *cfg, const char *cfg_path, const cv_arch **out,
@@ -223,10 +262,35 @@ void em_cv_set_s(cv_model *m, enum cv_vid v, const char *s);
 /* Takes ownership of arr (malloc'ed). */
 void em_cv_set_arr(cv_model *m, enum cv_vid v, int32_t *arr, int n);
 
+/* ---- outputs (outputs.c) ----------------------------------------------------------------- */
+
+/* Refuses (EM_EINVAL, naming both paths) any of outs[0..n_outs) or o->report_path that is the
+ * same file as another of them or as an input (st's shards, the files read from src_dir and
+ * tokenizer_dir). st may be NULL (then only the files beside it are compared). */
+int em_cv_check_outputs(const em_convert_opts *o, const em_safetensors *st, const char *const *outs,
+                        int n_outs, em_err *err);
+/* The staging name of output path out (malloc'ed): STEM.staged-PID.gguf for STEM.gguf; the
+ * writer derives shard names from it as from out. */
+char *em_cv_stage_path(const char *out, em_err *err);
+/* The final name of staged (a name the writer derived from em_cv_stage_path(out)). */
+char *em_cv_final_path(const char *out, const char *staged, em_err *err);
+/* Checks the final names (rep->shards[i].path) against the report and the inputs, writes the
+ * report (o->report_path, if any) to a temporary name, then renames the report and every
+ * staged[i] into place; on failure nothing new stays at a final name (the staged files left
+ * are the caller's to remove). */
+int em_cv_commit(const em_convert_opts *o, const em_safetensors *st, const char *const *staged,
+                 em_convert_report *rep, em_err *err);
+/* The JSON report written and fsynced to a temporary name next to path (*tmp, malloc'ed). */
+int em_cv_report_stage(const em_convert_report *rep, const char *path, char **tmp, em_err *err);
+
 /* ---- tokenizer keys (vocab.c) ------------------------------------------------------------ */
 
+/* Ember's Kimi-K3 chat template (k3_template.c), embedded when a K3 checkpoint has none. */
+extern const char em_cv_k3_chat_template[];
+
 /* Writes the tokenizer.* keys: from the tokenizer files in dir (NULL or a folder without
- * them: tokenizer.ggml.model = "none"), padded to vocab_size. Fills the report's tokenizer
+ * them: tokenizer.ggml.model = "none"), padded to vocab_size; tokenizer.chat_template from
+ * those files, else (Kimi-K3 rules) em_cv_k3_chat_template. Fills the report's tokenizer
  * fields. */
 int em_cv_write_vocab(em_gguf_writer *w, const char *dir, int64_t vocab_size, const char *arch,
                       const cv_model *m, em_convert_report *rep, em_err *err);

@@ -244,12 +244,13 @@ static int dflash_setup(cv_model *m, em_err *err) {
     return dflash_values(m, d, err);
 }
 
+static const cv_rules dflash_rules_t = CV_TABLE(dflash_rules);
+static const cv_rules *const dflash_tables[] = { &dflash_rules_t };
+static const cv_keys dflash_keys_t = CV_TABLE(dflash_keys);
+static const cv_keys *const dflash_key_tables[] = { &dflash_keys_t };
+
 const cv_arch em_cv_arch_dflash = {
-    .name = "dflash",
-    .rules = dflash_rules,
-    .n_rules = sizeof dflash_rules / sizeof dflash_rules[0],
-    .keys = dflash_keys,
-    .n_keys = sizeof dflash_keys / sizeof dflash_keys[0],
+    .name = "dflash", .setup = dflash_setup,
+    .rules = CV_TABLE(dflash_tables), .keys = CV_TABLE(dflash_key_tables),
     .optional_prefix = "model.",
-    .setup = dflash_setup,
 };

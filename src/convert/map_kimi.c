@@ -1,19 +1,17 @@
 /* convert/map_kimi.c: the Kimi-Linear mapping as data (llamacpp-formats.md §1.1, §1.3, §1.5).
- * Owns the tensor table (Moonshot names as transformers 5.17 save_pretrained writes them
- * back, plus its `block_sparse_moe.{gate,up,down}_proj` spelling of the dense MLP), the key
- * table, and the setup that turns a parsed kimi_linear config into dimensions, per-layer
- * conditions and key values. Refuses what llama.cpp's kimi-linear cannot express (a layer
- * pattern other than "first k dense, then MoE", KDA and MLA head counts that differ). */
+ * Owns the tensor table (Moonshot names as transformers 5.17 save_pretrained writes them back,
+ * plus its `block_sparse_moe.{gate,up,down}_proj` spelling of the dense MLP), the key table and
+ * the setup that turns a parsed kimi_linear config into dimensions, per-layer conditions and key
+ * values. Both tables are kept in pieces, in order: Kimi-K3's (map_k3.c) are these pieces with
+ * its own inserted and two of them replaced, so a rule both architectures share is written once.
+ * Refuses what llama.cpp's kimi-linear cannot express (a layer pattern other than "first k
+ * dense, then MoE", KDA and MLA head counts that differ). */
 #include "convert/convert_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define D1(a) 1, { CV_D_##a }
-#define D2(a, b) 2, { CV_D_##a, CV_D_##b }
-#define D3(a, b, c) 3, { CV_D_##a, CV_D_##b, CV_D_##c }
-#define D4(a, b, c, d) 4, { CV_D_##a, CV_D_##b, CV_D_##c, CV_D_##d }
 
 #define L "model.layers.{L}."
 #define A "model.layers.{L}.self_attn."
@@ -22,12 +20,17 @@
 
 /* Source shapes are torch shapes (outermost first); GGUF shapes are ggml ne (fastest first):
  * a Linear [out, in] becomes ne [in, out] with the same bytes. */
-static const cv_rule kimi_rules[] = {
+/* the embedding and the layer input norm */
+static const cv_rule kimi_lead[] = {
     { CV_PRE, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, 0, "model.embed_tokens.weight", NULL,
       "token_embd.weight", D2(VOCAB, EMBD), D2(EMBD, VOCAB) },
 
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, 0, L "input_layernorm.weight", NULL,
       B "attn_norm.weight", D1(EMBD), D1(EMBD) },
+};
+
+/* KDA q/k/v projections and their short convolutions */
+static const cv_rule kimi_kda_in[] = {
     /* KDA */
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_KDA, A "q_proj.weight", NULL,
       B "attn_q.weight", D2(KDA_INNER, EMBD), D2(EMBD, KDA_INNER) },
@@ -43,9 +46,17 @@ static const cv_rule kimi_rules[] = {
       B "ssm_conv1d_k.weight", D3(KDA_INNER, ONE, CONV), D4(CONV, ONE, KDA_INNER, ONE) },
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_KDA, A "v_conv1d.weight", NULL,
       B "ssm_conv1d_v.weight", D3(KDA_INNER, ONE, CONV), D4(CONV, ONE, KDA_INNER, ONE) },
+};
+
+/* KDA decay (Kimi-Linear: A_log [1, 1, heads, 1]) */
+static const cv_rule kimi_a_log[] = {
     /* A_log [1, 1, heads, 1] -> ssm_a = -exp(A_log), ne [1, heads, 1, 1], no ".weight" */
     { CV_LAYER, CV_REQUIRED, CV_X_NEG_EXP, CV_K_F32, CV_C_KDA, A "A_log", NULL, B "ssm_a",
       D4(ONE, ONE, KDA_HEADS, ONE), D4(ONE, KDA_HEADS, ONE, ONE) },
+};
+
+/* KDA dt bias, forget gate (low rank) and beta */
+static const cv_rule kimi_kda_gates[] = {
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_KDA, A "dt_bias", NULL, B "ssm_dt.bias",
       D1(KDA_INNER), D1(KDA_INNER) },
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_KDA, A "f_a_proj.weight", NULL,
@@ -54,10 +65,18 @@ static const cv_rule kimi_rules[] = {
       B "ssm_f_b.weight", D2(KDA_INNER, KDA_HD), D2(KDA_HD, KDA_INNER) },
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_KDA, A "b_proj.weight", NULL,
       B "ssm_beta.weight", D2(KDA_HEADS, EMBD), D2(EMBD, KDA_HEADS) },
+};
+
+/* KDA output gate, low rank (Kimi-Linear) */
+static const cv_rule kimi_g_lowrank[] = {
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_KDA, A "g_a_proj.weight", NULL,
       B "ssm_g_a.weight", D2(KDA_HD, EMBD), D2(EMBD, KDA_HD) },
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_KDA, A "g_b_proj.weight", NULL,
       B "ssm_g_b.weight", D2(KDA_INNER, KDA_HD), D2(KDA_HD, KDA_INNER) },
+};
+
+/* KDA output; MLA up to its value projection */
+static const cv_rule kimi_kda_out_mla_in[] = {
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_KDA, A "o_norm.weight", NULL,
       B "ssm_norm.weight", D1(KDA_HD), D1(KDA_HD) },
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_KDA, A "o_proj.weight", NULL,
@@ -80,6 +99,10 @@ static const cv_rule kimi_rules[] = {
       B "attn_k_b.weight", D2(KV_B, KV_LORA), D3(NOPE, KV_LORA, HEADS) },
     { CV_LAYER, CV_REQUIRED, CV_X_KV_B_V, CV_K_MATRIX, CV_C_MLA, A "kv_b_proj.weight", NULL,
       B "attn_v_b.weight", D2(KV_B, KV_LORA), D3(KV_LORA, V, HEADS) },
+};
+
+/* MLA output; the FFN norm, dense MLP and MoE router */
+static const cv_rule kimi_mla_out_ffn[] = {
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_MLA, A "o_proj.weight", NULL,
       B "attn_output.weight", D2(EMBD, O_IN), D2(O_IN, EMBD) },
 
@@ -97,12 +120,24 @@ static const cv_rule kimi_rules[] = {
       B "ffn_gate_inp.weight", D2(NEXP, EMBD), D2(EMBD, NEXP) },
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_MOE, M "gate.e_score_correction_bias",
       NULL, B "exp_probs_b.bias", D1(NEXP), D1(NEXP) },
-    { CV_LAYER, CV_REQUIRED, CV_X_STACK, CV_K_MATRIX, CV_C_MOE, M "experts.{E}.w1.weight", NULL,
-      B "ffn_gate_exps.weight", D2(FF_EXP, EMBD), D3(EMBD, FF_EXP, NEXP) },
-    { CV_LAYER, CV_REQUIRED, CV_X_STACK, CV_K_MATRIX, CV_C_MOE, M "experts.{E}.w3.weight", NULL,
-      B "ffn_up_exps.weight", D2(FF_EXP, EMBD), D3(EMBD, FF_EXP, NEXP) },
-    { CV_LAYER, CV_REQUIRED, CV_X_STACK, CV_K_MATRIX, CV_C_MOE, M "experts.{E}.w2.weight", NULL,
-      B "ffn_down_exps.weight", D2(EMBD, FF_EXP), D3(FF_EXP, EMBD, NEXP) },
+};
+
+static const cv_rule kimi_experts[] = {
+    /* routed experts as plain float weights, at the routed width (LAT: the hidden size, or K3's
+     * latent width); MXFP4 experts are K3's own rules */
+    { CV_LAYER, CV_REQUIRED, CV_X_STACK, CV_K_MATRIX, CV_C_MOE | CV_C_DENSEXP,
+      M "experts.{E}.w1.weight", NULL, B "ffn_gate_exps.weight", D2(FF_EXP, LAT),
+      D3(LAT, FF_EXP, NEXP) },
+    { CV_LAYER, CV_REQUIRED, CV_X_STACK, CV_K_MATRIX, CV_C_MOE | CV_C_DENSEXP,
+      M "experts.{E}.w3.weight", NULL, B "ffn_up_exps.weight", D2(FF_EXP, LAT),
+      D3(LAT, FF_EXP, NEXP) },
+    { CV_LAYER, CV_REQUIRED, CV_X_STACK, CV_K_MATRIX, CV_C_MOE | CV_C_DENSEXP,
+      M "experts.{E}.w2.weight", NULL, B "ffn_down_exps.weight", D2(LAT, FF_EXP),
+      D3(FF_EXP, LAT, NEXP) },
+};
+
+/* shared experts (full width) */
+static const cv_rule kimi_shexp[] = {
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_MOE | CV_C_SHEXP,
       M "shared_experts.gate_proj.weight", NULL, B "ffn_gate_shexp.weight", D2(SHEXP, EMBD),
       D2(EMBD, SHEXP) },
@@ -112,7 +147,10 @@ static const cv_rule kimi_rules[] = {
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_MOE | CV_C_SHEXP,
       M "shared_experts.down_proj.weight", NULL, B "ffn_down_shexp.weight", D2(EMBD, SHEXP),
       D2(SHEXP, EMBD) },
+};
 
+/* after the layers */
+static const cv_rule kimi_post[] = {
     { CV_POST, CV_REQUIRED, CV_X_COPY, CV_K_F32, 0, "model.norm.weight", NULL,
       "output_norm.weight", D1(EMBD), D1(EMBD) },
     { CV_POST, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, CV_C_UNTIED, "lm_head.weight", NULL,
@@ -123,13 +161,35 @@ static const cv_rule kimi_rules[] = {
       "model.embed_tokens.weight", "output.weight", D2(VOCAB, EMBD), D2(EMBD, VOCAB) },
 };
 
+/* The pieces K3's table reuses (map_k3.c), and Kimi-Linear's table: all of them, in order. */
+const cv_rules em_cv_kimi_lead = CV_TABLE(kimi_lead);
+const cv_rules em_cv_kimi_kda_in = CV_TABLE(kimi_kda_in);
+const cv_rules em_cv_kimi_kda_gates = CV_TABLE(kimi_kda_gates);
+const cv_rules em_cv_kimi_kda_out_mla_in = CV_TABLE(kimi_kda_out_mla_in);
+const cv_rules em_cv_kimi_mla_out_ffn = CV_TABLE(kimi_mla_out_ffn);
+const cv_rules em_cv_kimi_experts = CV_TABLE(kimi_experts);
+const cv_rules em_cv_kimi_shexp = CV_TABLE(kimi_shexp);
+const cv_rules em_cv_kimi_post = CV_TABLE(kimi_post);
+static const cv_rules kimi_a_log_rules = CV_TABLE(kimi_a_log);
+static const cv_rules kimi_g_lowrank_rules = CV_TABLE(kimi_g_lowrank);
+
+static const cv_rules *const kimi_tables[] = {
+    &em_cv_kimi_lead,      &em_cv_kimi_kda_in,          &kimi_a_log_rules,
+    &em_cv_kimi_kda_gates, &kimi_g_lowrank_rules,       &em_cv_kimi_kda_out_mla_in,
+    &em_cv_kimi_mla_out_ffn, &em_cv_kimi_experts,       &em_cv_kimi_shexp,
+    &em_cv_kimi_post,
+};
+
 #undef L
 #undef A
 #undef M
 #undef B
 
-/* Written in this order; general.* and tokenizer.* keys come from the engine. */
-static const cv_key kimi_keys[] = {
+/* Keys of the Kimi family, written in table order (general.* and tokenizer.* keys come from the
+ * engine) and only when the setup sets their value: Kimi-Linear never sets K3's. K3 writes the
+ * same pieces in another order (map_k3.c). */
+/* sizes, heads, RoPE base, norm epsilon, expert counts and groups */
+static const cv_key kimi_keys_dims[] = {
     { "{A}.context_length", CV_T_U32, CV_V_CTX },
     { "{A}.embedding_length", CV_T_U32, CV_V_EMBD },
     { "{A}.block_count", CV_T_U32, CV_V_BLOCKS },
@@ -142,15 +202,41 @@ static const cv_key kimi_keys[] = {
     { "{A}.expert_used_count", CV_T_U32, CV_V_N_EXPERT_USED },
     { "{A}.expert_group_count", CV_T_U32, CV_V_EXPERT_GROUPS },
     { "{A}.expert_group_used_count", CV_T_U32, CV_V_EXPERT_GROUPS_USED },
+};
+
+/* the router function, and K3's extensions */
+static const cv_key kimi_keys_gating[] = {
     { "{A}.expert_gating_func", CV_T_U32, CV_V_GATING },
+    /* K3 sets these (after the router function, where llama.cpp's kimi_k3 writer puts them) */
+    { "{A}.expert_latent_length", CV_T_U32, CV_V_LATENT },
+    { "{A}.activation.situ_beta", CV_T_F32, CV_V_SITU_BETA },
+    { "{A}.activation.situ_linear_beta", CV_T_F32, CV_V_SITU_LIN_BETA },
+    { "{A}.attn_res.block_size", CV_T_U32, CV_V_ATTN_RES_BLOCK },
+};
+
+/* the MLA cache width (MQA view) */
+static const cv_key kimi_keys_cache[] = {
     { "{A}.attention.key_length", CV_T_U32, CV_V_KEY_LEN },
     { "{A}.attention.value_length", CV_T_U32, CV_V_VALUE_LEN },
+};
+
+/* vocabulary, KDA convolution, head width and (K3) gate lower bound */
+static const cv_key kimi_keys_kda[] = {
     { "{A}.vocab_size", CV_T_U32, CV_V_VOCAB },
     { "{A}.ssm.conv_kernel", CV_T_U32, CV_V_CONV_KERNEL },
     { "{A}.kda.head_dim", CV_T_U32, CV_V_KDA_HEAD_DIM },
+    { "{A}.kda.gate_lower_bound", CV_T_F32, CV_V_GATE_LB }, /* K3 sets it */
+};
+
+/* MLA ranks and the rope slice */
+static const cv_key kimi_keys_lora[] = {
     { "{A}.attention.q_lora_rank", CV_T_U32, CV_V_Q_LORA },
     { "{A}.attention.kv_lora_rank", CV_T_U32, CV_V_KV_LORA },
     { "{A}.rope.dimension_count", CV_T_U32, CV_V_ROPE_DIMS },
+};
+
+/* MLA head widths, expert widths and weighting */
+static const cv_key kimi_keys_moe[] = {
     { "{A}.attention.key_length_mla", CV_T_U32, CV_V_KEY_LEN_MLA },
     { "{A}.attention.value_length_mla", CV_T_U32, CV_V_VALUE_LEN_MLA },
     { "{A}.expert_feed_forward_length", CV_T_U32, CV_V_FF_EXP },
@@ -160,15 +246,33 @@ static const cv_key kimi_keys[] = {
     { "{A}.expert_weights_norm", CV_T_BOOL, CV_V_EXPERT_NORM },
 };
 
-static int unsupported(const cv_model *m, em_err *err, const char *what) {
+const cv_keys em_cv_kimi_keys_dims = CV_TABLE(kimi_keys_dims);
+const cv_keys em_cv_kimi_keys_gating = CV_TABLE(kimi_keys_gating);
+const cv_keys em_cv_kimi_keys_cache = CV_TABLE(kimi_keys_cache);
+const cv_keys em_cv_kimi_keys_kda = CV_TABLE(kimi_keys_kda);
+const cv_keys em_cv_kimi_keys_lora = CV_TABLE(kimi_keys_lora);
+const cv_keys em_cv_kimi_keys_moe = CV_TABLE(kimi_keys_moe);
+
+static const cv_keys *const kimi_key_tables[] = {
+    &em_cv_kimi_keys_dims, &em_cv_kimi_keys_gating, &em_cv_kimi_keys_cache,
+    &em_cv_kimi_keys_kda,  &em_cv_kimi_keys_lora,   &em_cv_kimi_keys_moe,
+};
+
+int em_cv_unsupported(const cv_model *m, em_err *err, const char *what) {
     return em_err_set(err, EM_EUNSUPPORTED, "%s: %s", m->cfg_path, what);
 }
+#define unsupported em_cv_unsupported
 
 /* What both Kimi architectures need from a config (llama.cpp's kimi-linear and kimi-k3 share
- * the layer skeleton): NoPE MLA, one head count, a context length, "first k dense, then
- * MoE". *lead gets the number of leading dense layers. */
-int em_cv_kimi_common_check(const cv_model *m, const em_hf_kimi *k, int64_t *lead, em_err *err) {
+ * the layer skeleton): their activation, NoPE MLA, one head count, a context length, "first k
+ * dense, then MoE". *lead gets the number of leading dense layers. */
+int em_cv_kimi_common_check(const cv_model *m, const em_hf_kimi *k, const char *arch,
+                            const char *act, int64_t *lead, em_err *err) {
     char what[256];
+    if (strcmp(k->hidden_act, act) != 0) {
+        snprintf(what, sizeof what, "hidden_act '%s': %s uses %s", k->hidden_act, arch, act);
+        return unsupported(m, err, what);
+    }
     if (!k->mla_use_nope)
         return unsupported(m, err, "mla_use_nope is false: llama.cpp's Kimi MLA is NoPE");
     if (k->n_kda && k->kda_num_heads != k->num_attention_heads) {
@@ -202,11 +306,7 @@ static int kimi_check(const cv_model *m, const em_hf_kimi *k, int64_t *lead, em_
                  "(F32/F16/BF16) checkpoints are converted", k->quant_method);
         return unsupported(m, err, what);
     }
-    if (strcmp(k->hidden_act, "silu") != 0) {
-        snprintf(what, sizeof what, "hidden_act '%s': kimi-linear uses silu", k->hidden_act);
-        return unsupported(m, err, what);
-    }
-    return em_cv_kimi_common_check(m, k, lead, err);
+    return em_cv_kimi_common_check(m, k, "kimi-linear", "silu", lead, err);
 }
 
 void em_cv_kimi_dims(cv_model *m, const em_hf_kimi *k) {
@@ -277,11 +377,7 @@ int em_cv_kimi_values(cv_model *m, const em_hf_kimi *k, int64_t lead, em_err *er
     return EM_OK;
 }
 
-static int kimi_setup(cv_model *m, em_err *err) {
-    const em_hf_kimi *k = &m->cfg->kimi;
-    int64_t lead = 0;
-    int rc = kimi_check(m, k, &lead, err);
-    if (rc) return rc;
+void em_cv_kimi_layers(cv_model *m, const em_hf_kimi *k, const char *layout) {
     em_cv_kimi_dims(m, k);
     m->flags = (k->has_q_lora ? CV_C_QLORA : CV_C_NOQLORA) |
                (k->num_shared_experts > 0 ? CV_C_SHEXP : 0) |
@@ -291,19 +387,23 @@ static int kimi_setup(cv_model *m, em_err *err) {
         m->layer_flags[l] = (k->attn[l] == EM_HF_ATTN_MLA ? CV_C_MLA : CV_C_KDA) |
                             (k->mlp[l] == EM_HF_MLP_MOE ? CV_C_MOE : CV_C_DENSE);
     snprintf(m->mode, sizeof m->mode, "%s", "");
-    /* Moonshot tensor names; transformers 5.17 writes them back (dense MLP aside, see above) */
-    snprintf(m->layout, sizeof m->layout, "%s", "moonshot");
+    snprintf(m->layout, sizeof m->layout, "%s", layout);
     snprintf(m->markov, sizeof m->markov, "%s", "");
+}
+
+static int kimi_setup(cv_model *m, em_err *err) {
+    const em_hf_kimi *k = &m->cfg->kimi;
+    int64_t lead = 0;
+    int rc = kimi_check(m, k, &lead, err);
+    if (rc) return rc;
+    /* Moonshot tensor names; transformers 5.17 writes them back (dense MLP aside, see above) */
+    em_cv_kimi_layers(m, k, "moonshot");
+    m->flags |= CV_C_DENSEXP; /* Kimi-Linear's experts are always plain float weights */
     m->vocab_arch = "kimi-linear";
     return em_cv_kimi_values(m, k, lead, err);
 }
 
 const cv_arch em_cv_arch_kimi_linear = {
-    .name = "kimi-linear",
-    .rules = kimi_rules,
-    .n_rules = sizeof kimi_rules / sizeof kimi_rules[0],
-    .keys = kimi_keys,
-    .n_keys = sizeof kimi_keys / sizeof kimi_keys[0],
-    .optional_prefix = NULL,
-    .setup = kimi_setup,
+    .name = "kimi-linear", .setup = kimi_setup,
+    .rules = CV_TABLE(kimi_tables), .keys = CV_TABLE(kimi_key_tables),
 };

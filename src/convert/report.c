@@ -1,7 +1,7 @@
 /* convert/report.c: the validation report of a conversion, as JSON (jansson, keys in a fixed
  * order) and as text; writing the JSON file atomically (temporary file, fsync, rename).
  * Field names are documented in docs/convert.md; tests read them, so they are stable. */
-#include "convert/convert.h"
+#include "convert/convert_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -92,6 +92,7 @@ static json_t *report_json(const em_convert_report *rep) {
     json_object_set_new(o, "shards", shards_json(rep));
     json_object_set_new(o, "tokenizer", json_string(rep->tokenizer));
     json_object_set_new(o, "tokenizer_dir", json_string(rep->tokenizer_dir));
+    json_object_set_new(o, "chat_template", json_string(rep->chat_template));
     json_object_set_new(o, "tokens", json_integer(rep->n_tokens));
     json_object_set_new(o, "threads", json_integer(rep->n_threads));
     json_object_set_new(o, "seconds", json_real(rep->seconds));
@@ -107,7 +108,9 @@ int em_convert_report_json(const em_convert_report *rep, char **json, em_err *er
     return EM_OK;
 }
 
-int em_convert_report_write(const em_convert_report *rep, const char *path, em_err *err) {
+int em_cv_report_stage(const em_convert_report *rep, const char *path, char **tmp_out,
+                       em_err *err) {
+    *tmp_out = NULL;
     char *json;
     int rc = em_convert_report_json(rep, &json, err);
     if (rc) return rc;
@@ -125,11 +128,21 @@ int em_convert_report_write(const em_convert_report *rep, const char *path, em_e
     if (!rc && fsync(fd) != 0) rc = em_err_set(err, EM_EIO, "%s: fsync: %s", tmp, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && !rc)
         rc = em_err_set(err, EM_EIO, "%s: close: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path) != 0)
-        rc = em_err_set(err, EM_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
     if (rc && fd >= 0) unlink(tmp);
-    free(tmp);
     free(json);
+    if (rc) free(tmp);
+    else *tmp_out = tmp;
+    return rc;
+}
+
+int em_convert_report_write(const em_convert_report *rep, const char *path, em_err *err) {
+    char *tmp;
+    int rc = em_cv_report_stage(rep, path, &tmp, err);
+    if (!rc && rename(tmp, path) != 0) {
+        rc = em_err_set(err, EM_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    free(tmp);
     return rc;
 }
 
@@ -165,6 +178,7 @@ void em_convert_report_print(const em_convert_report *rep, FILE *f) {
                 rep->quant[rep->worst].rel_rmse);
     fprintf(f, "  tokenizer      %s", rep->tokenizer);
     if (rep->n_tokens) fprintf(f, ", %lld tokens from %s", (long long)rep->n_tokens, rep->tokenizer_dir);
+    if (rep->chat_template[0]) fprintf(f, "; chat template: %s", rep->chat_template);
     fprintf(f, "\n");
     for (int i = 0; i < rep->n_shards; i++)
         fprintf(f, "  sha256         %s  %s\n", rep->shards[i].sha256, rep->shards[i].path);

@@ -70,23 +70,37 @@ static int write_vocab(em_gguf_writer *w, const em_hf_vocab *v, bool skip_mask, 
     return rc;
 }
 
+/* Kimi-K3 checkpoints ship no Jinja template (their renderer is Python): like llama.cpp's
+ * converter, write Ember's own (k3_template.c) when the tokenizer files give none. */
+static int k3_template(em_gguf_writer *w, const char *arch, em_convert_report *rep, em_err *err) {
+    if (strcmp(arch, "kimi-k3") != 0) return EM_OK;
+    snprintf(rep->chat_template, sizeof rep->chat_template, "ember kimi-k3");
+    return em_gguf_writer_set_str(w, "tokenizer.chat_template", em_cv_k3_chat_template, err);
+}
+
 int em_cv_write_vocab(em_gguf_writer *w, const char *dir, int64_t vocab_size, const char *arch,
                       const cv_model *m, em_convert_report *rep, em_err *err) {
     bool model_mask = m->vals[CV_V_MASK_TOKEN].set; /* the drafter states its own */
+    rep->chat_template[0] = 0;
     if (!dir || !em_hf_vocab_present(dir)) {
         snprintf(rep->tokenizer, sizeof rep->tokenizer, "none");
         rep->tokenizer_dir[0] = 0;
         rep->n_tokens = 0;
-        return em_gguf_writer_set_str(w, "tokenizer.ggml.model", "none", err);
+        int rc = em_gguf_writer_set_str(w, "tokenizer.ggml.model", "none", err);
+        return rc ? rc : k3_template(w, arch, rep, err);
     }
     em_hf_vocab v;
-    int rc = em_hf_vocab_load(&v, dir, vocab_size, vocab_arch(dir, arch), err);
+    const char *rules = vocab_arch(dir, arch);
+    int rc = em_hf_vocab_load(&v, dir, vocab_size, rules, err);
     if (rc) return rc;
     if (model_mask && v.mask >= 0 && (uint64_t)v.mask != m->vals[CV_V_MASK_TOKEN].u)
         em_log(EM_LOG_WARN, "%s: the tokenizer's mask token %lld differs from the drafter's "
                "mask_token_id %llu; the drafter's is written", dir, (long long)v.mask,
                (unsigned long long)m->vals[CV_V_MASK_TOKEN].u);
     rc = write_vocab(w, &v, model_mask, err);
+    if (!rc && v.chat_template)
+        snprintf(rep->chat_template, sizeof rep->chat_template, "%s", "checkpoint");
+    else if (!rc) rc = k3_template(w, rules, rep, err);
     if (!rc) {
         snprintf(rep->tokenizer, sizeof rep->tokenizer, "%s/%s", v.model, v.pre);
         snprintf(rep->tokenizer_dir, sizeof rep->tokenizer_dir, "%s", dir);

@@ -467,16 +467,22 @@ static int kimi_core(const cfg_ctx *c, const json_t *o, em_hf_kimi *k) {
     return rc;
 }
 
-/* MLA fields; required only when some layer is MLA. */
-static int kimi_mla(const cfg_ctx *c, const json_t *o, em_hf_kimi *k) {
+/* MLA fields; required only when some layer is MLA.
+ *
+ * mla_use_nope: transformers' KimiLinearConfig has no such field and its MLA never rotates
+ * (NoPE; kimi-linear.md §4), so in the transformers-5 dialect (no linear_attn_config: tf5)
+ * absent means true, as transformers runs it. Moonshot's remote code defaults the field to
+ * false (RoPE), so a config in its dialect must state it. */
+static int kimi_mla(const cfg_ctx *c, const json_t *o, bool tf5, em_hf_kimi *k) {
     bool need = k->n_mla > 0;
+    k->mla_use_nope = tf5;
     int rc = get_int(c, o, "q_lora_rank", false, &k->q_lora_rank, &k->has_q_lora);
     if (!rc && k->has_q_lora) rc = check_positive(c, "q_lora_rank", k->q_lora_rank);
     if (!rc) rc = get_int(c, o, "kv_lora_rank", need, &k->kv_lora_rank, NULL);
     if (!rc) rc = get_int(c, o, "qk_nope_head_dim", need, &k->qk_nope_head_dim, NULL);
     if (!rc) rc = get_int(c, o, "qk_rope_head_dim", need, &k->qk_rope_head_dim, NULL);
     if (!rc) rc = get_int(c, o, "v_head_dim", need, &k->v_head_dim, NULL);
-    if (!rc) rc = get_bool(c, o, "mla_use_nope", need, &k->mla_use_nope, NULL);
+    if (!rc) rc = get_bool(c, o, "mla_use_nope", need && !tf5, &k->mla_use_nope, NULL);
     if (!rc) rc = get_bool(c, o, "mla_use_output_gate", false, &k->mla_use_output_gate, NULL);
     if (!rc && need) rc = check_positive(c, "kv_lora_rank", k->kv_lora_rank);
     if (!rc && need) rc = check_range(c, "qk_nope_head_dim", k->qk_nope_head_dim, 0, 1 << 16);
@@ -551,8 +557,11 @@ static int kimi_moe(const cfg_ctx *c, const json_t *o, bool *has_fkdr, em_hf_kim
     k->moe_layer_freq = 1;
     if (!rc) rc = get_int(c, o, "moe_layer_freq", false, &k->moe_layer_freq, NULL);
     if (!rc) rc = check_range(c, "moe_layer_freq", k->moe_layer_freq, 1, k->num_hidden_layers);
+    /* Router: absent means sigmoid, what transformers' KimiLinearTopkRouter always computes
+     * (its config has no such field) and Moonshot's remote code defaults to. */
+    if (moe) snprintf(k->moe_router_activation_func, sizeof k->moe_router_activation_func, "sigmoid");
     if (!rc)
-        rc = get_string(c, o, "moe_router_activation_func", moe, k->moe_router_activation_func,
+        rc = get_string(c, o, "moe_router_activation_func", false, k->moe_router_activation_func,
                         sizeof k->moe_router_activation_func, NULL);
     if (!rc && moe && strcmp(k->moe_router_activation_func, "sigmoid") != 0 &&
         strcmp(k->moe_router_activation_func, "softmax") != 0)
@@ -565,9 +574,12 @@ static int kimi_moe(const cfg_ctx *c, const json_t *o, bool *has_fkdr, em_hf_kim
     if (!rc && moe && !(k->routed_scaling_factor > 0))
         rc = field_err(c, EM_EFORMAT, "routed_scaling_factor", "must be positive");
     /* Expert grouping: absent means no grouping, i.e. one group and top-1 group, which is
-     * exactly Kimi Linear's stated no-op setting (reference §1: 1 / 1). */
+     * exactly Kimi Linear's stated no-op setting (reference §1: 1 / 1). use_grouped_topk:
+     * absent means true: transformers' router always applies the group-limited top-k (its
+     * config has no such field) and Moonshot's remote code defaults it to true. */
     k->num_expert_group = 1;
     k->topk_group = 1;
+    k->use_grouped_topk = true;
     if (!rc) rc = get_int_alias(c, o, groups, 2, false, &k->num_expert_group, &found);
     if (!rc) rc = get_int(c, o, "topk_group", false, &k->topk_group, NULL);
     if (!rc) rc = get_bool(c, o, "use_grouped_topk", false, &k->use_grouped_topk, NULL);
@@ -630,7 +642,7 @@ static int parse_kimi_object(const cfg_ctx *c, const json_t *o, em_hf_kimi *k) {
     bool has_fkdr = false;
     if (!rc) rc = kimi_moe(c, o, &has_fkdr, k);
     if (!rc) rc = kimi_mlp_table(c, o, has_fkdr, k);
-    if (!rc) rc = kimi_mla(c, o, k);
+    if (!rc) rc = kimi_mla(c, o, lac == NULL, k);
     if (!rc) rc = kimi_kda_sizes(c, o, lac, k);
     if (!rc) rc = kimi_k3_extras(c, o, k);
     if (!rc && k->n_dense > 0 && !k->dense_ffn_hidden) {

@@ -9,8 +9,9 @@
  * Anything else is an error naming its model_type.
  *
  * Rules: a value the checkpoint must state is required (an error names the missing field);
- * defaults exist only where the reference notes document them, and each is marked in
- * hfconfig.c. JSON null counts as absent. Aliases (n_routed_experts for num_experts, ...)
+ * defaults exist only where the reference notes document them or where transformers' own
+ * KimiLinearConfig has no such field and its modeling code behaves one way (sigmoid router,
+ * grouped top-k, NoPE MLA in the transformers-5 dialect), and each is marked in hfconfig.c. JSON null counts as absent. Aliases (n_routed_experts for num_experts, ...)
  * are accepted; two spellings present with different values are an error naming both.
  * Duplicate JSON keys are an error. Field names in messages are as written in the file,
  * with "text_config." or "dflash_config." prefixes where they live there. */
@@ -62,18 +63,18 @@ typedef struct em_hf_kimi {
     bool has_q_lora;     /* q_lora_rank non-null: q_a_proj/q_a_layernorm/q_b_proj */
     int64_t q_lora_rank; /* 0 when null */
     int64_t kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
-    bool mla_use_nope;
+    bool mla_use_nope;   /* absent: true in the transformers-5 dialect, else required */
     em_hf_rope rope;
     /* KDA (linear_attn_config, or transformers-5 linear_num_heads/...) */
     int64_t kda_num_heads, kda_head_dim, kda_short_conv_kernel_size;
     /* MoE; num_experts == 0 when the config has none (every layer dense) */
     int64_t num_experts, num_experts_per_token, moe_intermediate_size, num_shared_experts;
     int64_t first_k_dense_replace, moe_layer_freq; /* fkdr: from mlp_layer_types when unstated */
-    char moe_router_activation_func[16];           /* "sigmoid" or "softmax" */
+    char moe_router_activation_func[16];           /* "sigmoid" (absent) or "softmax" */
     bool moe_renormalize;
     double routed_scaling_factor;
     int64_t num_expert_group, topk_group;
-    bool use_grouped_topk;
+    bool use_grouped_topk; /* absent: true */
     /* misc */
     double rms_norm_eps;
     bool tie_word_embeddings;

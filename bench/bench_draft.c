@@ -29,11 +29,6 @@ typedef struct bench_ud {
     int n_vocab, keep;
 } bench_ud;
 
-static int32_t choose_argmax(void *ud, int k, const float *logits) {
-    (void)k;
-    return em_argmax(logits, ((bench_ud *)ud)->n_vocab);
-}
-
 static bool keep_first(void *ud, int k, float z) {
     (void)z;
     return k < ((bench_ud *)ud)->keep;
@@ -96,10 +91,10 @@ int main(int argc, char **argv) {
                 if (em_draft_add_context(d, feats, ctx, &err)) goto fail;
             }
             if (em_draft_add_context(d, feats, step, &err)) goto fail;
-            em_draft_out out = { .tokens = toks, .logits = logits, .conf_logits = conf, .keep = keep_first,
-                                 .keep_ud = &ud };
+            em_draft_out out = { .tokens = toks, .logits = logits, .conf_logits = conf };
+            em_draft_chain chain = { .keep = keep_first, .keep_ud = &ud }; /* greedy picks */
             if (vary) ud.keep = keep > 0 ? 1 + p % keep : 0; /* stops at 1 .. keep in turn */
-            if (em_draft_propose(d, anchor, nd, choose_argmax, &ud, &out, &err)) goto fail;
+            if (em_draft_propose(d, anchor, nd, &chain, &out, &err)) goto fail;
             hash = fnv(hash, toks, (size_t)out.n * sizeof *toks);
             hash = fnv(hash, conf, (size_t)(out.n < nd ? out.n + 1 : nd) * sizeof *conf);
             hash = fnv(hash, logits, (size_t)out.n * (size_t)info->n_vocab * sizeof *logits);

@@ -6,6 +6,10 @@
  *    block (verify width 8, 7 drafts per pass); same count and same finish reason;
  *  - the drafter is the trained one, not merely a harmless one: at width 8 it is accepted
  *    (tau over the whole set above 1.5; the eval measures about 2.5-3).
+ *  - the chain run inside the drafter (greedy picks, seeded draws, the schedule's keep test)
+ *    gives exactly the tokens, passes, widths and accepted counts of the old per-slot
+ *    callbacks (tests/draft_oldpath.h): greedy under the scheduler on every prompt, seeded
+ *    sampling (temperature 0.7) under the scheduler and at width 8 on every fourth.
  * One thread, so a machine busy with other work does not slow the pool's barriers.
  * Skipped when the models are not there. bench/eval_spec.sh checks the same identity at 128
  * tokens on 2 threads, and at temperature 0.7 measures without comparing. */
@@ -17,6 +21,7 @@
 #include <string.h>
 
 #include "draft/draft.h"
+#include "draft_oldpath.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "spec/spec.h"
@@ -48,6 +53,8 @@ typedef struct pair {
     em_target *target;
     em_drafter *drafter;
     em_spec *plain, *sched, *w8;
+    oldpath old;                  /* the drafter behind the old per-slot callbacks */
+    em_spec *sched_old, *w8_old;
 } pair;
 
 static int open_pair(pair *p, const char *target_path, const char *draft_path) {
@@ -68,6 +75,11 @@ static int open_pair(pair *p, const char *target_path, const char *draft_path) {
     if (!rc)
         rc = em_spec_create(&p->w8, p->target,
                             &(em_spec_opts){ .tok = p->tok, .drafter = p->drafter, .verify_width = 8 }, &err);
+    if (!rc) oldpath_wrap(&p->old, p->drafter, p->target);
+    if (!rc) rc = em_spec_create(&p->sched_old, p->target, &(em_spec_opts){ .tok = p->tok, .drafter = &p->old.base }, &err);
+    if (!rc)
+        rc = em_spec_create(&p->w8_old, p->target,
+                            &(em_spec_opts){ .tok = p->tok, .drafter = &p->old.base, .verify_width = 8 }, &err);
     if (rc) fprintf(stderr, "opening the default pair: %s\n", err.msg);
     return rc;
 }
@@ -76,6 +88,8 @@ static void close_pair(pair *p) {
     em_spec_free(p->plain);
     em_spec_free(p->sched);
     em_spec_free(p->w8);
+    em_spec_free(p->sched_old);
+    em_spec_free(p->w8_old);
     em_target_close(p->target);
     em_draft_close(p->drafter);
     em_tok_free(p->tok);
@@ -101,12 +115,36 @@ static int32_t *encode_line(const pair *p, const char *line, bool chat, size_t *
     return ids;
 }
 
-static void generate(em_spec *s, const int32_t *ids, size_t n, tokens *out, em_spec_result *r) {
+static void generate_at(em_spec *s, const int32_t *ids, size_t n, float temp, uint64_t seed, tokens *out,
+                        em_spec_result *r) {
     em_spec_params prm = { .sampling = em_sampler_default_params(), .n_max = N_GEN };
-    prm.sampling.temperature = 0;
+    prm.sampling.temperature = temp;
+    prm.sampling.seed = seed;
     out->n = 0;
     OK(em_spec_generate(s, ids, (int)n, &prm, collect, out, r, E));
     assert_int_equal(out->n, r->n_gen);
+}
+
+static void generate(em_spec *s, const int32_t *ids, size_t n, tokens *out, em_spec_result *r) {
+    generate_at(s, ids, n, 0.0f, 0, out, r);
+}
+
+/* The same run through the in-drafter chain and through the old callbacks. */
+static void expect_same_run(em_spec *s, em_spec *s_old, const int32_t *ids, size_t n, float temp, uint64_t seed,
+                            const char *what, int line) {
+    tokens a, b;
+    em_spec_result ra, rb;
+    generate_at(s, ids, n, temp, seed, &a, &ra);
+    generate_at(s_old, ids, n, temp, seed, &b, &rb);
+    if (a.n != b.n || memcmp(a.ids, b.ids, (size_t)a.n * sizeof a.ids[0]) || ra.finish != rb.finish)
+        fail_msg("%s line %d: the in-drafter chain's tokens differ from the old callbacks' (temperature %g)", what, line,
+                 (double)temp);
+    if (ra.passes != rb.passes || ra.drafted != rb.drafted || ra.accepted != rb.accepted ||
+        memcmp(ra.accept_hist, rb.accept_hist, sizeof ra.accept_hist))
+        fail_msg("%s line %d: passes %llu/%llu, drafted %llu/%llu, accepted %llu/%llu: the widths or acceptances differ "
+                 "from the old callbacks' (temperature %g)", what, line, (unsigned long long)ra.passes,
+                 (unsigned long long)rb.passes, (unsigned long long)ra.drafted, (unsigned long long)rb.drafted,
+                 (unsigned long long)ra.accepted, (unsigned long long)rb.accepted, (double)temp);
 }
 
 /* Runs every prompt of one file three ways; adds passes / accepted of the width-8 runs. */
@@ -129,6 +167,11 @@ static void check_set(const pair *p, const char *rel, bool chat, uint64_t *passe
         if (a.n != c.n || memcmp(a.ids, c.ids, (size_t)a.n * sizeof a.ids[0]) || ra.finish != rc.finish)
             fail_msg("%s line %d: width 8's greedy tokens differ from plain decoding's", rel, n_lines + 1);
         assert_int_equal(ra.drafted, 0);
+        expect_same_run(p->sched, p->sched_old, ids, n, 0.0f, 0, rel, n_lines + 1);
+        if (n_lines % 4 == 0) {
+            expect_same_run(p->sched, p->sched_old, ids, n, 0.7f, 1 + (uint64_t)n_lines, rel, n_lines + 1);
+            expect_same_run(p->w8, p->w8_old, ids, n, 0.7f, 1 + (uint64_t)n_lines, rel, n_lines + 1);
+        }
         *passes += rc.passes;
         *accepted += rc.accepted;
         *drafted_sched += rb.drafted;

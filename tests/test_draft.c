@@ -19,6 +19,9 @@
  *    NULL logits, a full cache; cached Markov biases give the floats a fresh drafter computes;
  *    the keep callback (asked with each slot's confidence before its choice) ends the block
  *    where it says no, and the slots made are the floats of a whole block.
+ *  - the chain run inside the drafter (greedy, seeded sampling, the schedule's keep test from
+ *    plain data) gives exactly the tokens, logits, distributions, stops and random draws of
+ *    the old per-slot callbacks; chains that make no sense are refused with a message.
  *  - bad input: a drafter whose hidden size, vocabulary or taps do not fit the target fails at
  *    open naming both files and the mismatch; broken files; every argument check.
  */
@@ -202,6 +205,9 @@ typedef struct keep_log {
     float z[EM_DRAFT_MAX_BLOCK];
 } keep_log;
 
+/* A chain that replays r's choices through the chooser oracle. */
+#define REPLAY(r) (&(em_draft_chain){ .choose = choose_replay, .choose_ud = (r) })
+
 static bool keep_until(void *ud, int k, float z) {
     keep_log *kl = ud;
     kl->k[kl->calls] = k;
@@ -233,7 +239,7 @@ static agreement run_case(em_drafter *d, const ref_case *c, double tol_rel, bool
     assert_non_null(logits);
     replay r = { .tokens = c->tokens, .stop_at = -1 };
     em_draft_out out = { .tokens = toks, .logits = logits, .conf_logits = conf };
-    OK(em_draft_propose(d, c->anchor, EM_DRAFT_MAX_BLOCK, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c->anchor, EM_DRAFT_MAX_BLOCK, REPLAY(&r), &out, E));
     assert_int_equal(out.n, c->n_drafts);
     assert_int_equal(info->n_ctx, a); /* the block never enters the cache */
     agreement g = { 0, 0 };
@@ -426,7 +432,7 @@ static void test_calibration(void **state) {
     float conf[8];
     replay r = { .tokens = c.tokens, .stop_at = -1 };
     em_draft_out out = { .tokens = toks, .conf_logits = conf };
-    OK(em_draft_propose(d, c.anchor, 8, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 8, REPLAY(&r), &out, E));
     assert_int_equal(out.n, 7);
     for (int k = 0; k < 7; k++) assert_float_equal(conf[k], c.conf[k] / temps[k], 1e-4);
     em_draft_close(d);
@@ -486,19 +492,19 @@ static void test_context_and_choice(void **state) {
     OK(em_draft_add_context(d, c.feats, c.anchor_pos, E));
     replay r = { .stop_at = -1 };
     em_draft_out out = { .tokens = toks };
-    OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, E));
     assert_int_equal(out.n, 7);
     for (int k = 0; k < 7; k++) assert_int_equal(toks[k], c.tokens[k]);
 
     /* proposing again from the same state is deterministic */
     out = (em_draft_out){ .tokens = toks, .logits = logits_all };
     r = (replay){ .tokens = c.tokens, .stop_at = -1 };
-    OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, E));
 
     /* n_max 3: three proposals, the same three rows */
     r = (replay){ .tokens = c.tokens, .stop_at = -1 };
     out = (em_draft_out){ .tokens = toks, .logits = logits3 };
-    OK(em_draft_propose(d, c.anchor, 3, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 3, REPLAY(&r), &out, E));
     assert_int_equal(out.n, 3);
     assert_int_equal(r.calls, 3);
     assert_memory_equal(logits3, logits_all, sizeof logits3);
@@ -511,7 +517,7 @@ static void test_context_and_choice(void **state) {
         OK(em_draft_add_context(fresh, c.feats, c.anchor_pos, E));
         r = (replay){ .tokens = c.tokens, .stop_at = -1 };
         out = (em_draft_out){ .tokens = toks, .logits = logits_fresh };
-        OK(em_draft_propose(fresh, c.anchor, 7, choose_replay, &r, &out, E));
+        OK(em_draft_propose(fresh, c.anchor, 7, REPLAY(&r), &out, E));
         assert_memory_equal(logits_fresh, logits_all, sizeof logits_fresh);
         em_draft_close(fresh);
     }
@@ -522,14 +528,15 @@ static void test_context_and_choice(void **state) {
     float conf_all[7];
     r = (replay){ .tokens = c.tokens, .stop_at = -1 };
     out = (em_draft_out){ .tokens = toks, .conf_logits = conf_all };
-    OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, E));
     static const int stops[] = { 3, 0, 1, 6, 7, 2, 2, 5, 4, 1, 1, 1, 7, 3 };
     for (size_t t = 0; t < sizeof stops / sizeof stops[0]; t++) {
         keep_log kl = { .stop_at = stops[t] };
         float lg[7 * VOCAB], cf[7];
         r = (replay){ .tokens = c.tokens, .stop_at = -1 };
-        out = (em_draft_out){ .tokens = toks, .logits = lg, .conf_logits = cf, .keep = keep_until, .keep_ud = &kl };
-        OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+        out = (em_draft_out){ .tokens = toks, .logits = lg, .conf_logits = cf };
+        em_draft_chain kc = { .choose = choose_replay, .choose_ud = &r, .keep = keep_until, .keep_ud = &kl };
+        OK(em_draft_propose(d, c.anchor, 7, &kc, &out, E));
         int made = stops[t] < 7 ? stops[t] : 7;
         assert_int_equal(out.n, made);
         assert_int_equal(r.calls, made);
@@ -545,13 +552,13 @@ static void test_context_and_choice(void **state) {
     /* the chooser stops the block at slot 2 */
     r = (replay){ .tokens = c.tokens, .stop_at = 2 };
     out = (em_draft_out){ .tokens = toks };
-    OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, E));
     assert_int_equal(out.n, 2);
 
     /* a chooser that returns a token outside the vocabulary is an error */
     em_err err = { 0 };
     r = (replay){ .stop_at = -1, .bad = VOCAB };
-    assert_int_equal(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "chooser"));
 
     /* reset, then the rows one at a time: the same logits as at once */
@@ -561,7 +568,7 @@ static void test_context_and_choice(void **state) {
     float again[7 * VOCAB];
     r = (replay){ .tokens = c.tokens, .stop_at = -1 };
     out = (em_draft_out){ .tokens = toks, .logits = again };
-    OK(em_draft_propose(d, c.anchor, 7, choose_replay, &r, &out, E));
+    OK(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, E));
     double mx = 0;
     for (int i = 0; i < 7 * VOCAB; i++) mx = fmax(mx, fabs((double)again[i] - logits_all[i]));
     assert_true(mx <= 1e-5 * c.scale);
@@ -575,6 +582,131 @@ static void test_context_and_choice(void **state) {
     assert_int_equal(em_draft_get_info(d)->n_ctx, 3);
     OK(em_draft_add_context(d, c.feats, 1, E));
     assert_int_equal(em_draft_get_info(d)->n_ctx, 4);
+    em_draft_close(d);
+    free_case(&c);
+}
+
+
+/* ---- the chain inside the drafter ------------------------------------------------------- */
+
+/* The loop's old per-slot sampling callback: em_sampler_dist into dists[k], then one draw. */
+typedef struct old_pick {
+    em_sampler *s;
+    em_sample_dist *dists;
+} old_pick;
+
+static int32_t choose_old_sampled(void *ud, int k, const float *logits) {
+    old_pick *o = ud;
+    em_err ignored = { 0 };
+    if (em_sampler_dist(o->s, logits, &o->dists[k], &ignored)) return -1;
+    return em_sampler_draw(o->s, &o->dists[k]);
+}
+
+/* The schedule's walk asked by the oracle keep, slot by slot (what the loop used to hand in). */
+static bool keep_sched(void *ud, int k, float z) {
+    (void)k;
+    return em_draft_sched_keep(ud, z);
+}
+
+/* The in-drafter chain (greedy, seeded sampling, the keep test from plain data) gives exactly
+ * what the per-slot callbacks gave: the same tokens, logits, distributions, stops, and draws
+ * from the stream (the streams stay in step). */
+static void test_chain_in_drafter(void **state) {
+    (void)state;
+    NEED_MODELS();
+    ref_case c;
+    load_case(first_case("dspark_specforge", "dspark"), &c);
+    em_drafter *d = open_ok(draft_path[2][0], target_f32, 0);
+    OK(em_draft_add_context(d, c.feats, c.anchor_pos, E));
+    int32_t toks[8], toks2[8];
+    float lg[7 * VOCAB], lg2[7 * VOCAB], conf_all[7], cf[7];
+
+    /* greedy: the argmax chain, as the argmax oracle picks it */
+    replay r = { .stop_at = -1 };
+    em_draft_out out = { .tokens = toks, .logits = lg, .conf_logits = conf_all };
+    OK(em_draft_propose(d, c.anchor, 7, REPLAY(&r), &out, E));
+    em_draft_out o2 = { .tokens = toks2, .logits = lg2 };
+    OK(em_draft_propose(d, c.anchor, 7, &(em_draft_chain){ 0 }, &o2, E));
+    assert_int_equal(o2.n, out.n);
+    assert_memory_equal(toks2, toks, (size_t)out.n * sizeof *toks);
+    assert_memory_equal(lg2, lg, sizeof lg);
+
+    /* sampling: the same draws as the old callback from a twin stream, the same distributions */
+    em_sampler_params sp = { .temperature = 1.5f, .top_k = 40, .top_p = 0.98f, .seed = 11 };
+    em_sampler *s1, *s2;
+    OK(em_sampler_create(&s1, &sp, VOCAB, E));
+    OK(em_sampler_create(&s2, &sp, VOCAB, E));
+    em_sample_dist d1[7], d2[7];
+    for (int k = 0; k < 7; k++) {
+        OK(em_sample_dist_init(&d1[k], VOCAB, E));
+        OK(em_sample_dist_init(&d2[k], VOCAB, E));
+    }
+    for (int rep = 0; rep < 6; rep++) {
+        old_pick op = { .s = s1, .dists = d1 };
+        out = (em_draft_out){ .tokens = toks, .logits = lg };
+        OK(em_draft_propose(d, c.anchor, 7, &(em_draft_chain){ .choose = choose_old_sampled, .choose_ud = &op }, &out, E));
+        o2 = (em_draft_out){ .tokens = toks2, .logits = lg2 };
+        /* every other round without dists: em_sampler_sample's draw, the same one */
+        OK(em_draft_propose(d, c.anchor, 7, &(em_draft_chain){ .sampler = s2, .dists = rep % 2 ? NULL : d2 }, &o2, E));
+        assert_int_equal(o2.n, out.n);
+        assert_memory_equal(toks2, toks, (size_t)out.n * sizeof *toks);
+        assert_memory_equal(lg2, lg, (size_t)out.n * VOCAB * sizeof *lg);
+        for (int k = 0; k < out.n && rep % 2 == 0; k++) {
+            assert_int_equal(d2[k].n, d1[k].n);
+            assert_memory_equal(d2[k].ids, d1[k].ids, (size_t)d1[k].n * sizeof *d1[k].ids);
+            assert_memory_equal(d2[k].probs, d1[k].probs, (size_t)d1[k].n * sizeof *d1[k].probs);
+        }
+    }
+    double u1 = em_sampler_uniform(s1), u2 = em_sampler_uniform(s2);
+    assert_memory_equal(&u1, &u2, sizeof u1); /* the streams drew alike */
+
+    /* the keep test from plain data: the block ends where the walk over the slots'
+     * confidences ends, as with the walk asked slot by slot through the keep oracle */
+    OK(em_draft_propose(d, c.anchor, 7, &(em_draft_chain){ 0 }, &(em_draft_out){ .tokens = toks, .conf_logits = conf_all }, E));
+    int seen[8] = { 0 };
+    for (int t = 0; t < 40; t++) {
+        em_draft_sched_params p = { .n_cost = 8 };
+        for (int n = 1; n <= 8; n++) p.cost[n - 1] = 1.0 + 0.02 * t * n + (t % 5 == 4 && n > 3 ? 1.0 : 0.0);
+        int want = em_draft_schedule(&p, conf_all, 7);
+        seen[want]++;
+        em_draft_sched st;
+        em_draft_sched_start(&st, &p);
+        out = (em_draft_out){ .tokens = toks, .logits = lg, .conf_logits = cf };
+        OK(em_draft_propose(d, c.anchor, 7, &(em_draft_chain){ .keep = keep_sched, .keep_ud = &st }, &out, E));
+        o2 = (em_draft_out){ .tokens = toks2, .logits = lg2 };
+        OK(em_draft_propose(d, c.anchor, 7, &(em_draft_chain){ .sched = &p }, &o2, E));
+        assert_int_equal(out.n, want);
+        assert_int_equal(o2.n, want);
+        assert_memory_equal(toks2, toks, (size_t)want * sizeof *toks);
+        assert_memory_equal(lg2, lg, (size_t)want * VOCAB * sizeof *lg);
+    }
+    int widths = 0;
+    for (int w = 0; w <= 7; w++) widths += seen[w] > 0;
+    assert_true(widths >= 3); /* the tables stopped the block at several widths */
+
+    /* chains that make no sense are refused, naming what is wrong */
+    em_err err = { 0 };
+    em_draft_sched_params bad = { .n_cost = EM_DRAFT_MAX_BLOCK + 2 };
+    em_sample_dist small = { .cap = 5 };
+    em_sample_dist smalls[7] = { small, small, small, small, small, small, small };
+    const struct {
+        em_draft_chain chain;
+        const char *needle;
+    } bads[] = {
+        { { .choose = choose_replay, .choose_ud = &r, .sampler = s1 }, "both a chooser and a sampler" },
+        { { .keep = keep_sched, .keep_ud = NULL, .sched = &bad }, "both a keep callback" },
+        { { .dists = d1 }, "without a sampler" },
+        { { .sampler = s1, .dists = smalls }, "dists[0] holds 5 ids" },
+        { { .sched = &bad }, "n_cost" },
+    };
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        out = (em_draft_out){ .tokens = toks };
+        assert_int_equal(em_draft_propose(d, c.anchor, 7, &bads[i].chain, &out, &err), EM_EINVAL);
+        if (!strstr(err.msg, bads[i].needle)) fail_msg("chain %zu: '%s' lacks '%s'", i, err.msg, bads[i].needle);
+    }
+    for (int k = 0; k < 7; k++) em_sample_dist_free(&d1[k]), em_sample_dist_free(&d2[k]);
+    em_sampler_free(s1);
+    em_sampler_free(s2);
     em_draft_close(d);
     free_case(&c);
 }
@@ -672,7 +804,7 @@ static void test_arguments(void **state) {
     int32_t t[4];
     em_draft_out out = { .tokens = t };
     assert_int_equal(em_draft_add_context(NULL, f, 1, &err), EM_EINVAL);
-    assert_int_equal(em_draft_propose(NULL, 0, 1, choose_replay, NULL, &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(NULL, 0, 1, REPLAY(NULL), &out, &err), EM_EINVAL);
     em_draft_close(NULL);
     em_draft_reset(NULL);
     assert_null(em_draft_get_info(NULL));
@@ -693,17 +825,17 @@ static void test_arguments(void **state) {
     assert_int_equal(info->n_ctx, 0);
     OK(em_draft_add_context(d, feats, 1, E));
     replay r = { .stop_at = -1 };
-    assert_int_equal(em_draft_propose(d, 0, 1, choose_replay, &r, NULL, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, 0, 1, REPLAY(&r), NULL, &err), EM_EINVAL);
     out.tokens = NULL;
-    assert_int_equal(em_draft_propose(d, 0, 1, choose_replay, &r, &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, 0, 1, REPLAY(&r), &out, &err), EM_EINVAL);
     out.tokens = t;
-    assert_int_equal(em_draft_propose(d, 0, 1, NULL, &r, &out, &err), EM_EINVAL);
-    assert_int_equal(em_draft_propose(d, 0, 0, choose_replay, &r, &out, &err), EM_EINVAL);
-    assert_int_equal(em_draft_propose(d, -1, 1, choose_replay, &r, &out, &err), EM_EINVAL);
-    assert_int_equal(em_draft_propose(d, VOCAB, 1, choose_replay, &r, &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, 0, 1, NULL, &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, 0, 0, REPLAY(&r), &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, -1, 1, REPLAY(&r), &out, &err), EM_EINVAL);
+    assert_int_equal(em_draft_propose(d, VOCAB, 1, REPLAY(&r), &out, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "anchor"));
     assert_int_equal(r.calls, 0);
-    OK(em_draft_propose(d, VOCAB - 1, 4, choose_replay, &r, &out, E)); /* n_max 4 < 7 drafts */
+    OK(em_draft_propose(d, VOCAB - 1, 4, REPLAY(&r), &out, E)); /* n_max 4 < 7 drafts */
     assert_int_equal(out.n, 4);
     em_draft_close(d);
     free(feats);
@@ -714,6 +846,7 @@ int main(void) {
         cmocka_unit_test(test_dspark_f32),     cmocka_unit_test(test_dspark_bf16),
         cmocka_unit_test(test_dflash_convention), cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_q8_0_sanity),    cmocka_unit_test(test_context_and_choice),
+        cmocka_unit_test(test_chain_in_drafter),
         cmocka_unit_test(test_mismatch),       cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_arguments),
     };

@@ -23,6 +23,12 @@
  *    that feeding the k tokens one at a time leaves (the following logits within 1e-5
  *    relative); verify leaves the committed state untouched; wide verifies (past max_verify)
  *    commit by replay.
+ *  - row requests (em_rows): for every verify width 1..16 (and 40, past max_verify and the LM
+ *    head's row groups) argmax-only rows equal the greedy choice (an independent argmax, and
+ *    the sampler's greedy) of the full-logits rows; logits asked for some rows (masks, mixed
+ *    with argmaxes) are the full request's floats bit for bit and leave the other rows' slots
+ *    untouched; prompts' last-row argmax; on kimi_a (F32, Q8_0) and a K3 file (AttnRes on);
+ *    masks without their buffer or with last_only are refused with a message.
  *  - bad input: missing / misshapen tensors, keys of the wrong type, unknown architecture,
  *    token ids out of range, prompts longer than the context, commit misuse; the CLI's exits.
  */
@@ -34,9 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compat/k3_synth.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "sample/sample.h"
 
 #define TIE_MARGIN 1e-3 /* routing margins below this are near ties */
 
@@ -579,6 +587,127 @@ static void test_verify_rows_exact(void **state) {
     check_verify_rows_exact("kimi_a", "f32", 2);
 }
 
+
+/* ---- row requests ------------------------------------------------------------------------ */
+
+/* The greedy choice of a row, written out: the first largest non-NaN logit, -1 without any
+ * usable one (all NaN or -inf). */
+static int32_t greedy_of(const float *r, int v) {
+    int32_t b = -1;
+    for (int i = 0; i < v; i++)
+        if (!isnan(r[i]) && (b < 0 || r[i] > r[b])) b = i;
+    return b >= 0 && r[b] != -INFINITY ? b : -1;
+}
+
+#define SENT_BYTE 0xA5
+#define SENT_ID (-7)
+
+static bool untouched(const float *row, int v) {
+    const unsigned char *b = (const unsigned char *)row;
+    for (size_t i = 0; i < (size_t)v * sizeof *row; i++)
+        if (b[i] != SENT_BYTE) return false;
+    return true;
+}
+
+static void check_row_requests(const char *path, const char *what) {
+    em_target *t = open_model(path, &(em_model_opts){ .n_threads = 2 });
+    const int V = em_target_get_info(t)->n_vocab, P = 5, WMAX = 40;
+    int32_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = (int32_t)((i * 37 + 5) % V);
+    OK(em_target_prefill(t, tok, P, NULL, E));
+    float *full = malloc((size_t)WMAX * V * sizeof *full), *got = malloc((size_t)WMAX * V * sizeof *got);
+    assert_true(full && got);
+    int32_t am[64], am2[64];
+    bool lmask[64], amask[64];
+    em_sampler *greedy;
+    OK(em_sampler_create(&greedy, &(em_sampler_params){ .temperature = 0 }, V, E));
+    for (int w = 1; w <= WMAX; w = w < 16 ? w + 1 : WMAX + (w == WMAX)) {
+        const int32_t *rt = tok + P;
+        OK(em_target_verify(t, rt, w, &(em_rows){ .logits = full }, E));
+        /* argmaxes only */
+        for (int i = 0; i < w; i++) am[i] = SENT_ID;
+        OK(em_target_verify(t, rt, w, &(em_rows){ .argmax = am }, E));
+        for (int i = 0; i < w; i++) {
+            const float *row = full + (int64_t)i * V;
+            int32_t sid;
+            OK(em_sampler_sample(greedy, row, &sid, E));
+            if (am[i] != greedy_of(row, V) || am[i] != sid)
+                fail_msg("%s width %d row %d: argmax %d, the full row's greedy choice %d (sampler %d)", what, w, i, am[i],
+                         greedy_of(row, V), sid);
+        }
+        /* both at once: the same floats and argmaxes */
+        memset(got, SENT_BYTE, (size_t)w * V * sizeof *got);
+        OK(em_target_verify(t, rt, w, &(em_rows){ .logits = got, .argmax = am2 }, E));
+        assert_memory_equal(got, full, (size_t)w * V * sizeof *got);
+        assert_memory_equal(am2, am, (size_t)w * sizeof *am);
+        /* some rows' logits, other rows' argmaxes: requested rows bit for bit, the rest untouched */
+        for (int pat = 0; pat < 3; pat++) {
+            for (int i = 0; i < w; i++) {
+                lmask[i] = pat == 0 ? i % 3 == 1 : pat == 1 ? i == w - 1 : i % 2 == 0;
+                amask[i] = pat == 0 ? i % 2 == 0 : pat == 1 ? i < w / 2 : i % 4 == 1;
+                am2[i] = SENT_ID;
+            }
+            memset(got, SENT_BYTE, (size_t)w * V * sizeof *got);
+            OK(em_target_verify(t, rt, w, &(em_rows){ .logits = got, .logit_rows = lmask, .argmax = am2, .argmax_rows = amask }, E));
+            for (int i = 0; i < w; i++) {
+                const float *g = got + (int64_t)i * V, *f = full + (int64_t)i * V;
+                if (lmask[i] ? memcmp(g, f, (size_t)V * sizeof *g) != 0 : !untouched(g, V))
+                    fail_msg("%s width %d pattern %d row %d: logits %s", what, w, pat, i,
+                             lmask[i] ? "differ from the full request's" : "written though not asked for");
+                assert_int_equal(am2[i], amask[i] ? am[i] : SENT_ID);
+            }
+        }
+        assert_int_equal(em_target_position(t), P); /* verifies only */
+    }
+    /* a prompt's last row: its argmax alone, its logits alone, as a full prefill gives them */
+    em_target_reset(t);
+    OK(em_target_prefill(t, tok, 20, &(em_rows){ .logits = full }, E));
+    int32_t last = SENT_ID;
+    em_target_reset(t);
+    OK(em_target_prefill(t, tok, 20, &(em_rows){ .argmax = &last, .last_only = true }, E));
+    assert_int_equal(last, greedy_of(full + (int64_t)19 * V, V));
+    em_target_reset(t);
+    OK(em_target_prefill(t, tok, 20, &(em_rows){ .logits = got, .last_only = true }, E));
+    assert_memory_equal(got, full + (int64_t)19 * V, (size_t)V * sizeof *got);
+
+    /* requests that make no sense: refused, nothing written, the target as it was */
+    em_err err = { 0 };
+    am[0] = SENT_ID;
+    const struct {
+        em_rows rows;
+        const char *needle;
+    } bads[] = {
+        { { .logit_rows = lmask, .argmax = am }, "logit_rows given without a logits buffer" },
+        { { .argmax_rows = amask, .logits = got }, "argmax_rows given without an argmax buffer" },
+        { { .logits = got, .logit_rows = lmask, .last_only = true }, "last_only with a logit_rows mask" },
+        { { .argmax = am, .argmax_rows = amask, .last_only = true }, "last_only with a argmax_rows mask" },
+    };
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        assert_int_equal(em_target_verify(t, tok, 2, &bads[i].rows, &err), EM_EINVAL);
+        if (!strstr(err.msg, bads[i].needle)) fail_msg("%s: request %zu: '%s' lacks '%s'", what, i, err.msg, bads[i].needle);
+        assert_int_equal(em_target_prefill(t, tok, 2, &bads[i].rows, &err), EM_EINVAL);
+        assert_int_equal(am[0], SENT_ID);
+        assert_int_equal(em_target_position(t), 20);
+        assert_int_equal(em_target_commit(t, 0, &err), EM_EINVAL); /* no verify was made */
+    }
+    em_sampler_free(greedy);
+    free(full);
+    free(got);
+    em_target_close(t);
+}
+
+static void test_row_requests(void **state) {
+    (void)state;
+    NEED_MODELS();
+    check_row_requests(model_path("kimi_a", "q8_0"), "kimi_a q8_0");
+    check_row_requests(model_path("kimi_a", "f32"), "kimi_a f32");
+    k3_synth_opts o = k3_synth_defaults();
+    const char *k3 = em_test_path("rows_k3.gguf");
+    em_err err = { 0 };
+    if (k3_synth_write(k3, &o, &err)) fail_msg("k3_synth_write: %s", err.msg);
+    check_row_requests(k3, "kimi-k3 (AttnRes)");
+}
+
 static void test_cost(void **state) {
     (void)state;
     NEED_MODELS();
@@ -764,6 +893,7 @@ int main(void) {
         cmocka_unit_test(test_wide_verify_replays),
         cmocka_unit_test(test_threads_agree),
         cmocka_unit_test(test_verify_rows_exact),
+        cmocka_unit_test(test_row_requests),
         cmocka_unit_test(test_cost),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_bad_calls),

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "draft/draft.h"
+#include "draft_oldpath.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "quant/quant.h"
@@ -588,6 +589,20 @@ static double curve_cost(void *ud, int n) {
 
 static float logit_of(double p) { return (float)log(p / (1 - p)); }
 
+/* A cost curve as the walk's plain-data table (draft.h): passes of 1 .. n + 1 rows, all a walk
+ * over n drafts may read. */
+static em_draft_sched_params table_of(double (*fn)(void *, int), void *ud, int n) {
+    em_draft_sched_params p = { .n_cost = n + 1 };
+    for (int i = 1; i <= p.n_cost; i++) p.cost[i - 1] = fn(ud, i);
+    return p;
+}
+
+/* The batch walk over n drafts against a curve (fn NULL: no cost). */
+static int schedule(const float *z, int n, double (*fn)(void *, int), void *ud) {
+    em_draft_sched_params p = fn ? table_of(fn, ud, n > 0 ? n : 0) : (em_draft_sched_params){ 0 };
+    return em_draft_schedule(fn ? &p : NULL, z, n);
+}
+
 static void test_schedule(void **state) {
     (void)state;
     float z[8];
@@ -595,32 +610,33 @@ static void test_schedule(void **state) {
     /* survivals 0.9, 0.81, 0.729, 0.0729: E/cost = 0.8, 1.267, 1.549, 1.720, then 1.561: 3 */
     const double c4[4] = { 0.9, 0.9, 0.9, 0.1 };
     for (int i = 0; i < 4; i++) z[i] = logit_of(c4[i]);
-    assert_int_equal(em_spec_schedule(z, 4, curve_cost, &lin), 3);
-    assert_int_equal(em_spec_schedule(z, 2, curve_cost, &lin), 2); /* fewer proposals: all pay */
+    assert_int_equal(schedule(z, 4, curve_cost, &lin), 3);
+    assert_int_equal(schedule(z, 2, curve_cost, &lin), 2); /* fewer proposals: all pay */
     /* a steep cost: one draft of 0.9 does not pay for a second row (1.9/3 < 1/2) ... */
     curve steep = { .fixed = 0, .per_row = 1 };
-    assert_int_equal(em_spec_schedule(z, 4, curve_cost, &steep), 0);
+    assert_int_equal(schedule(z, 4, curve_cost, &steep), 0);
     /* ... a flat cost takes every draft with any survival */
     curve flat = { .fixed = 1, .per_row = 0 };
     for (int i = 0; i < 8; i++) z[i] = logit_of(0.05);
-    assert_int_equal(em_spec_schedule(z, 8, curve_cost, &flat), 8);
+    assert_int_equal(schedule(z, 8, curve_cost, &flat), 8);
     /* non-anticipating: on a staircase (1 up to 4 rows, 2 after) with survivals 0.99 the walk
      * stops at 3 drafts, although 8 drafts would pay more overall (E(8)/2 = 4.33 > 3.94) */
     curve stair = { .step_at = 4 };
     for (int i = 0; i < 8; i++) z[i] = logit_of(0.99);
-    assert_int_equal(em_spec_schedule(z, 8, curve_cost, &stair), 3);
-    /* the walk stops at the first draft that does not pay: it never looks further */
-    stair.calls = 0;
-    em_spec_schedule(z, 8, curve_cost, &stair);
-    assert_int_equal(stair.calls, 5); /* cost(1) .. cost(5) */
+    assert_int_equal(schedule(z, 8, curve_cost, &stair), 3);
+    /* the walk stops at the first draft that does not pay: it never looks further than
+     * cost(1) .. cost(5) (costs past them, made free or unknown, change nothing) */
+    em_draft_sched_params tp = table_of(curve_cost, &stair, 8);
+    for (int i = 5; i < tp.n_cost; i++) tp.cost[i] = i % 2 ? NAN : 1e-9;
+    assert_int_equal(em_draft_schedule(&tp, z, 8), 3);
     /* NaN confidence counts as 0; no confidence head or no cost: the whole block */
     z[0] = NAN;
-    assert_int_equal(em_spec_schedule(z, 8, curve_cost, &lin), 0);
-    assert_int_equal(em_spec_schedule(NULL, 6, curve_cost, &lin), 6);
-    assert_int_equal(em_spec_schedule(z, 6, NULL, NULL), 6);
+    assert_int_equal(schedule(z, 8, curve_cost, &lin), 0);
+    assert_int_equal(schedule(NULL, 6, curve_cost, &lin), 6);
+    assert_int_equal(schedule(z, 6, NULL, NULL), 6);
     curve zero = { 0 };
-    assert_int_equal(em_spec_schedule(z, 6, curve_cost, &zero), 6);
-    assert_int_equal(em_spec_schedule(z, 0, curve_cost, &lin), 0);
+    assert_int_equal(schedule(z, 6, curve_cost, &zero), 6);
+    assert_int_equal(schedule(z, 0, curve_cost, &lin), 0);
 }
 
 /* A cost that turns unusable (0) from row `bad_from` on. */
@@ -634,8 +650,8 @@ static double cut_cost(void *ud, int n) {
     return n >= c->bad_from ? 0.0 : curve_cost(&c->c, n);
 }
 
-/* The walk one draft at a time (what the loop hands the drafter as its keep callback) keeps
- * exactly the drafts em_spec_schedule keeps, says no from the first it drops on, and the batch
+/* The walk one draft at a time (what a drafter runs inside its propose) keeps
+ * exactly the drafts the batch walk keeps, says no from the first it drops on, and the batch
  * walk over the kept drafts alone keeps them all (so the loop's re-check agrees). */
 static void test_schedule_incremental(void **state) {
     (void)state;
@@ -649,19 +665,94 @@ static void test_schedule_incremental(void **state) {
                                 .per_row = (double)(em_test_rand(&rng) % 100) / 100.0 },
                          .bad_from = trial % 3 == 0 ? 2 + (int)(em_test_rand(&rng) % 12) : 1000 };
         if (trial % 5 == 1) cc.c = (curve){ .step_at = 1 + (int)(em_test_rand(&rng) % 8) };
-        int want = em_spec_schedule(z, n, cut_cost, &cc);
-        em_spec_sched st;
-        em_spec_sched_start(&st, cut_cost, &cc);
+        int want = schedule(z, n, cut_cost, &cc);
+        em_draft_sched_params tp = table_of(cut_cost, &cc, n);
+        em_draft_sched st;
+        em_draft_sched_start(&st, &tp);
         int kept = 0;
-        while (kept < n && em_spec_sched_keep(&st, z[kept])) kept++;
+        while (kept < n && em_draft_sched_keep(&st, z[kept])) kept++;
         assert_int_equal(kept, want);
-        if (kept < n) assert_false(em_spec_sched_keep(&st, z[kept])); /* stays stopped */
-        assert_int_equal(em_spec_schedule(z, kept, cut_cost, &cc), kept);
+        if (kept < n) assert_false(em_draft_sched_keep(&st, z[kept])); /* stays stopped */
+        assert_int_equal(schedule(z, kept, cut_cost, &cc), kept);
     }
     /* no cost: every draft */
-    em_spec_sched st;
-    em_spec_sched_start(&st, NULL, NULL);
-    for (int i = 0; i < 40; i++) assert_true(em_spec_sched_keep(&st, -20.0f));
+    em_draft_sched st;
+    em_draft_sched_start(&st, NULL);
+    for (int i = 0; i < 40; i++) assert_true(em_draft_sched_keep(&st, -20.0f));
+}
+
+
+/* The chain's per-slot rules (draft.c), on synthetic rows: greedy is em_argmax (ties to the
+ * lower id; all NaN ends the block); a sampler at temperature 0 is greedy and draws nothing;
+ * sampling is em_sampler_dist + em_sampler_draw (em_sampler_sample without dists) on the
+ * caller's stream, draw for draw; keep is the schedule's walk, the oracle when given, or yes. */
+static void test_chain_rules(void **state) {
+    (void)state;
+    enum { V = 6 };
+    const em_draft_chain greedy_chain = { 0 };
+    const float tie[V] = { 0, 5, 5, 1, -INFINITY, NAN };
+    assert_int_equal(em_draft_chain_pick(&greedy_chain, 0, tie, V), 1);
+    const float nans[V] = { NAN, NAN, NAN, NAN, NAN, NAN };
+    assert_int_equal(em_draft_chain_pick(&greedy_chain, 0, nans, V), -1);
+    const float ninf[V] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    assert_int_equal(em_draft_chain_pick(&greedy_chain, 0, ninf, V), 0); /* em_argmax's answer */
+
+    em_sampler_params gp = { .temperature = 0, .seed = 3 };
+    em_sampler *g0, *g1;
+    OK(em_sampler_create(&g0, &gp, V, E));
+    OK(em_sampler_create(&g1, &gp, V, E));
+    assert_int_equal(em_draft_chain_pick(&(em_draft_chain){ .sampler = g0 }, 0, tie, V), 1);
+    double a = em_sampler_uniform(g0), b = em_sampler_uniform(g1);
+    assert_memory_equal(&a, &b, sizeof a); /* no draw at temperature 0 */
+
+    em_sampler_params sp = { .temperature = 0.9f, .top_k = 4, .top_p = 0.97f, .min_p = 0.01f, .seed = 77 };
+    em_sampler *s, *twin;
+    OK(em_sampler_create(&s, &sp, V, E));
+    OK(em_sampler_create(&twin, &sp, V, E));
+    em_sample_dist dists[3], ref;
+    for (int k = 0; k < 3; k++) OK(em_sample_dist_init(&dists[k], V, E));
+    OK(em_sample_dist_init(&ref, V, E));
+    uint64_t rng = 99;
+    for (int t = 0; t < 300; t++) {
+        float row[V];
+        for (int v = 0; v < V; v++) row[v] = 3.0f * em_test_randf(&rng);
+        int k = t % 3;
+        bool keep_dists = t % 4 != 0;
+        int32_t got = em_draft_chain_pick(&(em_draft_chain){ .sampler = s, .dists = keep_dists ? dists : NULL }, k, row, V);
+        OK(em_sampler_dist(twin, row, &ref, E));
+        int32_t want = em_sampler_draw(twin, &ref);
+        assert_int_equal(got, want);
+        if (keep_dists) {
+            assert_int_equal(dists[k].n, ref.n);
+            assert_memory_equal(dists[k].ids, ref.ids, (size_t)ref.n * sizeof *ref.ids);
+            assert_memory_equal(dists[k].probs, ref.probs, (size_t)ref.n * sizeof *ref.probs);
+        }
+    }
+    a = em_sampler_uniform(s), b = em_sampler_uniform(twin);
+    assert_memory_equal(&a, &b, sizeof a);
+    assert_int_equal(em_draft_chain_pick(&(em_draft_chain){ .sampler = s, .dists = dists }, 0, nans, V), -1);
+
+    /* keep: the walk over the table, as em_draft_sched_keep walks it */
+    curve lin = { .fixed = 1, .per_row = 0.25 };
+    em_draft_sched_params tp = table_of(curve_cost, &lin, 8);
+    em_draft_chain kc = { .sched = &tp };
+    assert_true(em_draft_chain_may_stop(&kc));
+    assert_false(em_draft_chain_may_stop(&greedy_chain));
+    const double c4[5] = { 0.9, 0.9, 0.9, 0.1, 0.9 };
+    em_draft_sched st, ref_st;
+    em_draft_chain_begin(&kc, &st);
+    em_draft_sched_start(&ref_st, &tp);
+    for (int k = 0; k < 5; k++)
+        assert_int_equal(em_draft_chain_keep(&kc, &st, k, logit_of(c4[k])), em_draft_sched_keep(&ref_st, logit_of(c4[k])));
+    assert_int_equal(st.width, 3);
+    em_draft_chain_begin(&greedy_chain, &st);
+    for (int k = 0; k < 5; k++) assert_true(em_draft_chain_keep(&greedy_chain, &st, k, -30.0f));
+    for (int k = 0; k < 3; k++) em_sample_dist_free(&dists[k]);
+    em_sample_dist_free(&ref);
+    em_sampler_free(g0);
+    em_sampler_free(g1);
+    em_sampler_free(s);
+    em_sampler_free(twin);
 }
 
 static void test_accept_greedy(void **state) {
@@ -673,17 +764,18 @@ static void test_accept_greedy(void **state) {
         { 9, 0, 0, 0, 0 }, /* argmax 0 */
         { 0, 0, 2, 0, 0 }, /* argmax 2 */
     };
-    int32_t next;
+    int32_t next, am[4]; /* the rows' argmaxes as the target gives them (em_rows.argmax) */
+    for (int i = 0; i < 4; i++) am[i] = em_argmax(rows[i], V);
     int32_t all[3] = { 1, 3, 0 };
-    assert_int_equal(em_spec_accept_greedy(&rows[0][0], V, all, 3, &next), 3);
+    assert_int_equal(em_spec_accept_greedy(am, all, 3, &next), 3);
     assert_int_equal(next, 2); /* the bonus: argmax of row 3 */
     int32_t second_wrong[3] = { 1, 4, 0 };
-    assert_int_equal(em_spec_accept_greedy(&rows[0][0], V, second_wrong, 3, &next), 1);
+    assert_int_equal(em_spec_accept_greedy(am, second_wrong, 3, &next), 1);
     assert_int_equal(next, 3); /* the target's token at the rejected slot */
     int32_t first_wrong[3] = { 2, 3, 0 };
-    assert_int_equal(em_spec_accept_greedy(&rows[0][0], V, first_wrong, 3, &next), 0);
+    assert_int_equal(em_spec_accept_greedy(am, first_wrong, 3, &next), 0);
     assert_int_equal(next, 1);
-    assert_int_equal(em_spec_accept_greedy(&rows[0][0], V, all, 0, &next), 0);
+    assert_int_equal(em_spec_accept_greedy(am, all, 0, &next), 0);
     assert_int_equal(next, 1);
 }
 
@@ -858,7 +950,7 @@ static float td_slot(tdraft *t, int k, int64_t pos, int32_t prev) {
     return conf;
 }
 
-static int td_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose choose, void *ud,
+static int td_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain,
                       em_draft_out *out, em_err *err) {
     (void)err;
     tdraft *t = (tdraft *)d;
@@ -877,7 +969,7 @@ static int td_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose 
         if (out->conf_logits) out->conf_logits[k] = conf;
         if (out->logits) memcpy(out->logits + (size_t)k * (size_t)d->info.n_vocab, t->logits,
                                 (size_t)d->info.n_vocab * sizeof(float));
-        int32_t id = choose(ud, k, t->logits);
+        int32_t id = em_draft_chain_pick(chain, k, t->logits, d->info.n_vocab); /* keep ignored: the loop re-walks */
         if (id < 0) break;
         out->tokens[k] = id;
         t->hist[pos + k + 1] = id;
@@ -1141,7 +1233,9 @@ typedef struct proxy {
     em_target *in;
     double fixed, per_row; /* cost(n) = fixed + per_row * n */
     bool log;
-    float *rows;           /* the last verify's logits [n][n_vocab] (owned by the caller) */
+    float *rows;           /* the last verify's logits [n][n_vocab] (the caller's, or own) */
+    float *own;            /* [EM_SPEC_MAX_WIDTH][n_vocab]: logits the log needs when the caller
+                              asked only for argmaxes (a greedy loop) */
     int n_rows;
     float *committed;      /* [cap][n_vocab]: logits of committed verify rows, by position */
     int64_t cap;
@@ -1156,9 +1250,15 @@ static void proxy_sync(proxy *p) {
 
 static int proxy_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
     proxy *p = (proxy *)t;
-    int rc = em_target_verify(p->in, tok, n, out, err);
+    em_rows in = *out; /* what the caller asked for, plus every row's logits for the log */
+    if (p->log && !in.logits) {
+        assert_true(n <= EM_SPEC_MAX_WIDTH && !in.logit_rows);
+        if (!p->own) assert_non_null(p->own = malloc((size_t)EM_SPEC_MAX_WIDTH * (size_t)t->info.n_vocab * sizeof(float)));
+        in.logits = p->own;
+    }
+    int rc = em_target_verify(p->in, tok, n, &in, err);
     proxy_sync(p);
-    p->rows = out->logits, p->n_rows = n;
+    p->rows = in.logits, p->n_rows = n;
     return rc;
 }
 
@@ -1205,6 +1305,52 @@ static void proxy_init(proxy *p, em_target *in, double fixed, double per_row) {
     p->in = in;
     p->fixed = fixed, p->per_row = per_row;
     proxy_sync(p);
+}
+
+
+/* The loop with drafter d, and with d_old (d itself, or a twin in the same state) behind the
+ * old per-slot callbacks (draft_oldpath.h): the same tokens, passes, widths, drafts and
+ * acceptances. */
+static void expect_as_oldpath(em_target *t, em_drafter *d, em_drafter *d_old, int width, const int32_t *prompt,
+                              int n_prompt, const em_spec_params *p, const char *what) {
+    collect a = { 0 }, b = { 0 };
+    em_spec_result ra = gen_with(t, d, width, EM_TYPE_F32, prompt, n_prompt, p, &a);
+    oldpath op;
+    oldpath_wrap(&op, d_old, t);
+    em_spec_result rb = gen_with(t, &op.base, width, EM_TYPE_F32, prompt, n_prompt, p, &b);
+    if (a.n != b.n || memcmp(a.ids, b.ids, (size_t)a.n * sizeof a.ids[0]))
+        fail_msg("%s: the in-drafter chain's tokens differ from the old callbacks'", what);
+    assert_int_equal(ra.passes, rb.passes);
+    assert_int_equal(ra.drafted, rb.drafted);
+    assert_int_equal(ra.accepted, rb.accepted);
+    assert_memory_equal(ra.accept_hist, rb.accept_hist, sizeof ra.accept_hist);
+    assert_true(op.picks > 0);
+}
+
+/* test drafters (which leave the keep test to the loop's re-walk) on a proxy target whose
+ * linear cost stops blocks at varied widths, greedy and seeded sampling, twins per run */
+static void test_spec_chain_as_oldpath(void **state) {
+    (void)state;
+    NEED_MODEL();
+    for (int i = 0; i < 4; i++) {
+        int n_prompt;
+        int32_t *prompt = make_prompt(i, &n_prompt);
+        proxy px;
+        proxy_init(&px, g_tf, 1.0, 0.15);
+        for (int mode = TD_ORACLE; mode <= TD_RANDOM; mode++) {
+            tdraft *d = td_create(mode, g_tf, 7, true, 5 + (uint64_t)i), *twin = td_create(mode, g_tf, 7, true, 5 + (uint64_t)i);
+            collect truth = { 0 };
+            plain_greedy(g_t, prompt, n_prompt, 40, &truth);
+            int32_t *seq = concat(prompt, n_prompt, truth.ids, truth.n);
+            d->truth = twin->truth = seq, d->n_truth = twin->n_truth = n_prompt + truth.n;
+            em_spec_params p = i % 2 ? greedy(30) : sampled(30, 40 + (uint64_t)i, 0);
+            expect_as_oldpath(&px.base, &d->base, &twin->base, 0, prompt, n_prompt, &p, "test drafter");
+            d->base.ops->close(&d->base);
+            twin->base.ops->close(&twin->base);
+            free(seq);
+        }
+        free(prompt);
+    }
 }
 
 /* After any accept pattern, the logits of every committed row equal those of one fresh
@@ -1255,6 +1401,7 @@ static void test_spec_commit_state(void **state) {
             free(ref);
             free(seq);
             free(px.committed);
+            free(px.own);
             d->base.ops->close(&d->base);
             free(prompt);
         }
@@ -1490,6 +1637,15 @@ static void test_spec_dspark_fixtures(void **state) {
         gen_with(t, d, 0, EM_TYPE_F32, prompt, 4, &p, &b);
         assert_int_equal(a.n, 20);
         assert_memory_equal(a.ids, b.ids, sizeof a.ids);
+        /* the chain inside the drafter (keep test included) against the old callbacks */
+        for (int i = 0; i < 3; i++) {
+            em_spec_params q = i == 1 ? greedy(GEN_N) : sampled(GEN_N, 60 + (uint64_t)i, i ? 8 : 0);
+            int n_prompt;
+            int32_t *pr = make_prompt(2 * i + 1, &n_prompt);
+            expect_as_oldpath(t, d, d, 0, pr, n_prompt, &q, names[f]);
+            if (i == 2) expect_as_oldpath(t, d, d, di->n_drafts + 1, pr, n_prompt, &q, names[f]);
+            free(pr);
+        }
         fprintf(stderr, "note: %s (%d drafts, %d taps): %llu of %llu drafts accepted (random weights)\n", names[f],
                 di->n_drafts, di->n_taps, (unsigned long long)accepted, (unsigned long long)drafted);
         assert_true(drafted > 0);
@@ -1540,6 +1696,7 @@ int main(void) {
         cmocka_unit_test(test_stopping),      cmocka_unit_test(test_context_fills),
         cmocka_unit_test(test_streamed_text), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_ring),          cmocka_unit_test(test_schedule), cmocka_unit_test(test_schedule_incremental),
+        cmocka_unit_test(test_chain_rules),   cmocka_unit_test(test_spec_chain_as_oldpath),
         cmocka_unit_test(test_accept_greedy), cmocka_unit_test(test_accept_sample_unit),
         cmocka_unit_test(test_spec_greedy_identity), cmocka_unit_test(test_spec_widths_and_dtypes),
         cmocka_unit_test(test_spec_stops),    cmocka_unit_test(test_spec_commit_state),

@@ -1,7 +1,8 @@
 /* draft/draft.c: the drafter interface's front door. Owns the argument checks every
  * operation gets before it reaches an implementation (so implementations may assume sane
- * pointers, counts and token ids) and the dispatch of em_draft_open to the DSpark/DFlash
- * loader. Must not know any implementation's internals. */
+ * pointers, counts, token ids and chains), the dispatch of em_draft_open to the DSpark/DFlash
+ * loader, and the chain's per-slot rules (pick, keep) on the CPU, so every CPU drafter picks
+ * and stops exactly alike. Must not know any implementation's internals. */
 #include "draft/draft_impl.h"
 
 #include <math.h>
@@ -40,19 +41,58 @@ int em_draft_add_context(em_drafter *d, const float *feats, int n, em_err *err) 
     return d->ops->add_context(d, feats, n, err);
 }
 
-int em_draft_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose choose, void *ud,
+/* The chain's combinations that make sense (draft.h), for n_max slots of n_vocab ids. */
+static int check_chain(const em_draft_chain *c, int n_max, int32_t n_vocab, em_err *err) {
+    if (!c) return em_err_set(err, EM_EINVAL, "em_draft_propose: no chain given (how to pick tokens)");
+    if (c->choose && c->sampler)
+        return em_err_set(err, EM_EINVAL, "em_draft_propose: chain has both a chooser and a sampler");
+    if (c->keep && c->sched)
+        return em_err_set(err, EM_EINVAL, "em_draft_propose: chain has both a keep callback and schedule parameters");
+    if (c->dists && !c->sampler)
+        return em_err_set(err, EM_EINVAL, "em_draft_propose: chain asks for draft distributions without a sampler");
+    for (int k = 0; c->dists && k < n_max; k++) /* n_max here: at most info.n_drafts */
+        if (c->dists[k].cap < n_vocab)
+            return em_err_set(err, EM_EINVAL, "em_draft_propose: chain dists[%d] holds %d ids, the vocabulary has %d", k,
+                              c->dists[k].cap, n_vocab);
+    if (c->sched && (c->sched->n_cost < 0 || c->sched->n_cost > EM_DRAFT_MAX_BLOCK + 1))
+        return em_err_set(err, EM_EINVAL, "em_draft_propose: schedule n_cost %d (want 0..%d)", c->sched->n_cost,
+                          EM_DRAFT_MAX_BLOCK + 1);
+    return EM_OK;
+}
+
+bool em_draft_chain_may_stop(const em_draft_chain *c) { return c->keep || c->sched; }
+
+void em_draft_chain_begin(const em_draft_chain *c, em_draft_sched *st) { em_draft_sched_start(st, c->sched); }
+
+bool em_draft_chain_keep(const em_draft_chain *c, em_draft_sched *st, int k, float conf_logit) {
+    if (c->keep) return c->keep(c->keep_ud, k, conf_logit);
+    return c->sched ? em_draft_sched_keep(st, conf_logit) : true;
+}
+
+int32_t em_draft_chain_pick(const em_draft_chain *c, int k, const float *logits, int32_t n_vocab) {
+    if (c->choose) return c->choose(c->choose_ud, k, logits);
+    if (!c->sampler || em_sampler_params_of(c->sampler)->temperature <= 0) return em_argmax(logits, n_vocab);
+    em_err ignored = { 0 };
+    int32_t id = -1;
+    if (!c->dists) return em_sampler_sample(c->sampler, logits, &id, &ignored) ? -1 : id;
+    if (em_sampler_dist(c->sampler, logits, &c->dists[k], &ignored)) return -1;
+    return em_sampler_draw(c->sampler, &c->dists[k]);
+}
+
+int em_draft_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain,
                      em_draft_out *out, em_err *err) {
     if (!d) return em_err_set(err, EM_EINVAL, "em_draft_propose: drafter is NULL");
     if (!out) return em_err_set(err, EM_EINVAL, "em_draft_propose: out is NULL");
     out->n = 0;
     if (!out->tokens) return em_err_set(err, EM_EINVAL, "em_draft_propose: out->tokens is NULL");
-    if (!choose) return em_err_set(err, EM_EINVAL, "em_draft_propose: no chooser given");
     if (n_max < 1)
         return em_err_set(err, EM_EINVAL, "em_draft_propose: n_max %d (want >= 1)", n_max);
     if (anchor < 0 || anchor >= d->info.n_vocab)
         return em_err_set(err, EM_EINVAL, "em_draft_propose: anchor token %d is outside the vocabulary [0, %d)",
                           (int)anchor, d->info.n_vocab);
-    return d->ops->propose(d, anchor, n_max, choose, ud, out, err);
+    int rc = check_chain(chain, n_max < d->info.n_drafts ? n_max : d->info.n_drafts, d->info.n_vocab, err);
+    if (rc) return rc;
+    return d->ops->propose(d, anchor, n_max, chain, out, err);
 }
 
 void em_draft_reset(em_drafter *d) {

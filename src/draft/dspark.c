@@ -6,10 +6,12 @@
  *               Qwen3 layers, attending over [context cache ; block] (non-causal unless the
  *               file says causal); final norm; then, left to right over the draft slots
  *               (all B for DSpark, slots 1..B-1 for DFlash): the confidence logit (and the
- *               caller's keep, which may end the block there), the slot's LM head row
+ *               keep test, which may end the block there), the slot's LM head row
  *               (computed in pieces of several slots), the Markov bias of the previously
  *               chosen token (the anchor for the first draft; vanilla biases are cached by
- *               token, they depend on nothing else), and the caller's choice.
+ *               token, they depend on nothing else), and the pick; the keep test and the
+ *               pick follow the caller's chain (draft.h) through draft.c's rules, so the
+ *               whole chain runs here without a call into the caller per slot.
  *               Attention runs one pool task per (block row, query head) on compute's
  *               fixed-order score / softmax / weighted-row helpers (those MLA uses); the FFN's
  *               gate and up products and their SwiGLU share one pool run (tasks by ff rows).
@@ -384,12 +386,14 @@ static void target_logits(const dspark *s, const float *base, const float *bias,
     for (int i = 0; i < hp->dvocab; i++) dst[s->d2t[i]] = base[i] + (bias ? bias[i] : 0.0f);
 }
 
-static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose choose, void *ud,
+static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain,
                        em_draft_out *out, em_err *err) {
     dspark *s = (dspark *)d;
     const dsp_hparams *hp = &s->hp;
     const int n = n_max < d->info.n_drafts ? n_max : d->info.n_drafts;
-    const bool may_stop = hp->conf && out->keep;
+    const bool may_stop = hp->conf && em_draft_chain_may_stop(chain);
+    em_draft_sched sched;
+    em_draft_chain_begin(chain, &sched);
     int rc = run_block(s, anchor, err);
     if (rc) return rc;
     if (hp->markov == DSP_MARKOV_RNN) memset(s->state, 0, (size_t)hp->rank * sizeof(float));
@@ -401,7 +405,7 @@ static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose
         if (hp->conf) {
             float z = confidence(s, hk, k);
             if (out->conf_logits) out->conf_logits[k] = z;
-            if (may_stop && !out->keep(out->keep_ud, k, z)) break;
+            if (may_stop && !em_draft_chain_keep(chain, &sched, k, z)) break;
         }
         if (k >= have) {
             int m = head_piece(s, k, n, may_stop);
@@ -412,7 +416,7 @@ static int dsp_propose(em_drafter *d, int32_t anchor, int n_max, em_draft_choose
         if (hp->rank > 0 && (rc = markov_bias(s, hk, prev, &bias, err))) return rc;
         float *row = out->logits ? out->logits + (int64_t)k * hp->vocab : s->row;
         target_logits(s, s->base_logits + (int64_t)k * hp->dvocab, bias, row);
-        int32_t tok = choose(ud, k, row);
+        int32_t tok = em_draft_chain_pick(chain, k, row, hp->vocab);
         if (tok < 0) break;
         if (tok >= hp->vocab)
             return em_err_set(err, EM_EINVAL, "drafter %s: the chooser picked token %d at slot %d, outside the vocabulary "

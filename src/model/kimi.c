@@ -12,8 +12,11 @@
  * verify writes and a commit keeps by advancing pos. A verify never writes a committed
  * state or a cache row < pos. Scratch comes from one arena reset per step; it is re-made
  * larger only when a step needed more than any before (no allocation in steady decoding).
- * Weights are only read. */
+ * Weights are only read. The LM head runs only for the rows whose logits or argmax the caller
+ * asked for (em_rows); an argmax is em_argmax (sample.h: the sampler's greedy rule) of the very
+ * floats the row's logits would be. */
 #include "model/kimi_impl.h"
+#include "sample/sample.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -123,12 +126,91 @@ static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float
 /* ---- one forward step over n rows at positions pos.. ------------------------------------ */
 
 typedef struct step_out {
-    float *logits;   /* NULL, or rows [first_logit, n) */
-    int first_logit;
+    const em_rows *rows; /* logits / argmax requests (NULL: none) of the caller's n_req rows, */
+    int r0, n_req;       /* of which this step runs rows r0 .. r0 + n - 1 */
     float *features; /* NULL or [n][n_feat] */
     int32_t *routes; /* NULL or [n][n_route] */
     float *margins;  /* NULL or [n][n_moe_layers] */
 } step_out;
+
+/* Where request row r (of n) puts its logits / argmax (em_rows in model.h), or NULL. */
+static float *logit_dst(const em_rows *o, int r, int n, int64_t n_vocab) {
+    if (!o || !o->logits) return NULL;
+    if (o->last_only) return r == n - 1 ? o->logits : NULL;
+    return !o->logit_rows || o->logit_rows[r] ? o->logits + (int64_t)r * n_vocab : NULL;
+}
+
+static int32_t *argmax_dst(const em_rows *o, int r, int n) {
+    if (!o || !o->argmax) return NULL;
+    if (o->last_only) return r == n - 1 ? o->argmax : NULL;
+    return !o->argmax_rows || o->argmax_rows[r] ? o->argmax + r : NULL;
+}
+
+/* The greedy token of a row: em_argmax, -1 when no logit is usable (all NaN or -inf). */
+static int32_t row_argmax(const float *row, int32_t n_vocab) {
+    int32_t id = em_argmax(row, n_vocab);
+    return id >= 0 && row[id] != -INFINITY ? id : -1;
+}
+
+#define HEAD_ROWS 32 /* rows per LM head product into scratch (argmax-only or scattered rows) */
+
+/* Final norm and LM head of the step's wanted rows (x: the residual rows, h: scratch [n][E]).
+ * When the wanted rows are one run whose logits all go to the caller, the product writes there
+ * directly (every prompt and sampled verify); otherwise rows are gathered, HEAD_ROWS at a time,
+ * into scratch and copied / reduced to their argmax. Either way each row's floats are those of
+ * a one-row product (rows do not interact in the norm or the product). */
+static int lm_head(kimi *k, kimi_resbank *bank, const float *x, int n, const step_out *so, float *h,
+                   em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    int first = -1, count = 0;
+    bool direct = true; /* one run, every row with a logits destination */
+    for (int t = 0; t < n; t++) {
+        float *lg = logit_dst(so->rows, so->r0 + t, so->n_req, V);
+        if (!lg && !argmax_dst(so->rows, so->r0 + t, so->n_req)) continue;
+        if (first < 0) first = t;
+        if (t != first + count || !lg) direct = false;
+        count++;
+    }
+    if (count == 0) return EM_OK;
+    em_acts ha;
+    if (direct) {
+        rmsnorm_rows(kimi_res_input(bank, x, k->w.output_res, first, count), k->w.output_norm, hp->rms_eps, count, E, h);
+        em_acts_init(&ha, h, E, E, count);
+        float *y = logit_dst(so->rows, so->r0 + first, so->n_req, V);
+        int rc = em_mm(&ha, &k->w.output, y, V, k->pool, k->arena, err);
+        for (int j = 0; !rc && j < count; j++) {
+            int32_t *am = argmax_dst(so->rows, so->r0 + first + j, so->n_req);
+            if (am) *am = row_argmax(y + j * V, (int32_t)V);
+        }
+        return rc;
+    }
+    const int cap = count < HEAD_ROWS ? count : HEAD_ROWS;
+    float *y = em_falloc(k->arena, (uint64_t)cap * (uint64_t)V, "LM head rows", err);
+    int idx[HEAD_ROWS];
+    if (!y) return EM_ENOMEM;
+    for (int t = first; t < n;) {
+        int m = 0;
+        for (; t < n && m < cap; t++) /* the next wanted rows, packed into h */
+            if (logit_dst(so->rows, so->r0 + t, so->n_req, V) || argmax_dst(so->rows, so->r0 + t, so->n_req)) {
+                rmsnorm_rows(kimi_res_input(bank, x, k->w.output_res, t, 1), k->w.output_norm, hp->rms_eps, 1, E,
+                             h + m * E);
+                idx[m++] = t;
+            }
+        if (m == 0) break;
+        em_acts_init(&ha, h, E, E, m);
+        int rc = em_mm(&ha, &k->w.output, y, V, k->pool, k->arena, err);
+        if (rc) return rc;
+        for (int j = 0; j < m; j++) {
+            const int r = so->r0 + idx[j];
+            float *lg = logit_dst(so->rows, r, so->n_req, V);
+            int32_t *am = argmax_dst(so->rows, r, so->n_req);
+            if (lg) memcpy(lg, y + j * V, (size_t)V * sizeof *lg);
+            if (am) *am = row_argmax(y + j * V, (int32_t)V);
+        }
+    }
+    return EM_OK;
+}
 
 static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const step_out *so,
                 em_err *err) {
@@ -176,12 +258,7 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
                 for (int t = 0; t < n; t++)
                     memcpy(so->features + (int64_t)t * k->base.info.n_feat + f * E, x + t * E, (size_t)E * sizeof(float));
     }
-    if (!so->logits || so->first_logit >= n) return EM_OK;
-    int r0 = so->first_logit, m = n - r0;
-    rmsnorm_rows(kimi_res_input(&bank, x, k->w.output_res, r0, m), k->w.output_norm, hp->rms_eps, m, E, h);
-    em_acts ha;
-    em_acts_init(&ha, h, E, E, m);
-    return em_mm(&ha, &k->w.output, so->logits, hp->n_vocab, k->pool, a, err);
+    return lm_head(k, &bank, x, n, so, h, err);
 }
 
 /* ---- cost model --------------------------------------------------------------------------- */
@@ -244,8 +321,8 @@ static int kimi_verify(em_target *t, const int32_t *tok, int n, const em_rows *o
     kimi *k = (kimi *)t;
     bool logged = n <= t->info.max_verify;
     step_out so = {
-        .logits = out->logits, .first_logit = out->last_only ? n - 1 : 0, .features = out->features,
-        .routes = out->routes, .margins = out->route_margins,
+        .rows = out, .r0 = 0, .n_req = n, .features = out->features, .routes = out->routes,
+        .margins = out->route_margins,
     };
     t->pending = -1;
     double t0 = em_time_now();
@@ -265,11 +342,7 @@ static int run_commit(kimi *k, const int32_t *tok, int n, const em_rows *out, em
     em_target *t = &k->base;
     for (int r0 = 0; r0 < n; r0 += k->ubatch) {
         int m = n - r0 < k->ubatch ? n - r0 : k->ubatch;
-        step_out so = { 0 };
-        if (out && out->logits) {
-            if (!out->last_only) so.logits = out->logits + (int64_t)r0 * t->info.n_vocab;
-            else if (r0 + m == n) so.logits = out->logits, so.first_logit = m - 1;
-        }
+        step_out so = { .rows = out, .r0 = r0, .n_req = n };
         if (out && out->features) so.features = out->features + (int64_t)r0 * t->info.n_feat;
         if (out && out->routes) so.routes = out->routes + (int64_t)r0 * t->info.n_route;
         if (out && out->route_margins) so.margins = out->route_margins + (int64_t)r0 * t->info.n_moe_layers;

@@ -3,8 +3,9 @@
  * committed sequence state (recurrent states, attention caches) and scratch. Rows are tokens
  * at consecutive positions after the committed ones.
  *
- *   verify(tok, n)  run n rows on top of the committed state, fill logits [n][n_vocab] (and
- *                   captured features [n][n_feat]); the committed state is NOT modified
+ *   verify(tok, n)  run n rows on top of the committed state, fill what em_rows asks for
+ *                   (logits or argmaxes of chosen rows, captured features [n][n_feat], routes);
+ *                   the committed state is NOT modified
  *   commit(k)       make the first k rows of the last verify permanent (k <= n): recurrent
  *                   layers fold in only k transitions (ReplaySSM), attention layers keep
  *                   positions < pos + k (their rows past that are scratch)
@@ -27,10 +28,29 @@
 
 typedef struct em_target em_target;
 
-/* Where a verify/prefill puts its results (caller memory). */
+/* Where a verify/prefill puts its results (caller memory), and which rows' results are wanted,
+ * so that a target computes (and on a device, copies back) only those: a greedy loop asks for
+ * argmaxes, a sampling one for logits, a prompt for the last row only.
+ *
+ * Rows are indexed 0 .. n-1 in the order of tok. For row i:
+ *   logits:  wanted when logits != NULL and (last_only ? i == n-1 : !logit_rows || logit_rows[i]);
+ *            written to logits + i * n_vocab (last_only: to logits itself).
+ *   argmax:  wanted when argmax != NULL and (last_only ? i == n-1 : !argmax_rows || argmax_rows[i]);
+ *            written to argmax[i] (last_only: argmax[0]): the index of the row's largest logit,
+ *            the lowest on ties, NaN skipped (em_argmax of sample/sample.h, the sampler's greedy
+ *            choice, computed from exactly the floats the row's logits would be), or -1 when the
+ *            row has no usable logit (every logit NaN or -inf).
+ * Slots of rows that are not wanted are left untouched. The LM head runs only for rows whose
+ * logits or argmax are wanted. A row's values do not depend on which other rows were asked
+ * for (nor on n: verify rows are bit-identical to one-row steps).
+ * Invalid (EM_EINVAL, nothing computed): a row mask without its output buffer, or a row mask
+ * together with last_only. */
 typedef struct em_rows {
-    float *logits;     /* [n][n_vocab]; NULL: logits are not computed */
-    bool last_only;    /* logits holds only the last row's [n_vocab] values */
+    float *logits;     /* [n][n_vocab] ([n_vocab] with last_only); NULL: no logits */
+    const bool *logit_rows;  /* [n]: the rows whose logits are wanted; NULL: every row */
+    int32_t *argmax;   /* [n] ([1] with last_only); NULL: no argmaxes */
+    const bool *argmax_rows; /* [n]: the rows whose argmax is wanted; NULL: every row */
+    bool last_only;    /* only the last row's logits/argmax, packed (see above) */
     float *features;   /* [n][n_feat] (residual stream after the feature layers, concatenated
                           in the order given at open); NULL: not captured */
     int32_t *routes;   /* [n][n_route]: per MoE layer (in layer order) the experts chosen for

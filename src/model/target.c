@@ -76,6 +76,18 @@ void em_target_close(em_target *t) {
     if (t) t->ops->close(t);
 }
 
+/* The row selection of em_rows (model.h): a mask needs its output, and last_only takes none. */
+static int check_selection(const char *what, const em_rows *out, em_err *err) {
+    if (out->logit_rows && !out->logits)
+        return em_err_set(err, EM_EINVAL, "%s: logit_rows given without a logits buffer", what);
+    if (out->argmax_rows && !out->argmax)
+        return em_err_set(err, EM_EINVAL, "%s: argmax_rows given without an argmax buffer", what);
+    if (out->last_only && (out->logit_rows || out->argmax_rows))
+        return em_err_set(err, EM_EINVAL, "%s: last_only with a %s mask (last_only already picks the last row)", what,
+                          out->logit_rows ? "logit_rows" : "argmax_rows");
+    return EM_OK;
+}
+
 static int check_rows(const em_target *t, const char *what, const int32_t *tok, int n,
                       const em_rows *out, em_err *err) {
     if (n < 1 || !tok || !out)
@@ -90,7 +102,7 @@ static int check_rows(const em_target *t, const char *what, const int32_t *tok, 
                               tok[i], i, t->info.n_vocab);
     if (out->features && t->info.n_feat == 0)
         return em_err_set(err, EM_EINVAL, "%s: features asked for, but no feature layers were set at open", what);
-    return EM_OK;
+    return check_selection(what, out, err);
 }
 
 /* A forward on a file cut short would read past its end (SIGBUS on the mapping). */

@@ -1,7 +1,8 @@
 /* spec/accept.c: which drafts of a verified block stand, and the target's token after them.
  *
  * Greedy: the longest prefix of drafts equal to the target's argmax at their positions, then
- * the argmax of the row after it (token-identical to plain greedy decoding).
+ * the argmax of the row after it (token-identical to plain greedy decoding); the argmaxes
+ * come from the target (em_rows.argmax), so greedy needs no logits at all.
  * Sampling: standard speculative sampling (Leviathan et al.; dspark.md §2.7). Draft d_k was
  * drawn from p_d (the drafter's Markov-corrected logits through the session sampler's
  * filters and temperature); p_t is the target's row k-1 through the same filters. d_k stands
@@ -22,10 +23,10 @@ struct em_spec_accept {
     float *dense;          /* [n_vocab] p_d scattered by id during a residual draw; else zeros */
 };
 
-int em_spec_accept_greedy(const float *logits, int32_t n_vocab, const int32_t *drafts, int K, int32_t *next) {
+int em_spec_accept_greedy(const int32_t *argmax, const int32_t *drafts, int K, int32_t *next) {
     int acc = 0;
-    while (acc < K && drafts[acc] == em_argmax(logits + (size_t)acc * (size_t)n_vocab, n_vocab)) acc++;
-    *next = em_argmax(logits + (size_t)acc * (size_t)n_vocab, n_vocab);
+    while (acc < K && drafts[acc] == argmax[acc]) acc++;
+    *next = argmax[acc];
     return acc;
 }
 

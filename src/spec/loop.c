@@ -3,10 +3,13 @@
  * the ring when there is a drafter), takes the first token from the last row, then runs steps
  *
  *     drafter context += new committed rows (from the ring)
- *     -> propose a block after the anchor -> schedule (how many drafts to verify; the walk
- *        runs slot by slot inside propose: a drafter that honours keep makes no slot that
- *        will not be verified)
- *     -> verify [anchor, d_1..d_K] -> accept -> commit(1 + accepted) -> ring += their features
+ *     -> propose a block after the anchor: the drafter runs the whole chain itself from a
+ *        plain-data description (greedy, or draws from the call's sampler; the schedule's
+ *        keep test with this pass's costs, so it makes no slot that will not be verified)
+ *     -> schedule (the same walk over the block's confidences, for drafters without one)
+ *     -> verify [anchor, d_1..d_K], asking the target only for what acceptance reads: the
+ *        rows' argmaxes when greedy, their logits when sampling
+ *     -> accept -> commit(1 + accepted) -> ring += their features
  *     -> emit
  *
  * until end of generation, n_max tokens, a full context or a stop from the callback. The
@@ -24,10 +27,11 @@
  * passed to the callback nor counted. Bytes the stream still holds back at the end come in
  * one last callback with token -1.
  *
- * Sampling is lossless: drafts are drawn, slot by slot, from the drafter's corrected logits
- * through the same sampler (filters, temperature) as the target's rows, and accept.c applies
+ * Sampling is lossless: drafts are drawn, slot by slot (inside the drafter, from this call's
+ * sampler, in slot order), from the drafter's corrected logits through the same sampler
+ * (filters, temperature) as the target's rows, and accept.c applies
  * speculative rejection sampling against exactly those distributions; the width schedule is
- * non-anticipating (schedule.c). All randomness comes from the call's seeded sampler.
+ * non-anticipating (draft/schedule.c). All randomness comes from the call's seeded sampler.
  *
  * Timing: prompt_seconds is the prefill (with the drafter's prompt context); gen_seconds runs
  * from there to the end; draft_seconds is the drafter's share of both.
@@ -55,7 +59,8 @@ struct em_spec {
     int32_t n_vocab;
     int n_feat;            /* 0 without a drafter */
     int feat_rows;         /* rows of feats */
-    float *logits;         /* [max_width][n_vocab]: rows of the last prefill/verify */
+    float *logits;         /* [max_width][n_vocab]: rows of the last prefill/verify (sampling) */
+    int32_t *argmax;       /* [max_width]: their argmaxes (greedy) */
     float *feats;          /* [feat_rows][n_feat]: captured features, and ring rows read back */
     int32_t *rows;         /* [max_width]: the verified tokens, anchor first, then the drafts */
     int32_t *out;          /* [max_width]: the tokens a step emits (accepted drafts, then next) */
@@ -145,6 +150,7 @@ static int alloc_buffers(em_spec *s, const em_spec_opts *o, em_err *err) {
                          "decode loop logits", err);
     /* every row is written within the first passes: fault its pages in now, not in a pass */
     if (!rc) memset(s->logits, 0, (size_t)s->max_width * (size_t)s->n_vocab * sizeof(float));
+    if (!rc) rc = alloc_array((void **)&s->argmax, (uint64_t)s->max_width, sizeof(int32_t), "decode loop argmaxes", err);
     if (!rc) rc = alloc_array((void **)&s->rows, (uint64_t)s->max_width, sizeof(int32_t), "decode loop rows", err);
     if (!rc) rc = alloc_array((void **)&s->out, (uint64_t)s->max_width, sizeof(int32_t), "decode loop tokens", err);
     if (rc || !s->drafter) return rc;
@@ -202,6 +208,7 @@ void em_spec_free(em_spec *s) {
     em_spec_ring_free(s->ring);
     em_spec_accept_free(s->accept);
     free(s->logits);
+    free(s->argmax);
     free(s->feats);
     free(s->rows);
     free(s->out);
@@ -250,19 +257,6 @@ static int sync_drafter(gen *g, em_err *err) {
     return EM_OK;
 }
 
-/* The drafter's chooser: slot k's token from its corrected logits. Greedy: the argmax. Else a
- * draw from the filtered distribution, kept for acceptance. -1 (ends the block) when the
- * slot has no usable logit. */
-static int32_t choose_draft(void *ud, int k, const float *logits) {
-    gen *g = ud;
-    em_spec *s = g->s;
-    if (k < 0 || k >= s->max_width - 1 || !logits) return -1;
-    if (g->greedy) return em_argmax(logits, s->n_vocab);
-    em_err ignored = { 0 };
-    if (em_sampler_dist(g->sampler, logits, &s->dists[k], &ignored)) return -1;
-    return em_sampler_draw(g->sampler, &s->dists[k]);
-}
-
 /* A pass of n rows costs the drafter's block with its n - 1 draft slots (slots past the
  * verified ones are never made) plus the target's verify, both at the nominal rates of
  * compute.h: weighing only the verify would make drafting look free and keep widths narrow
@@ -273,16 +267,16 @@ typedef struct pass_cost {
     double block_seconds, slot_seconds;
 } pass_cost;
 
-static double pass_seconds(void *ud, int n) {
-    const pass_cost *c = ud;
+static double pass_seconds(const pass_cost *c, int n) {
     return c->block_seconds + (double)(n - 1) * c->slot_seconds + em_target_cost(c->target, n).nominal_seconds;
 }
 
-/* The scheduler's walk, asked by the drafter slot by slot: a slot the walk would not verify
- * ends the block before the drafter makes its logits and the chooser draws for it. */
-static bool keep_draft(void *ud, int k, float z) {
-    (void)k;
-    return em_spec_sched_keep(ud, z);
+/* The keep test's parameters for a block of up to `want` drafts: every pass width it may
+ * weigh, priced now (the cost depends only on the target's state, which proposing does not
+ * change, so a table made up front gives the walk exactly the costs it would ask for). */
+static void sched_params(const pass_cost *c, int want, em_draft_sched_params *p) {
+    p->n_cost = want + 1;
+    for (int n = 1; n <= p->n_cost; n++) p->cost[n - 1] = pass_seconds(c, n);
 }
 
 /* Drafts (into rows 1..) and chooses how many to verify (<= limit - 1); returns K. */
@@ -294,20 +288,21 @@ static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
     int want = (s->fixed_width ? s->fixed_width : s->max_width) - 1;
     if (want > limit - 1) want = limit - 1;
     pass_cost cost = { s->target, d->info.block_seconds, d->info.slot_seconds };
-    em_spec_sched sched;
+    em_draft_sched_params sp;
     em_draft_out o = { .tokens = s->rows + 1, .conf_logits = d->info.has_confidence ? s->conf : NULL };
+    em_draft_chain chain = { .sampler = g->greedy ? NULL : g->sampler, .dists = g->greedy ? NULL : s->dists };
     if (!s->fixed_width && o.conf_logits) {
-        em_spec_sched_start(&sched, pass_seconds, &cost);
-        o.keep = keep_draft, o.keep_ud = &sched;
+        sched_params(&cost, want, &sp);
+        chain.sched = &sp;
     }
-    if (!rc) rc = em_draft_propose(d, anchor, want, choose_draft, g, &o, err);
+    if (!rc) rc = em_draft_propose(d, anchor, want, &chain, &o, err);
     g->res->draft_seconds += em_time_now() - t0;
     if (rc) return em_err_prefix(err, "drafter: block after token %d", anchor);
     if (o.n < 0 || o.n > want)
         return em_err_set(err, EM_EINVAL, "drafter: %d proposals where at most %d were asked", o.n, want);
     if (s->fixed_width) return o.n;
-    /* a drafter that honoured keep stopped where this walk stops (it returns o.n then) */
-    return em_spec_schedule(o.conf_logits, o.n, pass_seconds, &cost);
+    /* a drafter that ran the keep test stopped where this walk stops (it returns o.n then) */
+    return em_draft_schedule(chain.sched, o.conf_logits, o.n);
 }
 
 /* ---- the step ------------------------------------------------------------------------------ */
@@ -322,9 +317,8 @@ static int accept_rows(gen *g, int K, int32_t *next, em_err *err) {
         }
         return em_spec_accept_sample(s->accept, g->sampler, s->logits, s->rows + 1, s->dists, K, next, err);
     }
-    int acc = em_spec_accept_greedy(s->logits, s->n_vocab, s->rows + 1, K, next);
-    const float *row = s->logits + (size_t)acc * (size_t)s->n_vocab;
-    if (*next < 0 || row[*next] == -INFINITY)
+    int acc = em_spec_accept_greedy(s->argmax, s->rows + 1, K, next);
+    if (*next < 0)
         return em_err_set(err, EM_EINVAL, "decode: verified row %d has no usable logit (all NaN or -inf)", acc);
     return acc;
 }
@@ -371,7 +365,8 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     if (K < 0) return K;
 
     s->rows[0] = *anchor;
-    em_rows rows = { .logits = s->logits, .features = s->drafter ? s->feats : NULL };
+    em_rows rows = { .logits = g->greedy ? NULL : s->logits, .argmax = g->greedy ? s->argmax : NULL,
+                     .features = s->drafter ? s->feats : NULL };
     int rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
     if (rc) return rc;
     int32_t next;
@@ -395,13 +390,15 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     return EM_OK;
 }
 
-/* The prompt in chunks: the last chunk's last row of logits, every row's features. */
+/* The prompt in chunks: the last chunk's last row (its argmax when greedy, else its logits),
+ * every row's features. */
 static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     em_spec *s = g->s;
     for (int r0 = 0; r0 < n_prompt; r0 += PREFILL_CHUNK) {
         int m = n_prompt - r0 < PREFILL_CHUNK ? n_prompt - r0 : PREFILL_CHUNK;
-        em_rows rows = { .logits = r0 + m == n_prompt ? s->logits : NULL, .last_only = true,
-                         .features = s->drafter ? s->feats : NULL };
+        const bool last = r0 + m == n_prompt;
+        em_rows rows = { .logits = last && !g->greedy ? s->logits : NULL, .argmax = last && g->greedy ? s->argmax : NULL,
+                         .last_only = true, .features = s->drafter ? s->feats : NULL };
         int rc = em_target_prefill(s->target, prompt + r0, m, &rows, err);
         if (!rc && s->drafter) rc = em_spec_ring_push(s->ring, r0, s->feats, m, err);
         if (!rc && s->drafter) {
@@ -421,8 +418,10 @@ static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     double t1 = em_time_now();
     g->res->prompt_seconds = t1 - t0;
     if (rc) return rc;
-    int32_t anchor;
-    rc = em_sampler_sample(g->sampler, s->logits, &anchor, err);
+    int32_t anchor = s->argmax[0];
+    if (!g->greedy) rc = em_sampler_sample(g->sampler, s->logits, &anchor, err);
+    else if (anchor < 0) /* as the sampler says it */
+        rc = em_err_set(err, EM_EINVAL, "sampler: no usable logit (all NaN or -inf) in a row of %d", s->n_vocab);
     if (!rc) rc = emit(g, anchor, err);
     while (!rc && !g->done) rc = step(g, &anchor, err);
     g->res->gen_seconds = em_time_now() - t1;

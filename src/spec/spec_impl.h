@@ -3,8 +3,11 @@
  *
  *   ring.c      the feature ring: captured target features of committed positions, stored as
  *               F32 / F16 / BF16 / Q8_0, read back as f32 for the drafter's context
- *   schedule.c  how many drafts to verify: confidence survival against the target's cost
  *   accept.c    greedy acceptance and lossless speculative rejection sampling
+ *
+ * How many drafts to verify (confidence survival against the pass's cost) is the walk of
+ * draft/schedule.c (draft.h), which the drafter runs slot by slot from plain data and the
+ * loop re-runs over a block's confidences: one implementation for both.
  *
  * Callers outside spec/ use spec.h only. */
 #ifndef EM_SPEC_IMPL_H
@@ -35,42 +38,13 @@ int em_spec_ring_read(em_spec_ring *r, int64_t pos, int n, float *out, em_err *e
 /* Bytes one stored row takes. */
 size_t em_spec_ring_row_bytes(const em_spec_ring *r);
 
-/* ---- scheduling (schedule.c) ------------------------------------------------------------- */
-
-/* Seconds one verify of n rows costs (n >= 1); <= 0 or non-finite: unknown. */
-typedef double (*em_spec_cost_fn)(void *ud, int n_rows);
-
-/* How many of n drafts to verify, given each slot's confidence logit z[k] (sigma(z[k]) is the
- * chance that draft k stands given that drafts < k did). With the survival a_j =
- * prod_{i<j} sigma(z[i]), verifying j drafts commits E(j) = 1 + a_1 + .. + a_j tokens on
- * average for cost(j + 1). Walks j = 1, 2, .. and keeps draft j only while E(j)/cost(j+1)
- * beats the best so far, stopping at the first that does not: whether draft j is verified
- * depends only on the drafts before it (non-anticipating, so rejection sampling stays
- * lossless). z NULL (no confidence head) or an unknown cost: all n. NaN z counts as 0. */
-int em_spec_schedule(const float *z, int n, em_spec_cost_fn cost, void *ud);
-
-/* The same walk one draft at a time, for a drafter that can stop early: start, then keep(z)
- * for slots 0, 1, .. in order; true while draft k (confidence logit z) is verified, false
- * from the first that is not (and every call after). After keep returned true for k drafts
- * and false for the next, em_spec_schedule over those k logits returns k. */
-typedef struct em_spec_sched {
-    em_spec_cost_fn cost;
-    void *ud;
-    double expected, survival, best;
-    int width;    /* drafts kept so far */
-    bool all;     /* no usable cost: keep every draft */
-    bool stopped;
-} em_spec_sched;
-void em_spec_sched_start(em_spec_sched *st, em_spec_cost_fn cost, void *ud);
-bool em_spec_sched_keep(em_spec_sched *st, float z);
-
 /* ---- acceptance (accept.c) --------------------------------------------------------------- */
 
-/* Greedy: logits holds the K+1 verified rows ([K+1][n_vocab], row i after the i-th verified
- * token), drafts the K drafts (draft k is checked against row k-1). Returns how many drafts
- * stand (the longest prefix with draft k == argmax(row k-1)) and puts argmax(row acc) in
- * *next. */
-int em_spec_accept_greedy(const float *logits, int32_t n_vocab, const int32_t *drafts, int K, int32_t *next);
+/* Greedy: argmax holds the K+1 verified rows' argmaxes ([K+1], row i after the i-th verified
+ * token: em_rows.argmax of model.h), drafts the K drafts (draft k is checked against row k-1).
+ * Returns how many drafts stand (the longest prefix with draft k == argmax[k-1]) and puts
+ * argmax[acc] in *next (-1 when that row had no usable logit). */
+int em_spec_accept_greedy(const int32_t *argmax, const int32_t *drafts, int K, int32_t *next);
 
 /* Scratch of speculative rejection sampling (sized for a vocabulary at create). */
 typedef struct em_spec_accept em_spec_accept;

@@ -23,11 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int32_t choose_greedy(void *ud, int k, const float *logits) {
-    (void)k;
-    return em_argmax(logits, *(const int *)ud);
-}
-
 static int write_f32(const char *dir, const char *name, const float *v, size_t n) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -97,9 +92,8 @@ static int dump(const char *target_path, const char *draft_path, const char *dir
     if (!rc) rc = em_target_prefill(t, ids, (int)n, &(em_rows){ .logits = last, .last_only = true, .features = feats }, err);
     int32_t anchor = rc ? 0 : em_argmax(last, di->n_vocab);
     em_draft_out o = { .tokens = draft_tokens, .logits = logits, .conf_logits = di && di->has_confidence ? conf : NULL };
-    int n_vocab = di ? di->n_vocab : 0;
     if (!rc) rc = em_draft_add_context(d, feats, (int)n, err);
-    if (!rc) rc = em_draft_propose(d, anchor, di->n_drafts, choose_greedy, &n_vocab, &o, err);
+    if (!rc) rc = em_draft_propose(d, anchor, di->n_drafts, &(em_draft_chain){ 0 }, &o, err); /* greedy */
     if (!rc && (write_f32(dir, "features.f32", feats, n * (size_t)di->n_feat) ||
                 write_f32(dir, "logits.f32", logits, (size_t)o.n * (size_t)di->n_vocab) ||
                 write_f32(dir, "conf.f32", conf, (size_t)di->n_drafts) || write_meta(dir, ids, n, anchor, &o, di)))

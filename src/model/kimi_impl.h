@@ -13,6 +13,7 @@
 #include "format/gguf.h"
 #include "model/kda.h"
 #include "model/model.h"
+#include "model/weights.h"
 
 enum { KIMI_KDA = 0, KIMI_MLA = 1 };
 
@@ -103,8 +104,9 @@ typedef struct kimi_weights {
     struct kimi_experts *experts;     /* routed-expert storage (kimi_experts_open) */
 } kimi_weights;
 
-/* Reads and checks hyperparameters and weights; on failure everything is released. */
-int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err);
+/* Reads and checks hyperparameters and weights; every matrix passes hook (may be NULL) once
+ * (model/weights.h). On failure everything is released. */
+int kimi_load(em_gguf *g, const em_wload_hook *hook, kimi_hparams *hp, kimi_weights *w, em_err *err);
 void kimi_unload(kimi_hparams *hp, kimi_weights *w);
 
 /* ---- routed-expert storage (moe.c) ------------------------------------------------------

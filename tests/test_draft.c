@@ -609,9 +609,22 @@ static bool in_file(const em_gguf *g, const void *p) {
     return false;
 }
 
+/* The drafter's matrix `name` (got): its file's own when the file has that tensor, else the
+ * target's lent one itself (the same view, the same bytes). Returns whether it was lent. */
+static bool check_lent(const dspark *s, const char *name, const em_mat *got, const em_mat *lent) {
+    if (em_gguf_find_tensor(s->g, name)) {
+        assert_true(in_file(s->g, got->data));
+        assert_ptr_not_equal(got->data, lent->data);
+        return false;
+    }
+    assert_ptr_equal(got->data, lent->data);
+    assert_memory_equal(got, lent, sizeof *got);
+    return true;
+}
+
 /* A drafter without an embedding or LM head of its own uses the target's matrices themselves
- * (the very views, so the same bytes: one copy); one with its own uses its file's. The taps
- * em_draft_read_taps reads are the ones the opened drafter reports. */
+ * (one copy); one with its own uses its file's. The taps em_draft_read_taps reads are the
+ * ones the opened drafter reports. */
 static void test_borrowed(void **state) {
     (void)state;
     NEED_MODELS();
@@ -620,31 +633,15 @@ static void test_borrowed(void **state) {
         const char *path = draft_path[i][0];
         em_drafter *d = open_ok(path, &sh_a, 0);
         const dspark *s = (const dspark *)d;
-        em_gguf *g;
-        OK(em_gguf_open(&g, path, E));
-        const bool own_embd = em_gguf_find_tensor(g, "token_embd.weight") != NULL;
-        const bool own_head = em_gguf_find_tensor(g, "output.weight") != NULL;
-        if (own_embd) {
-            assert_true(in_file(s->g, s->embd.data));
-        } else {
-            assert_ptr_equal(s->embd.data, sh_a.token_embd->data);
-            assert_memory_equal(&s->embd, sh_a.token_embd, sizeof s->embd);
-            borrowed_embd++;
-        }
-        if (own_head) {
-            assert_true(in_file(s->g, s->head.data));
-        } else {
-            assert_ptr_equal(s->head.data, sh_a.output->data);
-            assert_memory_equal(&s->head, sh_a.output, sizeof s->head);
-            borrowed_head++;
-        }
+        const bool embd = check_lent(s, "token_embd.weight", &s->embd, sh_a.token_embd);
+        const bool head = check_lent(s, "output.weight", &s->head, sh_a.output);
+        borrowed_embd += embd, borrowed_head += head;
         int taps[EM_DRAFT_MAX_TAPS], n_taps;
         OK(em_draft_read_taps(path, taps, &n_taps, E));
         assert_int_equal(n_taps, em_draft_get_info(d)->n_taps);
         assert_memory_equal(taps, em_draft_get_info(d)->taps, (size_t)n_taps * sizeof *taps);
-        printf("  %s: embedding %s, LM head %s\n", drafters[i], own_embd ? "own" : "the target's",
-               own_head ? "own" : "the target's");
-        em_gguf_close(g);
+        printf("  %s: embedding %s, LM head %s\n", drafters[i], embd ? "the target's" : "own",
+               head ? "the target's" : "own");
         em_draft_close(d);
     }
     assert_true(borrowed_embd > 0 && borrowed_head > 0); /* the fixtures cover both ways */
@@ -720,6 +717,18 @@ static void test_bad_files(void **state) {
     em_target_shared as_target = { .path = draft_path[1][0], .arch = "dflash", .n_embd = HIDDEN, .n_layer = 4,
                                    .n_vocab = VOCAB };
     expect_open_fail(draft_path[0][0], &as_target, EM_EINVAL, (const char *const[]){ "itself a drafter", NULL });
+    /* a target whose file was cut short opens for its sizes, but lends nothing to read */
+    size_t size;
+    void *bytes = em_test_read(target_f32, &size);
+    const char *cut = em_test_path("target_cut.gguf");
+    em_test_write(cut, bytes, size - 4096);
+    free(bytes);
+    em_target_shared none;
+    OK(em_model_open(&t, cut, NULL, E));
+    assert_int_equal(em_target_shared_weights(t, &none, &err), EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "tensor data is missing"));
+    assert_null(none.token_embd);
+    em_target_close(t);
     expect_open_fail(em_test_path("nope.gguf"), &sh_a, EM_EIO, NULL);
     assert_int_equal(em_draft_read_taps(em_test_path("nope.gguf"), taps, &n_taps, &err), EM_EIO);
     assert_non_null(strstr(err.msg, "nope.gguf"));

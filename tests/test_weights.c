@@ -8,8 +8,9 @@
  *    em_wload_mat_float turns Q8_0 into f32 equal to em_dequantize of the data (float types
  *    stay in place); vectors: one dimension or the conv layout, their values.
  *  - the hook: every matrix made passes it once, finished (a converted matrix as f32), in
- *    order; its refusal fails the load naming the file and the tensor; and kimi_load sends
- *    every matrix of a real model (each em_mat the forward pass uses) through it exactly once.
+ *    order, and every vector as the values handed out; its refusal fails the load naming the
+ *    file and the tensor; and kimi_load sends every matrix and vector of a real model (each
+ *    one the forward pass uses) through it exactly once.
  */
 /* model/ internals first: testutil.h defines E, a name kimi_impl.h uses */
 #include "model/kimi_impl.h"
@@ -158,6 +159,9 @@ typedef struct seen {
     char names[MAX_SEEN][48];
     em_mat mats[MAX_SEEN];
     const em_mat *where[MAX_SEEN];
+    int n_vecs;
+    const float *vecs[MAX_SEEN];
+    int64_t vec_n[MAX_SEEN];
     const char *refuse; /* refuse this tensor */
 } seen;
 
@@ -171,13 +175,24 @@ static int record(void *ud, const char *name, em_mat *m, em_err *err) {
     return EM_OK;
 }
 
+static int record_vec(void *ud, const char *name, const float *v, int64_t n, em_err *err) {
+    seen *s = ud;
+    if (s->refuse && !strcmp(name, s->refuse)) return em_err_set(err, EM_ENOMEM, "no device memory left");
+    if (s->n_vecs >= MAX_SEEN) return em_err_set(err, EM_EOVERFLOW, "more than %d vectors", MAX_SEEN);
+    s->vec_n[s->n_vecs] = n;
+    s->vecs[s->n_vecs++] = v;
+    return EM_OK;
+}
+
+#define HOOK(s) (&(em_wload_hook){ .mat = record, .vec = record_vec, .ud = (s) })
+
 static const void *tensor_data(const char *name) { return em_gguf_find_tensor(g_file, name)->data; }
 
 static void test_matrices(void **state) {
     (void)state;
     static seen s;
     em_wload L;
-    em_wload_init(&L, g_file, g_store, &(em_wload_hook){ .mat = record, .ud = &s });
+    em_wload_init(&L, g_file, g_store, HOOK(&s));
     em_err err = { 0 };
     em_mat m2, m3, q, h, bad;
     OK(em_wload_mat(&L, "m2", 8, 3, 1, &m2, E));
@@ -222,8 +237,9 @@ static void test_matrices(void **state) {
 
 static void test_vectors(void **state) {
     (void)state;
+    static seen s;
     em_wload L;
-    em_wload_init(&L, g_file, g_store, NULL);
+    em_wload_init(&L, g_file, g_store, HOOK(&s));
     em_err err = { 0 };
     const float *v, *v1, *c, *none = (const float *)&err;
     OK(em_wload_vec(&L, "v", 5, 0, &v, E));
@@ -241,6 +257,14 @@ static void test_vectors(void **state) {
     assert_null(none);
     OK(em_wload_vec_opt(&L, "v", 5, &none, E));
     assert_true(none && none[4] == 4.0f);
+    /* each vector made passed the hook once, as the values handed out; failures did not */
+    assert_int_equal(s.n_vecs, 4);
+    assert_int_equal(L.n_vecs, 4);
+    const float *made[4] = { v, v1, c, none };
+    for (int i = 0; i < 4; i++) assert_ptr_equal(s.vecs[i], made[i]);
+    assert_int_equal(s.vec_n[2], 24);
+    s.refuse = "v";
+    expect(em_wload_vec(&L, "v", 5, 0, &c, &err), EM_ENOMEM, &err, NEEDLES("tensor v", "no device memory left"));
     expect(em_wload_readable(&L, "q81", EM_TYPE_Q8_1, &err), EM_EUNSUPPORTED, &err, NEEDLES("tensor q81", "q8_1"));
     OK(em_wload_readable(&L, "q", EM_TYPE_Q8_0, E));
     assert_true(em_wload_has(&L, "v") && !em_wload_has(&L, "nope"));
@@ -270,6 +294,22 @@ static int model_mats(const kimi_hparams *hp, const kimi_weights *w, const em_ma
     return n;
 }
 
+/* Each vector the forward pass can use. */
+static int model_vecs(const kimi_hparams *hp, const kimi_weights *w, const float **out, int cap) {
+    int n = 0;
+#define TAKE(v) (void)((v) && n < cap && (out[n++] = (v)))
+    TAKE(w->output_norm), TAKE(w->output_res);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kimi_layer *y = &w->layers[l];
+        const em_kda_params *p = &y->kda.p;
+        TAKE(y->attn_norm), TAKE(y->ffn_norm), TAKE(y->attn_res), TAKE(y->ffn_res);
+        TAKE(p->conv_q), TAKE(p->conv_k), TAKE(p->conv_v), TAKE(p->ssm_a), TAKE(p->dt_bias), TAKE(p->o_norm);
+        TAKE(y->mla.q_a_norm), TAKE(y->mla.kv_a_norm), TAKE(y->ffn.router_bias), TAKE(y->ffn.routed_norm);
+    }
+#undef TAKE
+    return n;
+}
+
 static void test_kimi_through_hook(void **state) {
     (void)state;
     const char *bin = getenv("EMBER_BIN");
@@ -282,7 +322,7 @@ static void test_kimi_through_hook(void **state) {
     assert_non_null(s);
     kimi_hparams hp;
     kimi_weights w;
-    OK(kimi_load(g, &(em_wload_hook){ .mat = record, .ud = s }, &hp, &w, E));
+    OK(kimi_load(g, HOOK(s), &hp, &w, E));
     const em_mat *mats[MAX_SEEN];
     int n = model_mats(&hp, &w, mats, MAX_SEEN);
     assert_true(n > 20 && n < MAX_SEEN);
@@ -295,11 +335,20 @@ static void test_kimi_through_hook(void **state) {
         /* hooked finished: the value the forward pass uses (a Q8_0 router as its f32 copy) */
         assert_memory_equal(&s->mats[at], mats[i], sizeof(em_mat));
     }
+    const float *vecs[MAX_SEEN];
+    int n_vecs = model_vecs(&hp, &w, vecs, MAX_SEEN);
+    assert_true(n_vecs > 10 && n_vecs < MAX_SEEN);
+    assert_int_equal(s->n_vecs, n_vecs);
+    for (int i = 0; i < n_vecs; i++) {
+        int hits = 0;
+        for (int j = 0; j < s->n_vecs; j++) hits += s->vecs[j] == vecs[i];
+        if (hits != 1) fail_msg("vector %d of the model passed the hook %d times", i, hits);
+    }
     int routers = 0;
     for (int l = 0; l < hp.n_layer; l++)
         if (w.layers[l].ffn.moe) assert_int_equal(w.layers[l].ffn.router.type, EM_TYPE_F32), routers++;
     assert_true(routers > 0);
-    printf("  kimi_a q8_0: %d matrices through the hook, %d routers as f32\n", n, routers);
+    printf("  kimi_a q8_0: %d matrices and %d vectors through the hook, %d routers as f32\n", n, n_vecs, routers);
     kimi_unload(&hp, &w);
     em_gguf_close(g);
     free(s);
@@ -309,7 +358,7 @@ static void test_kimi_through_hook(void **state) {
     no->refuse = "blk.3.ffn_up_exps.weight";
     OK(em_gguf_open(&g, path, E));
     em_err err = { 0 };
-    assert_int_equal(kimi_load(g, &(em_wload_hook){ .mat = record, .ud = no }, &hp, &w, &err), EM_ENOMEM);
+    assert_int_equal(kimi_load(g, HOOK(no), &hp, &w, &err), EM_ENOMEM);
     assert_non_null(strstr(err.msg, "blk.3.ffn_up_exps.weight"));
     assert_non_null(strstr(err.msg, "no device memory left"));
     assert_non_null(strstr(err.msg, path));

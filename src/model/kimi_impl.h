@@ -104,8 +104,8 @@ typedef struct kimi_weights {
     struct kimi_experts *experts;     /* routed-expert storage (kimi_experts_open) */
 } kimi_weights;
 
-/* Reads and checks hyperparameters and weights; every matrix passes hook (may be NULL) once
- * (model/weights.h). On failure everything is released. */
+/* Reads and checks hyperparameters and weights; every matrix and vector passes hook (may be
+ * NULL) once (model/weights.h). On failure everything is released. */
 int kimi_load(em_gguf *g, const em_wload_hook *hook, kimi_hparams *hp, kimi_weights *w, em_err *err);
 void kimi_unload(kimi_hparams *hp, kimi_weights *w);
 

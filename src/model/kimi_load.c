@@ -2,8 +2,8 @@
  * `ARCH.*` keys (ARCH = general.architecture) and every tensor of every layer, each checked
  * for presence, shape and type before use (through the shared loader, model/weights.h), so a
  * bad file ends here with a message naming the file and the key or tensor, never later in
- * the forward pass. Matrices stay in the mapping (em_mat views, each passed to the caller's
- * hook once); vectors are dequantized to f32 into w->store. Layer kinds come from
+ * the forward pass. Matrices stay in the mapping (em_mat views); vectors are dequantized to
+ * f32 into w->store; each passes the caller's hook once. Layer kinds come from
  * attention.head_count_kv (0 = KDA, else MLA), dense vs MoE from leading_dense_block_count,
  * as llama.cpp reads them. kimi-k3 adds (each checked the same way) q-LoRA MLA with an output
  * gate, the full-rank KDA output gate and the bounded decay gate, SiTU, latent MoE and the

@@ -2,7 +2,8 @@
  * checks every key and tensor passes before a model uses it, and the messages they fail with:
  * file and key, or file, tensor, shape found and shape wanted. Matrices are views into the
  * mapping (nothing copied) unless converted (em_wload_mat_float); vectors and conversions are
- * allocated from the caller's store. Every matrix made passes the hook once, after its checks.
+ * allocated from the caller's store. Every matrix and vector made passes the hook once, after
+ * its checks.
  *
  * Must not: hand out a view whose bytes the tensor does not hold (the reader bounds each
  * tensor's bytes; the shape is checked against them here), read the data of a tensor marked
@@ -20,7 +21,8 @@ void em_wload_init(em_wload *L, const em_gguf *g, em_arena *store, const em_wloa
 /* ---- keys ------------------------------------------------------------------------------ */
 
 const char *em_wload_akey(em_wload *L, const char *suffix) {
-    snprintf(L->key, sizeof L->key, "%s.%s", L->arch ? L->arch : "", suffix);
+    if (L->arch) snprintf(L->key, sizeof L->key, "%s.%s", L->arch, suffix);
+    else snprintf(L->key, sizeof L->key, "%s", suffix);
     return L->key;
 }
 
@@ -126,8 +128,7 @@ int em_wload_readable(const em_wload *L, const char *name, int type, em_err *err
 static int made(em_wload *L, const char *name, em_mat *m, em_err *err) {
     L->n_mats++;
     L->mat_bytes += m->row_bytes * (uint64_t)m->rows;
-    if (!L->hook.mat) return EM_OK;
-    int rc = L->hook.mat(L->hook.ud, name, m, err);
+    int rc = L->hook.mat ? L->hook.mat(L->hook.ud, name, m, err) : EM_OK;
     return rc ? em_err_prefix(err, "%s: tensor %s", L->path, name) : EM_OK;
 }
 
@@ -191,6 +192,9 @@ int em_wload_vec(em_wload *L, const char *name, int64_t n, int64_t lead, const f
     if (!dst) return em_err_set(err, EM_ENOMEM, "%s: out of memory loading tensor %s", L->path, name);
     if (t->missing) memset(dst, 0, (size_t)n * sizeof(float));
     else if ((rc = em_dequantize(t->type, t->data, dst, n, err)))
+        return em_err_prefix(err, "%s: tensor %s", L->path, name);
+    L->n_vecs++;
+    if (L->hook.vec && (rc = L->hook.vec(L->hook.ud, name, dst, n, err)))
         return em_err_prefix(err, "%s: tensor %s", L->path, name);
     *out = dst;
     return EM_OK;

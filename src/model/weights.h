@@ -12,11 +12,12 @@
  *
  * The device seam: every matrix a forward pass uses is made by em_wload_mat or
  * em_wload_mat_float, and each passes it, checked and final (a converted router included),
- * to the loader's hook exactly once. A device target uploads there, once per matrix, and may
+ * to the loader's hook exactly once; every vector made by em_wload_vec passes it too, as the
+ * f32 values the forward reads. A device target uploads there, once per weight, and may
  * refuse (out of device memory) with a message: the load then fails naming the tensor.
  * Matrices a model borrows from another one (the drafter's use of its target's token_embd
  * and output, model.h em_target_shared) were made, and hooked, by that model's loader and do
- * not pass again. Vectors (norms, biases) are host f32 copies, not hooked. */
+ * not pass again. */
 #ifndef EM_MODEL_WEIGHTS_H
 #define EM_MODEL_WEIGHTS_H
 
@@ -33,11 +34,13 @@
 /* A tensor name built in buf (a char array) with printf arguments; evaluates to buf. */
 #define EM_WLOAD_NAME(buf, fmt, ...) (snprintf(buf, sizeof buf, fmt, __VA_ARGS__), buf)
 
-/* Called once per matrix made, after its checks; name is the tensor's. m->data is NULL when
- * the file was cut short (opened with allow_missing_data): nothing may read it then. A
- * nonzero return fails the load with that status and message (prefixed with file and tensor). */
+/* Called once per weight made, after its checks; name is the tensor's. mat: m->data is NULL
+ * when the file was cut short (opened with allow_missing_data): nothing may read it then.
+ * vec: the n f32 values in the store. A nonzero return fails the load with that status and
+ * message (prefixed with file and tensor). Either may be NULL. */
 typedef struct em_wload_hook {
     int (*mat)(void *ud, const char *name, em_mat *m, em_err *err);
+    int (*vec)(void *ud, const char *name, const float *v, int64_t n, em_err *err);
     void *ud;
 } em_wload_hook;
 
@@ -45,10 +48,11 @@ typedef struct em_wload {
     const em_gguf *g;
     const char *path;      /* em_gguf_path(g), for messages */
     em_arena *store;       /* f32 vectors and converted matrices (owned by the caller) */
-    em_wload_hook hook;    /* .mat NULL: none */
-    const char *arch;      /* the key prefix of em_wload_akey (may be NULL) */
+    em_wload_hook hook;    /* members NULL: none */
+    const char *arch;      /* the key prefix of em_wload_akey (NULL: none) */
     int64_t n_mats;        /* matrices made so far */
     uint64_t mat_bytes;    /* their bytes (as stored, or as converted) */
+    int64_t n_vecs;        /* vectors made so far */
     char key[128];         /* em_wload_akey's result */
 } em_wload;
 
@@ -59,7 +63,8 @@ void em_wload_init(em_wload *L, const em_gguf *g, em_arena *store, const em_wloa
  * key is the full name. A missing key gives def unless required (then EM_ENOTFOUND naming
  * file and key); a key of another type is EM_EFORMAT (the reader names file, key, types). */
 
-/* "ARCH.suffix" (ARCH = L->arch) in L->key, which it returns: for the next key call only. */
+/* "ARCH.suffix" (ARCH = L->arch; suffix alone when NULL) in L->key, which it returns: valid
+ * until the next call. */
 const char *em_wload_akey(em_wload *L, const char *suffix);
 /* An integer in [lo, hi]. */
 int em_wload_int(const em_wload *L, const char *key, bool required, int64_t def, int64_t lo, int64_t hi,
@@ -89,7 +94,8 @@ int em_wload_mat_float(em_wload *L, const char *name, int64_t cols, int64_t rows
 int em_wload_readable(const em_wload *L, const char *name, int type, em_err *err);
 /* n values of a tensor as f32 in the store: exactly n values, all in one dimension (the others
  * 1), unless lead > 0: then ne[0] must be lead (conv taps first). A tensor whose data is
- * missing (a file cut short) gives zeros: nothing runs on such a file (model/target.c). */
+ * missing (a file cut short) gives zeros: nothing runs on such a file (model/target.c).
+ * Then hooked. */
 int em_wload_vec(em_wload *L, const char *name, int64_t n, int64_t lead, const float **out, em_err *err);
 /* As em_wload_vec (lead 0); *out NULL when the file has no such tensor. */
 int em_wload_vec_opt(em_wload *L, const char *name, int64_t n, const float **out, em_err *err);

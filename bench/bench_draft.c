@@ -17,6 +17,7 @@
 #include "base/base.h"
 #include "bench_util.h"
 #include "draft/draft.h"
+#include "model/model.h"
 #include "sample/sample.h"
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -58,9 +59,13 @@ int main(int argc, char **argv) {
     }
     em_err err = { 0 };
     em_drafter *d = NULL;
+    em_target *t = NULL; /* opened only to lend the drafter its embedding / LM head */
+    em_target_shared shared;
     em_draft_opts o = { .n_threads = threads, .n_ctx = 4096 };
-    if (em_draft_open(&d, argv[1], argv[2], &o, &err)) {
+    if (em_model_open(&t, argv[2], &(em_model_opts){ .n_threads = 1 }, &err) ||
+        em_target_shared_weights(t, &shared, &err) || em_draft_open(&d, argv[1], &shared, &o, &err)) {
         fprintf(stderr, "bench_draft: %s\n", err.msg);
+        em_target_close(t);
         return 1;
     }
     const em_draft_info *info = em_draft_get_info(d);
@@ -110,9 +115,11 @@ int main(int argc, char **argv) {
            "min wall %.1f), %.2f slots per pass, hash %016llx\n", threads, keep, passes, reps, wall[reps / 2],
            cpu[reps / 2], wall[0], (double)made / ((double)passes * reps), (unsigned long long)hash);
     em_draft_close(d);
+    em_target_close(t);
     return 0;
 fail:
     fprintf(stderr, "bench_draft: %s\n", err.msg);
     em_draft_close(d);
+    em_target_close(t);
     return 1;
 }

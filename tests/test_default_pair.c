@@ -60,13 +60,15 @@ typedef struct pair {
 static int open_pair(pair *p, const char *target_path, const char *draft_path) {
     em_err err = { 0 };
     em_gguf *g = NULL;
-    int rc = em_draft_open(&p->drafter, draft_path, target_path, &(em_draft_opts){ .n_threads = 1 }, &err);
-    const em_draft_info *di = rc ? NULL : em_draft_get_info(p->drafter);
+    int taps[EM_DRAFT_MAX_TAPS], n_taps = 0;
+    em_target_shared shared;
+    int rc = em_draft_read_taps(draft_path, taps, &n_taps, &err);
     if (!rc)
         rc = em_model_open(&p->target, target_path,
-                           &(em_model_opts){ .n_threads = 1, .feature_layers = di->taps,
-                                             .n_feature_layers = di->n_taps },
+                           &(em_model_opts){ .n_threads = 1, .feature_layers = taps, .n_feature_layers = n_taps },
                            &err);
+    if (!rc) rc = em_target_shared_weights(p->target, &shared, &err);
+    if (!rc) rc = em_draft_open(&p->drafter, draft_path, &shared, &(em_draft_opts){ .n_threads = 1 }, &err);
     if (!rc) rc = em_gguf_open(&g, target_path, &err);
     if (!rc) rc = em_tok_create(&p->tok, g, NULL, &err);
     em_gguf_close(g);
@@ -90,8 +92,8 @@ static void close_pair(pair *p) {
     em_spec_free(p->w8);
     em_spec_free(p->sched_old);
     em_spec_free(p->w8_old);
+    em_draft_close(p->drafter); /* before the target it borrows from */
     em_target_close(p->target);
-    em_draft_close(p->drafter);
     em_tok_free(p->tok);
 }
 

@@ -4,9 +4,9 @@
  *
  * The four drafter fixtures (DeepSpec vanilla and gated, SpecForge vanilla and rnn with YaRN;
  * BF16 checkpoints) are converted by the CLI at F32 and at BF16 (both exact: the checkpoints
- * are BF16) and opened against kimi_a converted to F32. Context rows are kimi_a's committed
- * hidden states (tests/fixtures/ref/kimi_a/seq*.hidden.bin, the outputs of layers 0..2), the
- * anchor kimi_a's token at the anchor position.
+ * are BF16) and opened on kimi_a converted to F32 (opened as a target: it lends its weights).
+ * Context rows are kimi_a's committed hidden states (tests/fixtures/ref/kimi_a/seq*.hidden.bin,
+ * the outputs of layers 0..2), the anchor kimi_a's token at the anchor position.
  *
  *  - logits: every draft slot's Markov-corrected logits (prev = the reference's greedy choice,
  *    replayed by the chooser) within 1e-4 * max |logit|, the confidence logits within 1e-4
@@ -22,8 +22,12 @@
  *  - the chain run inside the drafter (greedy, seeded sampling, the schedule's keep test from
  *    plain data) gives exactly the tokens, logits, distributions, stops and random draws of
  *    the old per-slot callbacks; chains that make no sense are refused with a message.
- *  - bad input: a drafter whose hidden size, vocabulary or taps do not fit the target fails at
- *    open naming both files and the mismatch; broken files; every argument check.
+ *  - lent weights: a drafter without its own embedding / LM head uses the target's matrices
+ *    themselves (same views, same data pointers: one copy), one with its own uses its file's;
+ *    em_draft_read_taps gives the taps the opened drafter reports.
+ *  - bad input: a drafter whose hidden size, vocabulary or taps do not fit the target, or
+ *    that needs a matrix the target does not lend or lends in another shape, fails at open
+ *    naming both files and the mismatch; broken files; every argument check.
  */
 #include "testutil.h"
 
@@ -34,7 +38,9 @@
 #include <string.h>
 
 #include "draft/draft.h"
+#include "draft/dspark_impl.h" /* the borrowed matrices (test_borrowed) */
 #include "format/gguf.h"
+#include "model/model.h"
 
 #define VOCAB 512
 #define HIDDEN 96
@@ -47,6 +53,9 @@ static const char *const drafters[] = { "dspark_deepspec", "dspark_deepspec_gate
 static json_t *manifest, *kimi_manifest;
 static bool have_models;
 static char target_f32[600], target_b[600];
+/* kimi_a and kimi_b (F32) opened as targets, and what they lend their drafters */
+static em_target *tgt_a, *tgt_b;
+static em_target_shared sh_a, sh_b;
 static char draft_path[N_DRAFTERS][3][600]; /* f32, bf16, q8_0 */
 
 static int idx_of(const char *fixture) {
@@ -77,12 +86,21 @@ static int setup(void **state) {
         for (int t = 0; t < 3; t++)
             if (em_test_convert_fixture(bin, drafters[i], types[t], draft_path[i][t], sizeof draft_path[i][t]))
                 return -1;
+    em_err err = { 0 };
+    if (em_model_open(&tgt_a, target_f32, &(em_model_opts){ .n_threads = 1 }, &err) ||
+        em_model_open(&tgt_b, target_b, &(em_model_opts){ .n_threads = 1 }, &err) ||
+        em_target_shared_weights(tgt_a, &sh_a, &err) || em_target_shared_weights(tgt_b, &sh_b, &err)) {
+        fprintf(stderr, "targets: %s\n", err.msg);
+        return -1;
+    }
     have_models = true;
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
+    em_target_close(tgt_a);
+    em_target_close(tgt_b);
     json_decref(manifest);
     json_decref(kimi_manifest);
     return 0;
@@ -263,7 +281,7 @@ static agreement run_case(em_drafter *d, const ref_case *c, double tol_rel, bool
     return g;
 }
 
-static em_drafter *open_ok(const char *draft, const char *target, int n_ctx) {
+static em_drafter *open_ok(const char *draft, const em_target_shared *target, int n_ctx) {
     em_drafter *d = NULL;
     em_draft_opts o = { .n_threads = 2, .n_ctx = n_ctx };
     OK(em_draft_open(&d, draft, target, &o, E));
@@ -280,7 +298,7 @@ static void check_all(int t, const char *convention) {
         if (strcmp(json_string_value(json_object_get(j, "convention")), convention) != 0) continue;
         ref_case c;
         load_case(j, &c);
-        em_drafter *d = open_ok(draft_path[c.di][t], target_f32, 0);
+        em_drafter *d = open_ok(draft_path[c.di][t], &sh_a, 0);
         agreement g = run_case(d, &c, REL_TOL, true);
         printf("  %-44s %s: max |dlogit| %.3g (%.3g of max |logit| %.3g), max |dconf| %.3g\n",
                json_string_value(json_object_get(j, "file")), t ? "bf16" : "f32 ", g.max_logit,
@@ -390,7 +408,7 @@ static void test_dflash_convention(void **state) {
         if (strcmp(json_string_value(json_object_get(j, "convention")), "dflash") != 0) continue;
         ref_case c;
         load_case(j, &c);
-        em_drafter *d = open_ok(path, target_f32, 0);
+        em_drafter *d = open_ok(path, &sh_a, 0);
         assert_int_equal(em_draft_get_info(d)->block_size, 7);
         assert_int_equal(em_draft_get_info(d)->n_drafts, 6);
         agreement g = run_case(d, &c, REL_TOL, true);
@@ -426,7 +444,7 @@ static void test_calibration(void **state) {
     const char *path = with_keys(draft_path[3][0], "rnn_sts.gguf", kvs);
     ref_case c;
     load_case(first_case("dspark_specforge_rnn", "dspark"), &c);
-    em_drafter *d = open_ok(path, target_f32, 0);
+    em_drafter *d = open_ok(path, &sh_a, 0);
     OK(em_draft_add_context(d, c.feats, c.anchor_pos, E));
     int32_t toks[8];
     float conf[8];
@@ -443,10 +461,10 @@ static void test_calibration(void **state) {
     kv wrong_v[] = { { .key = "dflash.confidence_temperatures", .type = EM_GGUF_ARRAY, .arr = bad, .n = 7 }, { 0 } };
     em_err err = { 0 };
     em_drafter *x = NULL;
-    assert_int_equal(em_draft_open(&x, with_keys(draft_path[3][0], "sts_n.gguf", wrong_n), target_f32, NULL, &err),
+    assert_int_equal(em_draft_open(&x, with_keys(draft_path[3][0], "sts_n.gguf", wrong_n), &sh_a, NULL, &err),
                      EM_EFORMAT);
     assert_non_null(strstr(err.msg, "one per draft"));
-    assert_int_equal(em_draft_open(&x, with_keys(draft_path[3][0], "sts_v.gguf", wrong_v), target_f32, NULL, &err),
+    assert_int_equal(em_draft_open(&x, with_keys(draft_path[3][0], "sts_v.gguf", wrong_v), &sh_a, NULL, &err),
                      EM_EFORMAT);
     assert_non_null(strstr(err.msg, "temperature"));
     assert_null(x);
@@ -459,7 +477,7 @@ static void test_q8_0_sanity(void **state) {
     for (int i = 0; i < N_DRAFTERS; i++) {
         ref_case c;
         load_case(first_case(drafters[i], "dspark"), &c);
-        em_drafter *d = open_ok(draft_path[i][2], target_f32, 0);
+        em_drafter *d = open_ok(draft_path[i][2], &sh_a, 0);
         agreement g = run_case(d, &c, REL_TOL, false);
         printf("  %-24s q8_0: max |dlogit| %.3g (%.3g of max |logit|), max |dconf| %.3g\n", drafters[i], g.max_logit,
                g.max_logit / c.scale, g.max_conf);
@@ -476,7 +494,7 @@ static void test_context_and_choice(void **state) {
     NEED_MODELS();
     ref_case c;
     load_case(first_case("dspark_specforge", "dspark"), &c);
-    em_drafter *d = open_ok(draft_path[2][0], target_f32, 0);
+    em_drafter *d = open_ok(draft_path[2][0], &sh_a, 0);
     const em_draft_info *info = em_draft_get_info(d);
     assert_int_equal(info->n_taps, 3);
     assert_int_equal(info->taps[0], 0);
@@ -512,7 +530,7 @@ static void test_context_and_choice(void **state) {
     /* the first propose above made every Markov bias (vanilla: cached by token); a fresh
      * drafter makes them again, and its logits are the same floats */
     {
-        em_drafter *fresh = open_ok(draft_path[2][0], target_f32, 0);
+        em_drafter *fresh = open_ok(draft_path[2][0], &sh_a, 0);
         float logits_fresh[7 * VOCAB];
         OK(em_draft_add_context(fresh, c.feats, c.anchor_pos, E));
         r = (replay){ .tokens = c.tokens, .stop_at = -1 };
@@ -575,7 +593,7 @@ static void test_context_and_choice(void **state) {
     em_draft_close(d);
 
     /* a full cache refuses more rows and keeps what it has */
-    d = open_ok(draft_path[2][0], target_f32, 4);
+    d = open_ok(draft_path[2][0], &sh_a, 4);
     OK(em_draft_add_context(d, c.feats, 3, E));
     assert_int_equal(em_draft_add_context(d, c.feats, 2, &err), EM_EOVERFLOW);
     assert_non_null(strstr(err.msg, "do not fit"));
@@ -616,7 +634,7 @@ static void test_chain_in_drafter(void **state) {
     NEED_MODELS();
     ref_case c;
     load_case(first_case("dspark_specforge", "dspark"), &c);
-    em_drafter *d = open_ok(draft_path[2][0], target_f32, 0);
+    em_drafter *d = open_ok(draft_path[2][0], &sh_a, 0);
     OK(em_draft_add_context(d, c.feats, c.anchor_pos, E));
     int32_t toks[8], toks2[8];
     float lg[7 * VOCAB], lg2[7 * VOCAB], conf_all[7], cf[7];
@@ -711,79 +729,171 @@ static void test_chain_in_drafter(void **state) {
     free_case(&c);
 }
 
+/* ---- weights lent by the target --------------------------------------------------------- */
+
+/* True when p lies in the bytes of one of g's tensors. */
+static bool in_file(const em_gguf *g, const void *p) {
+    for (int64_t i = 0; i < em_gguf_n_tensors(g); i++) {
+        const em_gguf_tensor *t = em_gguf_tensor_at(g, i);
+        const uint8_t *a = t->data;
+        if (a && (const uint8_t *)p >= a && (const uint8_t *)p < a + t->bytes) return true;
+    }
+    return false;
+}
+
+/* The drafter's matrix `name` (got): its file's own when the file has that tensor, else the
+ * target's lent one itself (the same view, the same bytes). Returns whether it was lent. */
+static bool check_lent(const dspark *s, const char *name, const em_mat *got, const em_mat *lent) {
+    if (em_gguf_find_tensor(s->g, name)) {
+        assert_true(in_file(s->g, got->data));
+        assert_ptr_not_equal(got->data, lent->data);
+        return false;
+    }
+    assert_ptr_equal(got->data, lent->data);
+    assert_memory_equal(got, lent, sizeof *got);
+    return true;
+}
+
+/* A drafter without an embedding or LM head of its own uses the target's matrices themselves
+ * (one copy); one with its own uses its file's. The taps em_draft_read_taps reads are the
+ * ones the opened drafter reports. */
+static void test_borrowed(void **state) {
+    (void)state;
+    NEED_MODELS();
+    int borrowed_embd = 0, borrowed_head = 0;
+    for (int i = 0; i < N_DRAFTERS; i++) {
+        const char *path = draft_path[i][0];
+        em_drafter *d = open_ok(path, &sh_a, 0);
+        const dspark *s = (const dspark *)d;
+        const bool embd = check_lent(s, "token_embd.weight", &s->embd, sh_a.token_embd);
+        const bool head = check_lent(s, "output.weight", &s->head, sh_a.output);
+        borrowed_embd += embd, borrowed_head += head;
+        int taps[EM_DRAFT_MAX_TAPS], n_taps;
+        OK(em_draft_read_taps(path, taps, &n_taps, E));
+        assert_int_equal(n_taps, em_draft_get_info(d)->n_taps);
+        assert_memory_equal(taps, em_draft_get_info(d)->taps, (size_t)n_taps * sizeof *taps);
+        printf("  %s: embedding %s, LM head %s\n", drafters[i], embd ? "the target's" : "own",
+               head ? "the target's" : "own");
+        em_draft_close(d);
+    }
+    assert_true(borrowed_embd > 0 && borrowed_head > 0); /* the fixtures cover both ways */
+}
+
 /* ---- bad input --------------------------------------------------------------------------- */
 
-static void expect_open_fail(const char *draft, const char *target, int code, const char *const *needles) {
+static void expect_open_fail(const char *draft, const em_target_shared *target, int code, const char *const *needles) {
     em_err err = { 0 };
     em_drafter *d = (em_drafter *)&err; /* must be reset to NULL */
     int rc = em_draft_open(&d, draft, target, NULL, &err);
-    if (rc != code) fail_msg("open %s with %s: %d (%s), want %d", draft, target, rc, err.msg, code);
+    if (rc != code) fail_msg("open %s with %s: %d (%s), want %d", draft, target->path, rc, err.msg, code);
     assert_null(d);
     for (int i = 0; needles && needles[i]; i++)
         if (!strstr(err.msg, needles[i])) fail_msg("message '%s' lacks '%s'", err.msg, needles[i]);
     printf("  refused: %s\n", err.msg);
 }
 
+/* sh_a as another target would lend it: another file name, and one difference. */
+static em_target_shared lent(const char *name) {
+    em_target_shared t = sh_a;
+    t.path = name; /* named in messages only */
+    return t;
+}
+
 static void test_mismatch(void **state) {
     (void)state;
     NEED_MODELS();
     /* hidden size: kimi_b is 64 wide */
-    expect_open_fail(draft_path[0][0], target_b, EM_EINVAL,
+    expect_open_fail(draft_path[0][0], &sh_b, EM_EINVAL,
                      (const char *const[]){ "hidden size 96", "64", draft_path[0][0], target_b, NULL });
-    /* vocabulary: kimi_a with another vocab_size */
-    kv vocab[] = { { .key = "kimi-linear.vocab_size", .type = EM_GGUF_U32, .u = 600 }, { 0 } };
-    const char *t600 = with_keys(target_f32, "target_v600.gguf", vocab);
-    expect_open_fail(draft_path[0][0], t600, EM_EINVAL, (const char *const[]){ "vocabulary 512", "600", t600, NULL });
+    /* vocabulary: a target of another vocab_size */
+    em_target_shared v600 = lent("target_v600.gguf");
+    v600.n_vocab = 600;
+    expect_open_fail(draft_path[0][0], &v600, EM_EINVAL, (const char *const[]){ "vocabulary 512", "600", v600.path, NULL });
     /* taps: DeepSpec taps layers 0 and 2; a 3-layer target makes 2 its last layer, a 2-layer
      * target lacks it */
-    kv three[] = { { .key = "kimi-linear.block_count", .type = EM_GGUF_U32, .u = 3 }, { 0 } };
-    kv two[] = { { .key = "kimi-linear.block_count", .type = EM_GGUF_U32, .u = 2 }, { 0 } };
-    const char *t3 = with_keys(target_f32, "target_l3.gguf", three), *t2 = with_keys(target_f32, "target_l2.gguf", two);
-    expect_open_fail(draft_path[0][0], t3, EM_EINVAL, (const char *const[]){ "tap 1 is layer 2", "last layer", t3, NULL });
-    expect_open_fail(draft_path[0][0], t2, EM_EINVAL,
+    em_target_shared t3 = lent("target_l3.gguf"), t2 = lent("target_l2.gguf");
+    t3.n_layer = 3, t2.n_layer = 2;
+    expect_open_fail(draft_path[0][0], &t3, EM_EINVAL, (const char *const[]){ "tap 1 is layer 2", "last layer", t3.path, NULL });
+    expect_open_fail(draft_path[0][0], &t2, EM_EINVAL,
                      (const char *const[]){ "tap 1 is layer 2", "has 2 layers", draft_path[0][0], NULL });
-    /* a drafter without its own embedding borrows the target's: a target without one fails */
-    const char *no_embd = em_test_path("target_noembd.gguf");
-    rewrite(target_f32, no_embd, NULL, (const char *const[]){ "token_embd.weight", NULL }, NULL, NULL);
-    expect_open_fail(draft_path[2][0], no_embd, EM_ENOTFOUND, (const char *const[]){ "token_embd.weight", NULL });
+    /* a drafter without its own embedding borrows the target's: a target lending none fails */
+    em_target_shared no_embd = lent("target_noembd.gguf");
+    no_embd.token_embd = NULL;
+    expect_open_fail(draft_path[2][0], &no_embd, EM_ENOTFOUND,
+                     (const char *const[]){ "token_embd.weight", draft_path[2][0], no_embd.path, NULL });
     /* ... while one that carries its own (DeepSpec) does not need it */
-    em_drafter *d = open_ok(draft_path[0][0], no_embd, 0);
+    em_drafter *d = open_ok(draft_path[0][0], &no_embd, 0);
     em_draft_close(d);
+    /* a lent matrix of another shape (kimi_b's, 64 wide) names both files and the shapes */
+    em_target_shared narrow = lent("target_narrow.gguf");
+    narrow.token_embd = sh_b.token_embd;
+    expect_open_fail(draft_path[2][0], &narrow, EM_EFORMAT,
+                     (const char *const[]){ "token_embd.weight", "of 64 values", "wants 512 of 96", draft_path[2][0],
+                                            narrow.path, NULL });
 }
 
 static void test_bad_files(void **state) {
     (void)state;
     NEED_MODELS();
     /* swapped roles, missing files */
-    expect_open_fail(target_f32, target_f32, EM_EUNSUPPORTED, (const char *const[]){ "not a drafter", NULL });
-    expect_open_fail(draft_path[0][0], draft_path[1][0], EM_EINVAL, (const char *const[]){ "itself a drafter", NULL });
-    expect_open_fail(em_test_path("nope.gguf"), target_f32, EM_EIO, NULL);
-    expect_open_fail(draft_path[0][0], em_test_path("nope.gguf"), EM_EIO, NULL);
+    expect_open_fail(target_f32, &sh_a, EM_EUNSUPPORTED, (const char *const[]){ "not a drafter", NULL });
+    em_err err = { 0 };
+    int taps[EM_DRAFT_MAX_TAPS], n_taps = 1;
+    assert_int_equal(em_draft_read_taps(target_f32, taps, &n_taps, &err), EM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "not a drafter"));
+    assert_int_equal(n_taps, 0);
+    /* a drafter is no target: the model refuses it, and a target lent as one is refused too */
+    em_target *t = NULL;
+    assert_int_equal(em_model_open(&t, draft_path[1][0], NULL, &err), EM_EUNSUPPORTED);
+    assert_null(t);
+    em_target_shared as_target = { .path = draft_path[1][0], .arch = "dflash", .n_embd = HIDDEN, .n_layer = 4,
+                                   .n_vocab = VOCAB };
+    expect_open_fail(draft_path[0][0], &as_target, EM_EINVAL, (const char *const[]){ "itself a drafter", NULL });
+    /* a target whose file was cut short opens for its sizes, but lends nothing to read */
+    size_t size;
+    void *bytes = em_test_read(target_f32, &size);
+    const char *cut = em_test_path("target_cut.gguf");
+    em_test_write(cut, bytes, size - 4096);
+    free(bytes);
+    em_target_shared none;
+    OK(em_model_open(&t, cut, NULL, E));
+    assert_int_equal(em_target_shared_weights(t, &none, &err), EM_EFORMAT);
+    assert_non_null(strstr(err.msg, "tensor data is missing"));
+    assert_null(none.token_embd);
+    em_target_close(t);
+    expect_open_fail(em_test_path("nope.gguf"), &sh_a, EM_EIO, NULL);
+    assert_int_equal(em_draft_read_taps(em_test_path("nope.gguf"), taps, &n_taps, &err), EM_EIO);
+    assert_non_null(strstr(err.msg, "nope.gguf"));
     /* a missing tensor, a missing key, unsupported values */
     const char *no_q = em_test_path("no_q.gguf");
     rewrite(draft_path[0][0], no_q, NULL, (const char *const[]){ "blk.1.attn_q.weight", NULL }, NULL, NULL);
-    expect_open_fail(no_q, target_f32, EM_ENOTFOUND, (const char *const[]){ "blk.1.attn_q.weight", no_q, NULL });
+    expect_open_fail(no_q, &sh_a, EM_ENOTFOUND, (const char *const[]){ "blk.1.attn_q.weight", no_q, NULL });
     const char *no_eps = em_test_path("no_eps.gguf");
     rewrite(draft_path[0][0], no_eps, (const char *const[]){ "dflash.attention.layer_norm_rms_epsilon", NULL }, NULL,
             NULL, NULL);
-    expect_open_fail(no_eps, target_f32, EM_ENOTFOUND, (const char *const[]){ "layer_norm_rms_epsilon", NULL });
+    expect_open_fail(no_eps, &sh_a, EM_ENOTFOUND, (const char *const[]){ "layer_norm_rms_epsilon", NULL });
+    const char *no_taps = em_test_path("no_taps.gguf");
+    rewrite(draft_path[0][0], no_taps, (const char *const[]){ "dflash.target_layers", NULL }, NULL, NULL, NULL);
+    assert_int_equal(em_draft_read_taps(no_taps, taps, &n_taps, &err), EM_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "dflash.target_layers"));
+    assert_non_null(strstr(err.msg, no_taps));
     kv rope[] = { { .key = "dflash.rope.scaling.type", .type = EM_GGUF_STR, .s = "dynamic" }, { 0 } };
-    expect_open_fail(with_keys(draft_path[2][0], "rope_dyn.gguf", rope), target_f32, EM_EUNSUPPORTED,
+    expect_open_fail(with_keys(draft_path[2][0], "rope_dyn.gguf", rope), &sh_a, EM_EUNSUPPORTED,
                      (const char *const[]){ "dynamic", NULL });
     kv markov[] = { { .key = "dflash.markov_head_type", .type = EM_GGUF_STR, .s = "lstm" }, { 0 } };
-    expect_open_fail(with_keys(draft_path[0][0], "markov_lstm.gguf", markov), target_f32, EM_EUNSUPPORTED,
+    expect_open_fail(with_keys(draft_path[0][0], "markov_lstm.gguf", markov), &sh_a, EM_EUNSUPPORTED,
                      (const char *const[]){ "lstm", NULL });
     kv block[] = { { .key = "dflash.block_size", .type = EM_GGUF_U32, .u = 99 }, { 0 } };
-    expect_open_fail(with_keys(draft_path[0][0], "block99.gguf", block), target_f32, EM_EFORMAT,
+    expect_open_fail(with_keys(draft_path[0][0], "block99.gguf", block), &sh_a, EM_EFORMAT,
                      (const char *const[]){ "block_size", NULL });
     kv mask[] = { { .key = "tokenizer.ggml.mask_token_id", .type = EM_GGUF_U32, .u = 512 }, { 0 } };
-    expect_open_fail(with_keys(draft_path[0][0], "mask512.gguf", mask), target_f32, EM_EFORMAT,
+    expect_open_fail(with_keys(draft_path[0][0], "mask512.gguf", mask), &sh_a, EM_EFORMAT,
                      (const char *const[]){ "mask_token_id", NULL });
     kv heads[] = { { .key = "dflash.attention.head_count_kv", .type = EM_GGUF_U32, .u = 3 }, { 0 } };
-    expect_open_fail(with_keys(draft_path[0][0], "kv3.gguf", heads), target_f32, EM_EFORMAT,
+    expect_open_fail(with_keys(draft_path[0][0], "kv3.gguf", heads), &sh_a, EM_EFORMAT,
                      (const char *const[]){ "KV heads", NULL });
     kv eps[] = { { .key = "dflash.attention.layer_norm_rms_epsilon", .type = EM_GGUF_STR, .s = "1e-6" }, { 0 } };
-    expect_open_fail(with_keys(draft_path[0][0], "eps_str.gguf", eps), target_f32, EM_EFORMAT,
+    expect_open_fail(with_keys(draft_path[0][0], "eps_str.gguf", eps), &sh_a, EM_EFORMAT,
                      (const char *const[]){ "layer_norm_rms_epsilon", NULL });
 }
 
@@ -791,15 +901,22 @@ static void test_arguments(void **state) {
     (void)state;
     em_err err = { 0 };
     em_drafter *d = NULL;
-    assert_int_equal(em_draft_open(NULL, "a", "b", NULL, &err), EM_EINVAL);
-    assert_int_equal(em_draft_open(&d, NULL, "b", NULL, &err), EM_EINVAL);
+    const em_target_shared b = { .path = "b" }, unnamed = { 0 };
+    assert_int_equal(em_draft_open(NULL, "a", &b, NULL, &err), EM_EINVAL);
+    assert_int_equal(em_draft_open(&d, NULL, &b, NULL, &err), EM_EINVAL);
     assert_int_equal(em_draft_open(&d, "a", NULL, NULL, &err), EM_EINVAL);
-    assert_int_equal(em_draft_open(&d, "", "b", NULL, &err), EM_EINVAL);
-    assert_int_equal(em_draft_open(&d, "a", "b", &(em_draft_opts){ .n_threads = -1 }, &err), EM_EINVAL);
+    assert_int_equal(em_draft_open(&d, "a", &unnamed, NULL, &err), EM_EINVAL);
+    assert_int_equal(em_draft_open(&d, "", &b, NULL, &err), EM_EINVAL);
+    assert_int_equal(em_draft_open(&d, "a", &b, &(em_draft_opts){ .n_threads = -1 }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "threads"));
-    assert_int_equal(em_draft_open(&d, "a", "b", &(em_draft_opts){ .n_ctx = -5 }, &err), EM_EINVAL);
+    assert_int_equal(em_draft_open(&d, "a", &b, &(em_draft_opts){ .n_ctx = -5 }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "context"));
     assert_null(d);
+    int taps[EM_DRAFT_MAX_TAPS], n_taps;
+    assert_int_equal(em_draft_read_taps(NULL, taps, &n_taps, &err), EM_EINVAL);
+    assert_int_equal(em_draft_read_taps("", taps, &n_taps, &err), EM_EINVAL);
+    assert_int_equal(em_draft_read_taps("a", NULL, &n_taps, &err), EM_EINVAL);
+    assert_int_equal(em_draft_read_taps("a", taps, NULL, &err), EM_EINVAL);
     float f[4] = { 0 };
     int32_t t[4];
     em_draft_out out = { .tokens = t };
@@ -810,7 +927,7 @@ static void test_arguments(void **state) {
     assert_null(em_draft_get_info(NULL));
     if (!have_models) return;
 
-    d = open_ok(draft_path[0][0], target_f32, 8);
+    d = open_ok(draft_path[0][0], &sh_a, 8);
     const em_draft_info *info = em_draft_get_info(d);
     float *feats = calloc((size_t)info->n_feat * 2, sizeof *feats);
     assert_non_null(feats);
@@ -847,7 +964,8 @@ int main(void) {
         cmocka_unit_test(test_dflash_convention), cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_q8_0_sanity),    cmocka_unit_test(test_context_and_choice),
         cmocka_unit_test(test_chain_in_drafter),
-        cmocka_unit_test(test_mismatch),       cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_borrowed),       cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

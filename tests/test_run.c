@@ -356,6 +356,13 @@ static void test_draft(void **state) {
     snprintf(args, sizeof args, "-p a -n 2 --draft '%s' --verify-width 9", draft);
     assert_int_equal(run(args), 1);
     expect_stderr("verify width 9");
+    /* a drafter that does not fit (the shipped one: 256 wide, and it taps layer 5 of this
+     * 4-layer target): exit 1, naming both files and what differs */
+    snprintf(args, sizeof args, "-p a -n 2 --draft '%s'", em_test_src("models/dspark-kimi-linear-19m-q8_0.gguf"));
+    assert_int_equal(run(args), 1);
+    expect_stderr("dspark-kimi-linear-19m-q8_0.gguf does not fit target");
+    expect_stderr(g_model);
+    expect_stderr("hidden size 256");
 }
 
 /* Runs `EMBER_MODELS=DIR ember run ARGS` (no -m unless ARGS has one). */

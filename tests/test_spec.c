@@ -1593,6 +1593,17 @@ static void test_spec_bad_input(void **state) {
 
 /* ---- the real DSpark fixture drafters (draft/), paired with kimi_a ------------------------- */
 
+/* g_model capturing the drafter's taps, and the drafter at path borrowing its weights. */
+static void open_pair(const char *path, em_target **t, em_drafter **d) {
+    int taps[EM_DRAFT_MAX_TAPS], n_taps;
+    em_target_shared shared;
+    OK(em_draft_read_taps(path, taps, &n_taps, E));
+    OK(em_model_open(t, g_model, &(em_model_opts){ .n_threads = 1, .feature_layers = taps, .n_feature_layers = n_taps },
+                     E));
+    OK(em_target_shared_weights(*t, &shared, E));
+    OK(em_draft_open(d, path, &shared, &(em_draft_opts){ .n_threads = 1 }, E));
+}
+
 static void test_spec_dspark_fixtures(void **state) {
     (void)state;
     NEED_MODEL();
@@ -1603,11 +1614,9 @@ static void test_spec_dspark_fixtures(void **state) {
         char path[600];
         if (em_test_convert_fixture(bin, names[f], "f32", path, sizeof path)) fail_msg("converting %s", names[f]);
         em_drafter *d;
-        OK(em_draft_open(&d, path, g_model, &(em_draft_opts){ .n_threads = 1 }, E));
-        const em_draft_info *di = em_draft_get_info(d);
         em_target *t;
-        OK(em_model_open(&t, g_model, &(em_model_opts){ .n_threads = 1, .feature_layers = di->taps,
-                                                         .n_feature_layers = di->n_taps }, E));
+        open_pair(path, &t, &d);
+        const em_draft_info *di = em_draft_get_info(d);
         assert_int_equal(em_target_get_info(t)->n_feat, di->n_feat);
         uint64_t drafted = 0, accepted = 0;
         for (int i = 0; i < 4; i++) {
@@ -1656,8 +1665,8 @@ static void test_spec_dspark_fixtures(void **state) {
             assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = d }, &err), EM_EINVAL);
             assert_non_null(strstr(err.msg, "does not fit"));
         }
-        em_target_close(t);
         em_draft_close(d);
+        em_target_close(t);
     }
 }
 
@@ -1670,11 +1679,8 @@ static void test_spec_long_prompt(void **state) {
     if (em_test_convert_fixture(getenv("EMBER_BIN"), "dspark_deepspec", "f32", path, sizeof path))
         fail_msg("converting dspark_deepspec");
     em_drafter *d;
-    OK(em_draft_open(&d, path, g_model, &(em_draft_opts){ .n_threads = 1 }, E));
-    const em_draft_info *di = em_draft_get_info(d);
     em_target *t;
-    OK(em_model_open(&t, g_model, &(em_model_opts){ .n_threads = 1, .feature_layers = di->taps,
-                                                     .n_feature_layers = di->n_taps }, E));
+    open_pair(path, &t, &d);
     enum { N_LONG = 300 }; /* over two chunks of 128 */
     int32_t prompt[N_LONG];
     uint64_t rng = 77;
@@ -1686,8 +1692,8 @@ static void test_spec_long_prompt(void **state) {
     assert_int_equal(r.n_prompt, N_LONG);
     assert_memory_equal(c.ids, ref.ids, sizeof c.ids);
     assert_true(r.drafted > 0);
-    em_target_close(t);
     em_draft_close(d);
+    em_target_close(t);
 }
 
 int main(void) {

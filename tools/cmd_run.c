@@ -317,8 +317,8 @@ static int run_main(int argc, char **argv) {
     em_drafter *d = NULL;
     int rc = em_model_flags_open(&o.mf, &t, &d, &err);
     if (!rc) rc = generate(t, d, tok, &o, &err);
+    em_draft_close(d); /* before the target it borrows from */
     em_target_close(t);
-    em_draft_close(d);
     em_tok_free(tok);
     return rc ? em_cli_fail(&em_cmd_run, &err) : EM_EXIT_OK;
 }

@@ -254,8 +254,8 @@ static void *loader_main(void *arg) {
 
 static void loader_free(loader *L) {
     em_spec_free(L->spec);
+    em_draft_close(L->drafter); /* before the target it borrows from */
     em_target_close(L->target);
-    em_draft_close(L->drafter);
     em_tok_free(L->tok);
     free(L->chat_template);
 }

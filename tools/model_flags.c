@@ -167,25 +167,49 @@ em_model_opts em_model_flags_opts(const em_model_flags *f) {
                             .expert_cache_bytes = f->expert_cache };
 }
 
+/* The target refused to capture the drafter's taps (a layer it does not have): opened without
+ * them, it lends the drafter its shape, and the drafter's own check says what does not fit,
+ * naming both files (hidden size, vocabulary or taps), as for any other misfit. rc and err
+ * stay the target's when that cannot be said. Only on this error path is the target opened
+ * twice. */
+static int explain_misfit(const em_model_flags *f, em_model_opts mo, const em_draft_opts *dopts, int rc,
+                          em_err *err) {
+    em_target *t = NULL;
+    em_drafter *d = NULL;
+    em_target_shared shared;
+    em_err why = { 0 };
+    mo.feature_layers = NULL, mo.n_feature_layers = 0;
+    if (!em_model_open(&t, f->model, &mo, &why) && !em_target_shared_weights(t, &shared, &why)) {
+        int rc2 = em_draft_open(&d, f->draft, &shared, dopts, &why);
+        if (rc2 && err) *err = why;
+        if (rc2) rc = rc2;
+    }
+    em_draft_close(d);
+    em_target_close(t);
+    return rc;
+}
+
 int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter **drafter, em_err *err) {
     *target = NULL, *drafter = NULL;
     em_model_opts mo = em_model_flags_opts(f);
-    if (f->draft) {
-        em_draft_opts dopts = { .n_threads = f->n_threads, .n_ctx = f->n_ctx ? f->n_ctx : EM_MODEL_DEFAULT_CTX };
-        int rc = em_draft_open(drafter, f->draft, f->model, &dopts, err);
-        if (rc) return rc;
-        const em_draft_info *di = em_draft_get_info(*drafter);
-        mo.feature_layers = di->taps;
-        mo.n_feature_layers = di->n_taps;
+    em_draft_opts dopts = { .n_threads = f->n_threads, .n_ctx = f->n_ctx ? f->n_ctx : EM_MODEL_DEFAULT_CTX };
+    /* the target first, capturing the drafter's taps, so the drafter borrows its weights */
+    int taps[EM_DRAFT_MAX_TAPS], rc = EM_OK;
+    if (f->draft && !(rc = em_draft_read_taps(f->draft, taps, &mo.n_feature_layers, err))) mo.feature_layers = taps;
+    if (!rc && (rc = em_model_open(target, f->model, &mo, err)) == EM_EINVAL && f->draft)
+        rc = explain_misfit(f, mo, &dopts, rc, err);
+    if (!rc && f->draft) {
+        em_target_shared shared;
+        rc = em_target_shared_weights(*target, &shared, err);
+        if (!rc) rc = em_draft_open(drafter, f->draft, &shared, &dopts, err);
     }
-    int rc = em_model_open(target, f->model, &mo, err);
     if (!rc && *drafter && em_target_get_info(*target)->n_feat != em_draft_get_info(*drafter)->n_feat)
         rc = em_err_set(err, EM_EINVAL, "%s: the drafter reads %d features per row, the target %s captures %d at its "
                         "tap layers", f->draft, em_draft_get_info(*drafter)->n_feat, f->model,
                         em_target_get_info(*target)->n_feat);
     if (rc) {
-        em_target_close(*target);
         em_draft_close(*drafter);
+        em_target_close(*target);
         *target = NULL, *drafter = NULL;
     }
     return rc;

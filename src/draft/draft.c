@@ -4,18 +4,26 @@
  * loader, and the chain's per-slot rules (pick, keep) on the CPU, so every CPU drafter picks
  * and stops exactly alike. Must not know any implementation's internals. */
 #include "draft/draft_impl.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 
-int em_draft_open(em_drafter **out, const char *draft_path, const char *target_path,
+int em_draft_read_taps(const char *draft_path, int *taps, int *n_taps, em_err *err) {
+    if (!taps || !n_taps) return em_err_set(err, EM_EINVAL, "em_draft_read_taps: taps or n_taps is NULL");
+    *n_taps = 0;
+    if (!draft_path || !*draft_path) return em_err_set(err, EM_EINVAL, "em_draft_read_taps: no drafter file given");
+    return em_dspark_read_taps(draft_path, taps, n_taps, err);
+}
+
+int em_draft_open(em_drafter **out, const char *draft_path, const em_target_shared *target,
                   const em_draft_opts *opts, em_err *err) {
     if (!out) return em_err_set(err, EM_EINVAL, "em_draft_open: out is NULL");
     *out = NULL;
     if (!draft_path || !*draft_path)
         return em_err_set(err, EM_EINVAL, "em_draft_open: no drafter file given");
-    if (!target_path || !*target_path)
-        return em_err_set(err, EM_EINVAL, "em_draft_open: drafter %s: no target file given", draft_path);
+    if (!target || !target->path || !*target->path)
+        return em_err_set(err, EM_EINVAL, "em_draft_open: drafter %s: no target given", draft_path);
     em_draft_opts o = opts ? *opts : (em_draft_opts){ 0 };
     if (o.n_threads < 0 || o.n_threads > 1024)
         return em_err_set(err, EM_EINVAL, "em_draft_open: %d threads (want 0..1024)", o.n_threads);
@@ -23,7 +31,7 @@ int em_draft_open(em_drafter **out, const char *draft_path, const char *target_p
         return em_err_set(err, EM_EINVAL, "em_draft_open: context size %d is negative", o.n_ctx);
     if (o.n_threads == 0) o.n_threads = em_cpu_count();
     if (o.n_ctx == 0) o.n_ctx = EM_DRAFT_DEFAULT_CTX;
-    return em_dspark_open(out, draft_path, target_path, &o, err);
+    return em_dspark_open(out, draft_path, target, &o, err);
 }
 
 int em_draft_add_context(em_drafter *d, const float *feats, int n, em_err *err) {

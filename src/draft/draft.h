@@ -34,6 +34,8 @@
 #include "sample/sample.h"
 
 typedef struct em_drafter em_drafter;
+/* What a target lends its drafter (model/model.h, em_target_shared_weights). */
+typedef struct em_target_shared em_target_shared;
 
 #define EM_DRAFT_MAX_TAPS 16
 #define EM_DRAFT_MAX_BLOCK 32
@@ -159,11 +161,20 @@ typedef struct em_draft_opts {
     int n_ctx;            /* context rows the cache holds at most; 0: 4096 */
 } em_draft_opts;
 
-/* Opens a dflash-architecture GGUF at draft_path for the target GGUF at target_path (read
- * for its shape keys, and for token_embd / output when the drafter carries no embedding or
- * LM head of its own). Fails, naming both files and the mismatch, when the drafter's hidden
- * size, vocabulary or target layers do not fit the target. opts may be NULL. */
-int em_draft_open(em_drafter **out, const char *draft_path, const char *target_path,
+/* The target layers (0-based) a drafter file taps, read from its keys alone: what the target
+ * must capture (em_model_opts.feature_layers), so that the target can be opened first and its
+ * weights lent to em_draft_open. taps holds EM_DRAFT_MAX_TAPS ints. Fails, naming the file,
+ * when it is not a drafter or its taps are unusable. */
+int em_draft_read_taps(const char *draft_path, int *taps, int *n_taps, em_err *err);
+
+/* Opens a dflash-architecture GGUF at draft_path for an opened target, given by what it lends
+ * (em_target_shared_weights of model/model.h): its shape, and its own token_embd / output
+ * matrices, used in place when the drafter carries no embedding or LM head of its own, so
+ * one copy of each exists (the target's file is not opened again). The drafter keeps
+ * pointers into the target: close the drafter before the target. Fails, naming both files
+ * and the mismatch, when the drafter's hidden size, vocabulary or target layers do not fit
+ * the target. opts may be NULL. */
+int em_draft_open(em_drafter **out, const char *draft_path, const em_target_shared *target,
                   const em_draft_opts *opts, em_err *err);
 
 /* The operations, with their arguments checked. */

@@ -7,7 +7,9 @@
 #define EM_DRAFT_DEFAULT_CTX 4096
 
 /* The DSpark/DFlash drafter (dspark.c). opts is complete (no zeros left to default). */
-int em_dspark_open(em_drafter **out, const char *draft_path, const char *target_path,
+int em_dspark_open(em_drafter **out, const char *draft_path, const em_target_shared *target,
                    const em_draft_opts *opts, em_err *err);
+/* The layers a dflash file taps (dspark_load.c), for em_draft_read_taps. */
+int em_dspark_read_taps(const char *draft_path, int *taps, int *n_taps, em_err *err);
 
 #endif

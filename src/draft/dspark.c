@@ -446,12 +446,12 @@ static const em_drafter_ops dsp_ops = {
     .close = dsp_close,
 };
 
-int em_dspark_open(em_drafter **out, const char *draft_path, const char *target_path,
+int em_dspark_open(em_drafter **out, const char *draft_path, const em_target_shared *target,
                    const em_draft_opts *opts, em_err *err) {
     dspark *s = em_calloc(1, sizeof *s, "drafter", err);
     if (!s) return EM_ENOMEM;
     s->base.ops = &dsp_ops;
-    int rc = dsp_load(s, draft_path, target_path, opts, err);
+    int rc = dsp_load(s, draft_path, target, opts, err);
     if (rc) {
         dsp_close(&s->base);
         return rc;

@@ -1,12 +1,15 @@
 /* The DSpark/DFlash drafter's state, shared by its loader (dspark_load.c) and its forward
- * pass (dspark.c). Matrices are em_mat views into the mapped GGUFs (the drafter's, and the
- * target's for a borrowed embedding or LM head); vectors are f32 copies in `store`. */
+ * pass (dspark.c). Matrices are em_mat views into the drafter's mapped GGUF, or the target's
+ * own matrices for a borrowed embedding or LM head (model.h em_target_shared: the target
+ * outlives the drafter); vectors are f32 copies in `store`. */
 #ifndef EM_DSPARK_IMPL_H
 #define EM_DSPARK_IMPL_H
 
 #include "compute/compute.h"
 #include "draft/draft_impl.h"
 #include "format/gguf.h"
+#include "model/model.h"
+#include "model/weights.h"
 
 enum { DSP_MARKOV_NONE = 0, DSP_MARKOV_VANILLA, DSP_MARKOV_GATED, DSP_MARKOV_RNN };
 
@@ -40,8 +43,8 @@ typedef struct dsp_hparams {
 
 typedef struct dspark {
     em_drafter base;
-    char *path, *target_path;
-    em_gguf *g, *tg; /* tg is kept open only while its tensors are borrowed */
+    char *path;
+    em_gguf *g;
     em_pool *pool;
     em_arena *store;
     dsp_hparams hp;
@@ -74,7 +77,9 @@ typedef struct dspark {
 } dspark;
 
 
-int dsp_load(dspark *s, const char *draft_path, const char *target_path, const em_draft_opts *o,
+/* Loads the drafter at draft_path for the target (its shape; embedding and LM head borrowed
+ * when the file has none: target must outlive s). */
+int dsp_load(dspark *s, const char *draft_path, const em_target_shared *target, const em_draft_opts *o,
              em_err *err);
 void dsp_unload(dspark *s);
 

@@ -1,15 +1,18 @@
 /* draft/dspark_load.c: opening a `dflash` GGUF (written by `ember convert`, names and keys as
- * convert/map_dflash.c writes them) against its target GGUF. Owns: reading the hyperparameters
+ * convert/map_dflash.c writes them) for an opened target. Owns: reading the hyperparameters
  * (RMS epsilon, RoPE schedule, block convention, Markov and confidence heads: always from the
  * file's keys), the checks against the target (hidden size, vocabulary, tapped layers: each
- * failure names both files and what differs), every tensor's presence, shape and type, the
- * borrowing of the target's token_embd / output when the drafter has none, sizing the context
- * cache and all scratch, so the forward pass never allocates, and warming: the weights a block
- * reads whole are read once and the fixed scratch written once at open, so the first blocks
- * do not pay a page fault per page (the context cache and the Markov bias cache fill as they
- * are used and are left alone: a short run touches a fraction of them).
+ * failure names both files and what differs), every tensor's presence, shape and type
+ * (through the shared loader, model/weights.h), the borrowing of the target's token_embd /
+ * output when the drafter has none (the target's own matrices, model.h em_target_shared: one
+ * copy exists, and the target outlives the drafter), sizing the context cache and all
+ * scratch, so the forward pass never allocates, and warming: the weights a block reads whole
+ * are read once and the fixed scratch written once at open, so the first blocks do not pay a
+ * page fault per page (the context cache and the Markov bias cache fill as they are used and
+ * are left alone: a short run touches a fraction of them).
  *
- * Must not: keep pointers into a file it closes, or trust a count before checking it. */
+ * Must not: keep pointers into a file it closes, open the target's file (its weights come
+ * from the target), or trust a count before checking it. */
 #include "draft/dspark_impl.h"
 
 #include <math.h>
@@ -18,143 +21,46 @@
 #include <string.h>
 
 #define ARCH "dflash"
-#define MAX_DIM (1 << 20)
-#define MAX_VOCAB (1 << 24)
-#define MAX_LAYERS 4096
+#define MAX_DIM EM_WLOAD_MAX_DIM
+#define MAX_VOCAB EM_WLOAD_MAX_VOCAB
+#define MAX_LAYERS EM_WLOAD_MAX_LAYERS
 #define KEY_TEMPS ARCH ".confidence_temperatures"
+#define NAME EM_WLOAD_NAME
 
 typedef struct loader {
     dspark *s;
-    em_gguf *g;        /* drafter */
-    const char *path;  /* drafter */
-    const char *tpath; /* target */
+    em_wload wl;                /* the drafter's file (path, keys, tensors, s->store) */
+    const em_gguf *g;           /* wl.g */
+    const char *path;           /* wl.path */
+    const em_target_shared *t;  /* the target */
 } loader;
-
-/* ---- keys ----------------------------------------------------------------------------- */
-
-static int key_int(const em_gguf *g, const char *path, const char *key, bool required, int64_t def,
-                   int64_t lo, int64_t hi, int *out, em_err *err) {
-    int64_t v;
-    int rc = em_gguf_get_int(g, key, &v, err);
-    if (rc == EM_ENOTFOUND && !required) {
-        *out = (int)def;
-        return EM_OK;
-    }
-    if (rc == EM_ENOTFOUND) return em_err_set(err, EM_ENOTFOUND, "%s: key %s is missing", path, key);
-    if (rc) return rc; /* the reader names the file and key */
-    if (v < lo || v > hi)
-        return em_err_set(err, EM_EFORMAT, "%s: key %s = %lld is out of range [%lld, %lld]", path, key,
-                          (long long)v, (long long)lo, (long long)hi);
-    *out = (int)v;
-    return EM_OK;
-}
-
-static int key_float(const em_gguf *g, const char *path, const char *key, bool required, double def,
-                     double *out, em_err *err) {
-    int rc = em_gguf_get_float(g, key, out, err);
-    if (rc == EM_ENOTFOUND && !required) {
-        *out = def;
-        return EM_OK;
-    }
-    if (rc == EM_ENOTFOUND) return em_err_set(err, EM_ENOTFOUND, "%s: key %s is missing", path, key);
-    if (rc) return rc; /* the reader names the file and key */
-    if (!isfinite(*out) || fabs(*out) > 1e30)
-        return em_err_set(err, EM_EFORMAT, "%s: key %s = %g is not a usable number", path, key, *out);
-    return EM_OK;
-}
-
-static int key_bool(const em_gguf *g, const char *path, const char *key, bool def, bool *out,
-                    em_err *err) {
-    (void)path; /* the reader's messages name the file */
-    int rc = em_gguf_get_bool(g, key, out, err);
-    if (rc == EM_ENOTFOUND) {
-        *out = def;
-        return EM_OK;
-    }
-    return rc;
-}
-
-/* A string key into buf; "" when absent. */
-static int key_str(const em_gguf *g, const char *path, const char *key, char *buf, size_t cap,
-                   em_err *err) {
-    (void)path;
-    int rc = em_gguf_get_cstr(g, key, buf, cap, err);
-    if (rc == EM_ENOTFOUND) {
-        buf[0] = 0;
-        return EM_OK;
-    }
-    return rc;
-}
-
-/* ---- tensors -------------------------------------------------------------------------- */
-
-static bool has_tensor(const em_gguf *g, const char *name) { return em_gguf_find_tensor(g, name) != NULL; }
-
-/* A matrix of `rows` rows of `cols` values (GGUF ne [cols, rows]) that the dot kernels take. */
-static int get_mat(const em_gguf *g, const char *path, const char *name, int64_t cols, int64_t rows,
-                   em_mat *m, em_err *err) {
-    const em_gguf_tensor *t = em_gguf_find_tensor(g, name);
-    if (!t) return em_err_set(err, EM_ENOTFOUND, "%s: tensor %s is missing", path, name);
-    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
-        return em_err_set(err, EM_EFORMAT, "%s: tensor %s has shape [%lld, %lld, %lld, %lld], want [%lld, %lld]",
-                          path, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                          (long long)t->ne[3], (long long)cols, (long long)rows);
-    int blk = em_dot_block_elems(t->type);
-    if (blk == 0)
-        return em_err_set(err, EM_EUNSUPPORTED, "%s: tensor %s has type %s, which Ember cannot multiply with",
-                          path, name, em_type_name(t->type));
-    if (cols % blk != 0)
-        return em_err_set(err, EM_EFORMAT, "%s: tensor %s: %lld columns are not a multiple of the %s block (%d)",
-                          path, name, (long long)cols, em_type_name(t->type), blk);
-    int rc = em_mat_init(m, t->type, rows, cols, t->data, err);
-    if (rc) return em_err_prefix(err, "%s: tensor %s", path, name);
-    if (m->row_bytes * (uint64_t)m->rows != t->bytes)
-        return em_err_set(err, EM_EFORMAT, "%s: tensor %s holds %llu bytes, its shape needs %llu", path, name,
-                          (unsigned long long)t->bytes, (unsigned long long)(m->row_bytes * (uint64_t)m->rows));
-    return EM_OK;
-}
-
-/* n values of a tensor (in any one dimension, or [n, 1] for a one-row Linear) as f32 copies. */
-static int get_vec(loader *L, const char *name, int64_t n, const float **out, em_err *err) {
-    const em_gguf_tensor *t = em_gguf_find_tensor(L->g, name);
-    if (!t) return em_err_set(err, EM_ENOTFOUND, "%s: tensor %s is missing", L->path, name);
-    int big = 0;
-    for (int i = 0; i < EM_GGUF_MAX_DIMS; i++) big += t->ne[i] != 1;
-    if (t->n_elements != (uint64_t)n || big > 1)
-        return em_err_set(err, EM_EFORMAT, "%s: tensor %s has %llu values, want %lld in one dimension", L->path,
-                          name, (unsigned long long)t->n_elements, (long long)n);
-    const em_type_info *ti = em_type_get(t->type);
-    if (!ti || !ti->to_float)
-        return em_err_set(err, EM_EUNSUPPORTED, "%s: tensor %s has type %s, which Ember cannot read", L->path,
-                          name, em_type_name(t->type));
-    float *dst = em_arena_alloc(L->s->store, (size_t)n * sizeof(float));
-    if (!dst) return em_err_set(err, EM_ENOMEM, "out of memory loading tensor %s", name);
-    int rc = em_dequantize(t->type, t->data, dst, n, err);
-    if (rc) return em_err_prefix(err, "%s: tensor %s", L->path, name);
-    *out = dst;
-    return EM_OK;
-}
-
-static int get_vec_opt(loader *L, const char *name, int64_t n, const float **out, em_err *err) {
-    *out = NULL;
-    return has_tensor(L->g, name) ? get_vec(L, name, n, out, err) : EM_OK;
-}
 
 /* ---- hyperparameters ------------------------------------------------------------------ */
 
+/* general.architecture must be the drafter's. */
+static int check_arch(const em_wload *W, em_err *err) {
+    char arch[64];
+    int rc = em_gguf_get_cstr(W->g, "general.architecture", arch, sizeof arch, err);
+    if (rc) return em_err_prefix(err, "%s: not a drafter", W->path);
+    if (strcmp(arch, ARCH) != 0)
+        return em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not a drafter (want '" ARCH "')", W->path, arch);
+    return EM_OK;
+}
+
 static int read_rope(loader *L, em_err *err) {
+    em_wload *W = &L->wl;
     dsp_hparams *hp = &L->s->hp;
     char type[32];
     double theta, factor, orig, bf, bs, attn, logm;
     int rc;
-    if ((rc = key_int(L->g, L->path, ARCH ".rope.dimension_count", false, hp->hd, 2, hp->hd, &hp->rope_dims, err)) ||
-        (rc = key_float(L->g, L->path, ARCH ".rope.freq_base", true, 0, &theta, err)) ||
-        (rc = key_str(L->g, L->path, ARCH ".rope.scaling.type", type, sizeof type, err)))
+    if ((rc = em_wload_int(W, ARCH ".rope.dimension_count", false, hp->hd, 2, hp->hd, &hp->rope_dims, err)) ||
+        (rc = em_wload_float(W, ARCH ".rope.freq_base", true, 0, &theta, err)) ||
+        (rc = em_wload_str(W, ARCH ".rope.scaling.type", type, sizeof type, err)))
         return rc;
     em_rope_params p = { .dims = hp->rope_dims, .theta = theta, .scaling = EM_ROPE_NONE };
     if (strcmp(type, "linear") == 0 || strcmp(type, "yarn") == 0) {
         p.scaling = type[0] == 'l' ? EM_ROPE_LINEAR : EM_ROPE_YARN;
-        if ((rc = key_float(L->g, L->path, ARCH ".rope.scaling.factor", true, 0, &factor, err))) return rc;
+        if ((rc = em_wload_float(W, ARCH ".rope.scaling.factor", true, 0, &factor, err))) return rc;
         p.factor = factor;
     } else if (type[0] && strcmp(type, "none") != 0) {
         return em_err_set(err, EM_EUNSUPPORTED, "%s: key " ARCH ".rope.scaling.type = '%s' (Ember knows none, linear, yarn)",
@@ -162,11 +68,11 @@ static int read_rope(loader *L, em_err *err) {
     }
     if (p.scaling == EM_ROPE_YARN) {
         int orig_i = 0;
-        if ((rc = key_int(L->g, L->path, ARCH ".rope.scaling.original_context_length", true, 0, 1, INT32_MAX, &orig_i, err)) ||
-            (rc = key_float(L->g, L->path, ARCH ".rope.scaling.yarn_beta_fast", false, 32.0, &bf, err)) ||
-            (rc = key_float(L->g, L->path, ARCH ".rope.scaling.yarn_beta_slow", false, 1.0, &bs, err)) ||
-            (rc = key_float(L->g, L->path, ARCH ".rope.scaling.yarn_attn_factor", false, 0.0, &attn, err)) ||
-            (rc = key_float(L->g, L->path, ARCH ".rope.scaling.yarn_log_multiplier", false, 0.0, &logm, err)))
+        if ((rc = em_wload_int(W, ARCH ".rope.scaling.original_context_length", true, 0, 1, INT32_MAX, &orig_i, err)) ||
+            (rc = em_wload_float(W, ARCH ".rope.scaling.yarn_beta_fast", false, 32.0, &bf, err)) ||
+            (rc = em_wload_float(W, ARCH ".rope.scaling.yarn_beta_slow", false, 1.0, &bs, err)) ||
+            (rc = em_wload_float(W, ARCH ".rope.scaling.yarn_attn_factor", false, 0.0, &attn, err)) ||
+            (rc = em_wload_float(W, ARCH ".rope.scaling.yarn_log_multiplier", false, 0.0, &logm, err)))
             return rc;
         orig = orig_i;
         /* HF derives that factor from mscale and mscale_all_dim together; the file has only one */
@@ -183,13 +89,14 @@ static int read_rope(loader *L, em_err *err) {
 }
 
 static int read_markov(loader *L, em_err *err) {
+    em_wload *W = &L->wl;
     dsp_hparams *hp = &L->s->hp;
     char type[32];
     int rc;
     const em_gguf_tensor *w1 = em_gguf_find_tensor(L->g, "markov_w1.weight");
     int def_rank = w1 ? (int)(w1->ne[0] > 0 && w1->ne[0] <= MAX_DIM ? w1->ne[0] : 0) : 0;
-    if ((rc = key_int(L->g, L->path, ARCH ".markov_rank", false, def_rank, 0, MAX_DIM, &hp->rank, err)) ||
-        (rc = key_str(L->g, L->path, ARCH ".markov_head_type", type, sizeof type, err)))
+    if ((rc = em_wload_int(W, ARCH ".markov_rank", false, def_rank, 0, MAX_DIM, &hp->rank, err)) ||
+        (rc = em_wload_str(W, ARCH ".markov_head_type", type, sizeof type, err)))
         return rc;
     if (hp->rank == 0) {
         hp->markov = DSP_MARKOV_NONE;
@@ -205,29 +112,27 @@ static int read_markov(loader *L, em_err *err) {
 }
 
 static int read_hparams(loader *L, em_err *err) {
+    em_wload *W = &L->wl;
     dsp_hparams *hp = &L->s->hp;
-    char arch[64];
     double eps, cap, scale;
     bool anchor_first, conf;
-    int rc = em_gguf_get_cstr(L->g, "general.architecture", arch, sizeof arch, err);
-    if (rc) return em_err_prefix(err, "%s: not a drafter", L->path);
-    if (strcmp(arch, ARCH) != 0)
-        return em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not a drafter (want '" ARCH "')", L->path, arch);
-    if ((rc = key_int(L->g, L->path, ARCH ".embedding_length", true, 0, 1, MAX_DIM, &hp->d, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".block_count", true, 0, 1, MAX_LAYERS, &hp->n_layer, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".feed_forward_length", true, 0, 1, MAX_DIM, &hp->ff, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".attention.head_count", true, 0, 1, MAX_DIM, &hp->n_head, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".attention.head_count_kv", false, hp->n_head, 1, hp->n_head, &hp->n_kv, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".attention.key_length", false, hp->d / hp->n_head, 2, EM_ROPE_MAX_DIMS, &hp->hd, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".vocab_size", true, 0, 1, MAX_VOCAB, &hp->vocab, err)) ||
-        (rc = key_int(L->g, L->path, ARCH ".block_size", true, 0, 1, EM_DRAFT_MAX_BLOCK, &hp->block, err)) ||
-        (rc = key_float(L->g, L->path, ARCH ".attention.layer_norm_rms_epsilon", true, 0, &eps, err)) ||
-        (rc = key_float(L->g, L->path, ARCH ".final_logit_softcapping", false, 0, &cap, err)) ||
-        (rc = key_float(L->g, L->path, ARCH ".logit_scale", false, 1, &scale, err)) ||
-        (rc = key_bool(L->g, L->path, ARCH ".attention.causal", false, &hp->causal, err)))
+    int rc;
+    if ((rc = check_arch(W, err))) return rc;
+    if ((rc = em_wload_int(W, ARCH ".embedding_length", true, 0, 1, MAX_DIM, &hp->d, err)) ||
+        (rc = em_wload_int(W, ARCH ".block_count", true, 0, 1, MAX_LAYERS, &hp->n_layer, err)) ||
+        (rc = em_wload_int(W, ARCH ".feed_forward_length", true, 0, 1, MAX_DIM, &hp->ff, err)) ||
+        (rc = em_wload_int(W, ARCH ".attention.head_count", true, 0, 1, MAX_DIM, &hp->n_head, err)) ||
+        (rc = em_wload_int(W, ARCH ".attention.head_count_kv", false, hp->n_head, 1, hp->n_head, &hp->n_kv, err)) ||
+        (rc = em_wload_int(W, ARCH ".attention.key_length", false, hp->d / hp->n_head, 2, EM_ROPE_MAX_DIMS, &hp->hd, err)) ||
+        (rc = em_wload_int(W, ARCH ".vocab_size", true, 0, 1, MAX_VOCAB, &hp->vocab, err)) ||
+        (rc = em_wload_int(W, ARCH ".block_size", true, 0, 1, EM_DRAFT_MAX_BLOCK, &hp->block, err)) ||
+        (rc = em_wload_float(W, ARCH ".attention.layer_norm_rms_epsilon", true, 0, &eps, err)) ||
+        (rc = em_wload_float(W, ARCH ".final_logit_softcapping", false, 0, &cap, err)) ||
+        (rc = em_wload_float(W, ARCH ".logit_scale", false, 1, &scale, err)) ||
+        (rc = em_wload_bool(W, ARCH ".attention.causal", false, &hp->causal, err)))
         return rc;
     int vlen;
-    if ((rc = key_int(L->g, L->path, ARCH ".attention.value_length", false, hp->hd, 1, MAX_DIM, &vlen, err))) return rc;
+    if ((rc = em_wload_int(W, ARCH ".attention.value_length", false, hp->hd, 1, MAX_DIM, &vlen, err))) return rc;
     if (vlen != hp->hd)
         return em_err_set(err, EM_EUNSUPPORTED, "%s: value_length %d differs from key_length %d", L->path, vlen, hp->hd);
     if (hp->n_head % hp->n_kv != 0)
@@ -243,13 +148,13 @@ static int read_hparams(loader *L, em_err *err) {
     hp->eps = (float)eps;
     hp->softcap = (float)cap;
     int mask;
-    if ((rc = key_int(L->g, L->path, "tokenizer.ggml.mask_token_id", true, 0, 0, hp->vocab - 1, &mask, err))) return rc;
+    if ((rc = em_wload_int(W, "tokenizer.ggml.mask_token_id", true, 0, 0, hp->vocab - 1, &mask, err))) return rc;
     hp->mask_id = mask;
     if ((rc = read_markov(L, err))) return rc;
     /* the converter always states the convention; a file without it follows its mode */
-    if ((rc = key_bool(L->g, L->path, ARCH ".sample_from_anchor", hp->rank > 0, &anchor_first, err)) ||
-        (rc = key_bool(L->g, L->path, ARCH ".has_confidence_head", has_tensor(L->g, "conf_proj.weight"), &conf, err)) ||
-        (rc = key_bool(L->g, L->path, ARCH ".confidence_head_with_markov", hp->rank > 0, &hp->conf_markov, err)))
+    if ((rc = em_wload_bool(W, ARCH ".sample_from_anchor", hp->rank > 0, &anchor_first, err)) ||
+        (rc = em_wload_bool(W, ARCH ".has_confidence_head", em_wload_has(W, "conf_proj.weight"), &conf, err)) ||
+        (rc = em_wload_bool(W, ARCH ".confidence_head_with_markov", hp->rank > 0, &hp->conf_markov, err)))
         return rc;
     hp->slot0 = anchor_first ? 0 : 1;
     hp->conf = conf;
@@ -262,79 +167,53 @@ static int read_hparams(loader *L, em_err *err) {
 
 /* ---- the target ----------------------------------------------------------------------- */
 
-/* The target's vocabulary: {arch}.vocab_size, else token_embd rows, else the token list. */
-static int target_vocab(const em_gguf *tg, const char *tpath, const char *arch, int *out, em_err *err) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.vocab_size", arch);
-    int rc = key_int(tg, tpath, key, false, 0, 0, MAX_VOCAB, out, err);
-    if (rc || *out > 0) return rc;
-    const em_gguf_tensor *t = em_gguf_find_tensor(tg, "token_embd.weight");
-    if (t && t->ne[1] >= 1 && t->ne[1] <= MAX_VOCAB) {
-        *out = (int)t->ne[1];
-        return EM_OK;
-    }
-    const em_gguf_arr *a;
-    if (em_gguf_get_arr(tg, "tokenizer.ggml.tokens", &a, NULL) == EM_OK && em_gguf_arr_count(a) <= MAX_VOCAB) {
-        *out = (int)em_gguf_arr_count(a);
-        return EM_OK;
-    }
-    return em_err_set(err, EM_EFORMAT, "%s: the target's vocabulary size is not stated (%s, token_embd.weight or tokenizer.ggml.tokens)",
-                      tpath, key);
-}
-
-/* The target's shape keys, and the checks that the drafter fits it. */
+/* The checks that the drafter fits the target (its shape, as it states it). */
 static int check_target(loader *L, em_err *err) {
     dspark *s = L->s;
     dsp_hparams *hp = &s->hp;
-    char arch[64], key[128];
-    int rc = em_gguf_get_cstr(s->tg, "general.architecture", arch, sizeof arch, err);
-    if (rc) return em_err_prefix(err, "target %s", L->tpath);
+    const em_target_shared *T = L->t;
+    const char *arch = T->arch ? T->arch : "unknown";
     if (strcmp(arch, ARCH) == 0)
-        return em_err_set(err, EM_EINVAL, "drafter %s: target %s is itself a drafter", L->path, L->tpath);
-    int t_vocab = 0;
-    snprintf(key, sizeof key, "%s.embedding_length", arch);
-    if ((rc = key_int(s->tg, L->tpath, key, true, 0, 1, MAX_DIM, &hp->target_embd, err))) return rc;
-    snprintf(key, sizeof key, "%s.block_count", arch);
-    if ((rc = key_int(s->tg, L->tpath, key, true, 0, 1, MAX_LAYERS, &hp->target_layers, err))) return rc;
-    if ((rc = target_vocab(s->tg, L->tpath, arch, &t_vocab, err))) return rc;
+        return em_err_set(err, EM_EINVAL, "drafter %s: target %s is itself a drafter", L->path, T->path);
+    hp->target_embd = T->n_embd;
+    hp->target_layers = T->n_layer;
     if (hp->d != hp->target_embd)
         return em_err_set(err, EM_EINVAL, "drafter %s does not fit target %s: hidden size %d (" ARCH ".embedding_length) "
                           "differs from the target's %d (%s.embedding_length)",
-                          L->path, L->tpath, hp->d, hp->target_embd, arch);
-    if (hp->vocab != t_vocab)
+                          L->path, T->path, hp->d, hp->target_embd, arch);
+    if (hp->vocab != T->n_vocab)
         return em_err_set(err, EM_EINVAL, "drafter %s does not fit target %s: vocabulary %d (" ARCH ".vocab_size) "
-                          "differs from the target's %d", L->path, L->tpath, hp->vocab, t_vocab);
+                          "differs from the target's %d", L->path, T->path, hp->vocab, T->n_vocab);
     em_draft_info *info = &s->base.info;
     for (int i = 0; i < info->n_taps; i++) {
         int t = info->taps[i];
         if (t >= hp->target_layers)
             return em_err_set(err, EM_EINVAL, "drafter %s does not fit target %s: tap %d is layer %d, but the target has "
-                              "%d layers (0..%d)", L->path, L->tpath, i, t, hp->target_layers, hp->target_layers - 1);
+                              "%d layers (0..%d)", L->path, T->path, i, t, hp->target_layers, hp->target_layers - 1);
         if (t == hp->target_layers - 1)
             return em_err_set(err, EM_EINVAL, "drafter %s does not fit target %s: tap %d is layer %d, the target's last "
                               "layer (drafters tap residual streams before the final norm, never the last layer)",
-                              L->path, L->tpath, i, t);
+                              L->path, T->path, i, t);
     }
     return EM_OK;
 }
 
 /* target_layers holds llama.cpp's l + 1 (the input of layer l + 1 = the output of layer l). */
-static int read_taps(loader *L, em_err *err) {
-    em_draft_info *info = &L->s->base.info;
+static int read_taps(const em_wload *W, em_draft_info *info, em_err *err) {
     const em_gguf_arr *a;
-    int rc = em_gguf_get_arr(L->g, ARCH ".target_layers", &a, err);
-    if (rc == EM_ENOTFOUND) return em_err_set(err, EM_ENOTFOUND, "%s: key " ARCH ".target_layers is missing", L->path);
+    int rc = em_gguf_get_arr(W->g, ARCH ".target_layers", &a, err);
+    if (rc == EM_ENOTFOUND) return em_err_set(err, EM_ENOTFOUND, "%s: key " ARCH ".target_layers is missing", W->path);
     if (rc) return rc; /* the reader names the file and key */
     uint64_t n = em_gguf_arr_count(a);
     if (n < 1 || n > EM_DRAFT_MAX_TAPS)
         return em_err_set(err, EM_EUNSUPPORTED, "%s: key " ARCH ".target_layers has %llu entries (Ember takes 1..%d)",
-                          L->path, (unsigned long long)n, EM_DRAFT_MAX_TAPS);
+                          W->path, (unsigned long long)n, EM_DRAFT_MAX_TAPS);
     for (uint64_t i = 0; i < n; i++) {
         int64_t v;
-        if ((rc = em_gguf_arr_get_int(a, i, &v, err))) return em_err_prefix(err, "%s", L->path);
+        if ((rc = em_gguf_arr_get_int(a, i, &v, err))) return em_err_prefix(err, "%s", W->path);
         if (v < 1 || v > MAX_LAYERS)
             return em_err_set(err, EM_EUNSUPPORTED, "%s: key " ARCH ".target_layers[%llu] = %lld: Ember taps layer outputs "
-                              "(values 1..%d; 0, the embedding, is not supported)", L->path, (unsigned long long)i,
+                              "(values 1..%d; 0, the embedding, is not supported)", W->path, (unsigned long long)i,
                               (long long)v, MAX_LAYERS);
         info->taps[i] = (int)v - 1;
     }
@@ -342,35 +221,50 @@ static int read_taps(loader *L, em_err *err) {
     return EM_OK;
 }
 
+int em_dspark_read_taps(const char *draft_path, int *taps, int *n_taps, em_err *err) {
+    em_gguf *g;
+    int rc = em_gguf_open(&g, draft_path, err);
+    if (rc) return rc;
+    em_wload W;
+    em_draft_info info = { 0 };
+    em_wload_init(&W, g, NULL, NULL);
+    if (!(rc = check_arch(&W, err)) && !(rc = read_taps(&W, &info, err))) {
+        memcpy(taps, info.taps, (size_t)info.n_taps * sizeof *taps);
+        *n_taps = info.n_taps;
+    }
+    em_gguf_close(g);
+    return rc;
+}
+
 /* ---- weights -------------------------------------------------------------------------- */
 
-#define NAME(buf, fmt, ...) (snprintf(buf, sizeof buf, fmt, __VA_ARGS__), buf)
-
 static int load_layer(loader *L, int l, dsp_layer *y, em_err *err) {
+    em_wload *W = &L->wl;
     const dsp_hparams *hp = &L->s->hp;
     const int64_t d = hp->d, qw = (int64_t)hp->n_head * hp->hd, kw = (int64_t)hp->n_kv * hp->hd;
     char n[96];
     int rc;
-    if ((rc = get_vec(L, NAME(n, "blk.%d.attn_norm.weight", l), d, &y->attn_norm, err)) ||
-        (rc = get_vec(L, NAME(n, "blk.%d.ffn_norm.weight", l), d, &y->ffn_norm, err)) ||
-        (rc = get_vec(L, NAME(n, "blk.%d.attn_q_norm.weight", l), hp->hd, &y->q_norm, err)) ||
-        (rc = get_vec(L, NAME(n, "blk.%d.attn_k_norm.weight", l), hp->hd, &y->k_norm, err)) ||
-        (rc = get_vec_opt(L, NAME(n, "blk.%d.attn_q.bias", l), qw, &y->bq, err)) ||
-        (rc = get_vec_opt(L, NAME(n, "blk.%d.attn_k.bias", l), kw, &y->bk, err)) ||
-        (rc = get_vec_opt(L, NAME(n, "blk.%d.attn_v.bias", l), kw, &y->bv, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.attn_q.weight", l), d, qw, &y->wq, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.attn_k.weight", l), d, kw, &y->wk, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.attn_v.weight", l), d, kw, &y->wv, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.attn_output.weight", l), qw, d, &y->wo, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.ffn_gate.weight", l), d, hp->ff, &y->gate, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.ffn_up.weight", l), d, hp->ff, &y->up, err)) ||
-        (rc = get_mat(L->g, L->path, NAME(n, "blk.%d.ffn_down.weight", l), hp->ff, d, &y->down, err)))
+    if ((rc = em_wload_vec(W, NAME(n, "blk.%d.attn_norm.weight", l), d, 0, &y->attn_norm, err)) ||
+        (rc = em_wload_vec(W, NAME(n, "blk.%d.ffn_norm.weight", l), d, 0, &y->ffn_norm, err)) ||
+        (rc = em_wload_vec(W, NAME(n, "blk.%d.attn_q_norm.weight", l), hp->hd, 0, &y->q_norm, err)) ||
+        (rc = em_wload_vec(W, NAME(n, "blk.%d.attn_k_norm.weight", l), hp->hd, 0, &y->k_norm, err)) ||
+        (rc = em_wload_vec_opt(W, NAME(n, "blk.%d.attn_q.bias", l), qw, &y->bq, err)) ||
+        (rc = em_wload_vec_opt(W, NAME(n, "blk.%d.attn_k.bias", l), kw, &y->bk, err)) ||
+        (rc = em_wload_vec_opt(W, NAME(n, "blk.%d.attn_v.bias", l), kw, &y->bv, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.attn_q.weight", l), d, qw, 1, &y->wq, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.attn_k.weight", l), d, kw, 1, &y->wk, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.attn_v.weight", l), d, kw, 1, &y->wv, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.attn_output.weight", l), qw, d, 1, &y->wo, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.ffn_gate.weight", l), d, hp->ff, 1, &y->gate, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.ffn_up.weight", l), d, hp->ff, 1, &y->up, err)) ||
+        (rc = em_wload_mat(W, NAME(n, "blk.%d.ffn_down.weight", l), hp->ff, d, 1, &y->down, err)))
         return rc;
     return EM_OK;
 }
 
 /* The LM head's row count, from the first tensor that states it. */
 static int draft_vocab(loader *L, em_err *err) {
+    em_wload *W = &L->wl;
     dsp_hparams *hp = &L->s->hp;
     const char *names[] = { "output.weight", "markov_w2.weight", "d2t" };
     hp->dvocab = hp->vocab;
@@ -384,7 +278,7 @@ static int draft_vocab(loader *L, em_err *err) {
         hp->dvocab = (int)rows;
         break;
     }
-    if (hp->dvocab != hp->vocab && !has_tensor(L->g, "d2t"))
+    if (hp->dvocab != hp->vocab && !em_wload_has(W, "d2t"))
         return em_err_set(err, EM_EFORMAT, "%s: draft vocabulary %d differs from the vocabulary %d but there is no d2t table",
                           L->path, hp->dvocab, hp->vocab);
     return EM_OK;
@@ -411,32 +305,44 @@ static int load_d2t(loader *L, em_err *err) {
     return EM_OK;
 }
 
-/* Embedding and LM head: the drafter's own, else the target's (then tg stays open). */
-static int load_embd_head(loader *L, bool *borrowed, em_err *err) {
+/* One of the target's matrices, as it lends it (model.h em_target_shared): the same view, so
+ * the drafter reads the target's copy and no second one exists. */
+static int borrow(loader *L, const em_mat *m, const char *name, int64_t rows, em_mat *out, em_err *err) {
+    const dsp_hparams *hp = &L->s->hp;
+    if (!m)
+        return em_err_set(err, EM_ENOTFOUND, "drafter %s has no %s of its own, and target %s shares none", L->path,
+                          name, L->t->path);
+    if (m->cols != hp->d || m->rows != rows)
+        return em_err_set(err, EM_EFORMAT, "drafter %s borrows %s from target %s: it has %lld rows of %lld values, "
+                          "the drafter wants %lld of %d", L->path, name, L->t->path, (long long)m->rows,
+                          (long long)m->cols, (long long)rows, hp->d);
+    *out = *m;
+    return EM_OK;
+}
+
+/* Embedding and LM head: the drafter's own, else the target's. */
+static int load_embd_head(loader *L, em_err *err) {
     dspark *s = L->s;
+    em_wload *W = &L->wl;
     const dsp_hparams *hp = &s->hp;
+    const char *tpath = L->t->path;
     int rc;
-    *borrowed = false;
-    if (has_tensor(L->g, "token_embd.weight")) {
-        rc = get_mat(L->g, L->path, "token_embd.weight", hp->d, hp->vocab, &s->embd, err);
+    if (em_wload_has(W, "token_embd.weight")) {
+        if ((rc = em_wload_mat(W, "token_embd.weight", hp->d, hp->vocab, 1, &s->embd, err)) ||
+            (rc = em_wload_readable(W, "token_embd.weight", s->embd.type, err))) /* rows are read as values */
+            return rc;
     } else {
-        rc = get_mat(s->tg, L->tpath, "token_embd.weight", hp->d, hp->vocab, &s->embd, err);
-        if (rc) return em_err_prefix(err, "drafter %s has no token_embd.weight of its own", L->path);
-        *borrowed = true;
+        if ((rc = borrow(L, L->t->token_embd, "token_embd.weight", hp->vocab, &s->embd, err))) return rc;
+        const em_type_info *ti = em_type_get(s->embd.type);
+        if (!ti || !ti->to_float)
+            return em_err_set(err, EM_EUNSUPPORTED, "%s: tensor token_embd.weight has type %s, which Ember cannot read",
+                              tpath, em_type_name(s->embd.type));
     }
-    if (rc) return rc;
-    const em_type_info *ti = em_type_get(s->embd.type);
-    if (!ti || !ti->to_float)
-        return em_err_set(err, EM_EUNSUPPORTED, "token_embd.weight has type %s, which Ember cannot read", em_type_name(s->embd.type));
-    if (has_tensor(L->g, "output.weight"))
-        return get_mat(L->g, L->path, "output.weight", hp->d, hp->dvocab, &s->head, err);
+    if (em_wload_has(W, "output.weight")) return em_wload_mat(W, "output.weight", hp->d, hp->dvocab, 1, &s->head, err);
     if (hp->dvocab != hp->vocab)
         return em_err_set(err, EM_EFORMAT, "%s: a reduced draft vocabulary (%d of %d) needs the drafter's own output.weight",
                           L->path, hp->dvocab, hp->vocab);
-    rc = get_mat(s->tg, L->tpath, "output.weight", hp->d, hp->vocab, &s->head, err);
-    if (rc) return em_err_prefix(err, "drafter %s has no output.weight of its own", L->path);
-    *borrowed = true;
-    return EM_OK;
+    return borrow(L, L->t->output, "output.weight", hp->vocab, &s->head, err);
 }
 
 /* Per-position calibration temperatures (STS, dspark.md §2.5): an optional f32 array with
@@ -464,31 +370,29 @@ static int load_temps(loader *L, em_err *err) {
 }
 
 static int load_heads(loader *L, em_err *err) {
+    em_wload *W = &L->wl;
     dspark *s = L->s;
     dsp_hparams *hp = &s->hp;
     const int64_t r = hp->rank, d = hp->d;
     int rc;
     if (hp->rank > 0) {
-        if ((rc = get_mat(L->g, L->path, "markov_w1.weight", r, hp->vocab, &s->w1, err)) ||
-            (rc = get_mat(L->g, L->path, "markov_w2.weight", r, hp->dvocab, &s->w2, err)))
+        if ((rc = em_wload_mat(W, "markov_w1.weight", r, hp->vocab, 1, &s->w1, err)) ||
+            (rc = em_wload_mat(W, "markov_w2.weight", r, hp->dvocab, 1, &s->w2, err)))
             return rc;
-        const em_type_info *ti = em_type_get(s->w1.type);
-        if (!ti || !ti->to_float)
-            return em_err_set(err, EM_EUNSUPPORTED, "%s: markov_w1.weight has type %s, which Ember cannot read", L->path,
-                              em_type_name(s->w1.type));
+        if ((rc = em_wload_readable(W, "markov_w1.weight", s->w1.type, err))) return rc; /* read by rows */
     }
     if (hp->markov == DSP_MARKOV_GATED &&
-        ((rc = get_mat(L->g, L->path, "markov_gate.weight", d + r, r, &s->gate_w, err)) ||
-         (rc = get_vec(L, "markov_gate.bias", r, &s->gate_b, err))))
+        ((rc = em_wload_mat(W, "markov_gate.weight", d + r, r, 1, &s->gate_w, err)) ||
+         (rc = em_wload_vec(W, "markov_gate.bias", r, 0, &s->gate_b, err))))
         return rc;
     if (hp->markov == DSP_MARKOV_RNN &&
-        ((rc = get_mat(L->g, L->path, "markov_joint.weight", 2 * r + d, 3 * r, &s->joint_w, err)) ||
-         (rc = get_vec(L, "markov_joint.bias", 3 * r, &s->joint_b, err))))
+        ((rc = em_wload_mat(W, "markov_joint.weight", 2 * r + d, 3 * r, 1, &s->joint_w, err)) ||
+         (rc = em_wload_vec(W, "markov_joint.bias", 3 * r, 0, &s->joint_b, err))))
         return rc;
     if (hp->conf) {
         const float *b;
-        if ((rc = get_vec(L, "conf_proj.weight", d + (hp->conf_markov ? r : 0), &s->conf_w, err)) ||
-            (rc = get_vec(L, "conf_proj.bias", 1, &b, err)))
+        if ((rc = em_wload_vec(W, "conf_proj.weight", d + (hp->conf_markov ? r : 0), 0, &s->conf_w, err)) ||
+            (rc = em_wload_vec(W, "conf_proj.bias", 1, 0, &b, err)))
             return rc;
         s->conf_b = b[0];
         if ((rc = load_temps(L, err))) return rc;
@@ -674,35 +578,28 @@ static void warm_weights(const dspark *s) {
 /* ---- open / close --------------------------------------------------------------------- */
 
 static int load_all(loader *L, const em_draft_opts *o, em_err *err) {
+    em_wload *W = &L->wl;
     dspark *s = L->s;
     dsp_hparams *hp = &s->hp;
     em_draft_info *info = &s->base.info;
     int rc;
-    if ((rc = read_hparams(L, err)) || (rc = read_taps(L, err))) return rc;
+    if ((rc = read_hparams(L, err)) || (rc = read_taps(W, info, err))) return rc;
     info->block_size = hp->block;
     info->n_drafts = hp->block - hp->slot0;
     info->n_vocab = hp->vocab;
     info->has_confidence = hp->conf;
-    /* guarded: a file that shrinks while mapped fails the forwards (em_model_files_check), not the process */
-    static const em_gguf_open_opts guarded = { .guard_mapping = true };
-    if ((rc = em_gguf_open_ex(&s->tg, L->tpath, &guarded, err))) return em_err_prefix(err, "drafter %s: target", L->path);
     if ((rc = check_target(L, err))) return rc;
     info->n_feat = info->n_taps * hp->target_embd;
     if ((rc = draft_vocab(L, err)) ||
-        (rc = get_mat(L->g, L->path, "fc.weight", info->n_feat, hp->d, &s->fc, err)) ||
-        (rc = get_vec(L, "enc.output_norm.weight", hp->d, &s->hidden_norm, err)) ||
-        (rc = get_vec(L, "output_norm.weight", hp->d, &s->out_norm, err)))
+        (rc = em_wload_mat(W, "fc.weight", info->n_feat, hp->d, 1, &s->fc, err)) ||
+        (rc = em_wload_vec(W, "enc.output_norm.weight", hp->d, 0, &s->hidden_norm, err)) ||
+        (rc = em_wload_vec(W, "output_norm.weight", hp->d, 0, &s->out_norm, err)))
         return rc;
     s->layers = em_calloc((size_t)hp->n_layer, sizeof *s->layers, "drafter layers", err);
     if (!s->layers) return EM_ENOMEM;
     for (int l = 0; l < hp->n_layer; l++)
         if ((rc = load_layer(L, l, &s->layers[l], err))) return rc;
-    bool borrowed;
-    if ((rc = load_embd_head(L, &borrowed, err)) || (rc = load_d2t(L, err)) || (rc = load_heads(L, err))) return rc;
-    if (!borrowed) {
-        em_gguf_close(s->tg);
-        s->tg = NULL;
-    }
+    if ((rc = load_embd_head(L, err)) || (rc = load_d2t(L, err)) || (rc = load_heads(L, err))) return rc;
     if ((rc = em_pool_create(&s->pool, o->n_threads, err))) return rc;
     info->block_seconds = block_seconds(s);
     info->slot_seconds = slot_seconds(s);
@@ -710,13 +607,15 @@ static int load_all(loader *L, const em_draft_opts *o, em_err *err) {
     return alloc_scratch(s, o, err);
 }
 
-int dsp_load(dspark *s, const char *draft_path, const char *target_path, const em_draft_opts *o,
+int dsp_load(dspark *s, const char *draft_path, const em_target_shared *target, const em_draft_opts *o,
              em_err *err) {
     int rc;
-    if (!(s->path = em_strdup(draft_path, err)) || !(s->target_path = em_strdup(target_path, err))) return EM_ENOMEM;
+    if (!(s->path = em_strdup(draft_path, err))) return EM_ENOMEM;
     if ((rc = em_arena_create(&s->store, 1u << 20, err))) return rc;
     if ((rc = em_gguf_open_ex(&s->g, draft_path, &(em_gguf_open_opts){ .guard_mapping = true }, err))) return rc;
-    loader L = { .s = s, .g = s->g, .path = draft_path, .tpath = target_path };
+    loader L = { .s = s, .t = target };
+    em_wload_init(&L.wl, s->g, s->store, NULL);
+    L.g = L.wl.g, L.path = L.wl.path;
     return load_all(&L, o, err);
 }
 
@@ -725,8 +624,6 @@ void dsp_unload(dspark *s) {
     if (s->scratch) em_arena_free(s->scratch);
     free(s->layers);
     if (s->store) em_arena_free(s->store);
-    if (s->tg) em_gguf_close(s->tg);
     if (s->g) em_gguf_close(s->g);
     free(s->path);
-    free(s->target_path);
 }

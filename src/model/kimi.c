@@ -414,6 +414,15 @@ static void kimi_close(em_target *t) {
     free(k);
 }
 
+static int kimi_shared_weights(const em_target *t, em_target_shared *out, em_err *err) {
+    (void)err;
+    const kimi *k = (const kimi *)t;
+    *out = (em_target_shared){ .path = em_gguf_path(k->g), .arch = t->info.arch, .n_embd = k->hp.n_embd,
+                               .n_layer = k->hp.n_layer, .n_vocab = k->hp.n_vocab, .token_embd = &k->w.tok_embd,
+                               .output = &k->w.output };
+    return EM_OK;
+}
+
 static const em_target_ops kimi_ops = {
     .verify = kimi_verify,
     .commit = kimi_commit,
@@ -421,6 +430,7 @@ static const em_target_ops kimi_ops = {
     .cost = kimi_cost,
     .reset = kimi_reset,
     .close = kimi_close,
+    .shared_weights = kimi_shared_weights,
     .expert_stats = kimi_expert_stats,
 };
 
@@ -546,7 +556,7 @@ int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, 
     }
     k->g = g;
     k->base.ops = &kimi_ops;
-    int rc = kimi_load(g, &k->hp, &k->w, err);
+    int rc = kimi_load(g, NULL, &k->hp, &k->w, err);
     if (rc) {
         em_gguf_close(g);
         free(k);

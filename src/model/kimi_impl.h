@@ -16,6 +16,7 @@
 #include "format/gguf.h"
 #include "model/kda.h"
 #include "model/model.h"
+#include "model/weights.h"
 
 enum { KIMI_KDA = 0, KIMI_MLA = 1 };
 
@@ -105,8 +106,9 @@ typedef struct kimi_weights {
     em_arena *store;                  /* f32 vectors made at load */
 } kimi_weights;
 
-/* Reads and checks hyperparameters and weights; on failure everything is released. */
-int kimi_load(em_gguf *g, kimi_hparams *hp, kimi_weights *w, em_err *err);
+/* Reads and checks hyperparameters and weights; every matrix and vector passes hook (may be
+ * NULL) once (model/weights.h). On failure everything is released. */
+int kimi_load(em_gguf *g, const em_wload_hook *hook, kimi_hparams *hp, kimi_weights *w, em_err *err);
 void kimi_unload(kimi_hparams *hp, kimi_weights *w);
 
 /* ---- layers --------------------------------------------------------------------------- */

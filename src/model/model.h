@@ -27,6 +27,7 @@
 #include "base/base.h"
 
 typedef struct em_target em_target;
+typedef struct em_target_shared em_target_shared;
 
 /* Where a verify/prefill puts its results (caller memory), and which rows' results are wanted,
  * so that a target computes (and on a device, copies back) only those: a greedy loop asks for
@@ -94,6 +95,8 @@ typedef struct em_target_ops {
     em_cost (*cost)(const em_target *t, int n);
     void (*reset)(em_target *t);
     void (*close)(em_target *t);
+    /* optional (NULL: shares nothing): fills what the target lends a drafter */
+    int (*shared_weights)(const em_target *t, em_target_shared *out, em_err *err);
     /* optional (NULL: no routed experts): counters of one layer (-1: all) */
     int (*expert_stats)(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
 } em_target_ops;
@@ -166,6 +169,20 @@ em_cost em_target_cost(const em_target *t, int n);
 void em_target_reset(em_target *t);
 int64_t em_target_position(const em_target *t);
 const em_target_info *em_target_get_info(const em_target *t);
+/* What a target lends the model that drafts for it (draft/draft.h em_draft_open): its shape
+ * and its own token embedding and LM head, so that one copy of each exists (on a device, one
+ * device copy). Every pointer points into the target: valid until em_target_close, so the
+ * target must outlive whatever borrows from it (close the drafter first). */
+struct em_target_shared {
+    const char *path;                /* the target's file, for messages */
+    const char *arch;                /* general.architecture */
+    int n_embd, n_layer, n_vocab;
+    const struct em_mat *token_embd; /* [n_vocab] rows of n_embd, readable as values; NULL: none */
+    const struct em_mat *output;     /* the LM head, [n_vocab] rows of n_embd; NULL: none */
+};
+/* Fills out. EM_EUNSUPPORTED when the target lends nothing, EM_EFORMAT when its file lacks
+ * tensor data (cut short: nothing may read it). */
+int em_target_shared_weights(const em_target *t, em_target_shared *out, em_err *err);
 /* Routed-expert counters since open, for one layer (a model layer index) or all (-1); a
  * target without routed experts gives zeros. */
 int em_target_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);

@@ -171,6 +171,14 @@ int64_t em_target_position(const em_target *t) { return t->pos; }
 
 const em_target_info *em_target_get_info(const em_target *t) { return &t->info; }
 
+int em_target_shared_weights(const em_target *t, em_target_shared *out, em_err *err) {
+    *out = (em_target_shared){ 0 };
+    int rc = check_data(t, "shared weights", err);
+    if (rc) return rc;
+    if (!t->ops->shared_weights) return em_err_set(err, EM_EUNSUPPORTED, "shared weights: this target lends none");
+    return t->ops->shared_weights(t, out, err);
+}
+
 int em_target_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err) {
     *out = (em_target_expert_counts){ .storage = EM_MOE_RESIDENT };
     if (layer < -1 || layer >= t->info.n_layer)

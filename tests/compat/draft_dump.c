@@ -66,12 +66,16 @@ static int dump(const char *target_path, const char *draft_path, const char *dir
     size_t n = 0;
     float *feats = NULL, *last = NULL, *logits = NULL, *conf = NULL;
     int32_t *draft_tokens = NULL;
-    int rc = em_draft_open(&d, draft_path, target_path, &(em_draft_opts){ .n_threads = 1 }, err);
-    const em_draft_info *di = rc ? NULL : em_draft_get_info(d);
+    int taps[EM_DRAFT_MAX_TAPS], n_taps = 0;
+    em_target_shared shared;
+    int rc = em_draft_read_taps(draft_path, taps, &n_taps, err);
     if (!rc)
         rc = em_model_open(&t, target_path,
-                           &(em_model_opts){ .n_threads = 1, .feature_layers = di->taps, .n_feature_layers = di->n_taps },
+                           &(em_model_opts){ .n_threads = 1, .feature_layers = taps, .n_feature_layers = n_taps },
                            err);
+    if (!rc) rc = em_target_shared_weights(t, &shared, err);
+    if (!rc) rc = em_draft_open(&d, draft_path, &shared, &(em_draft_opts){ .n_threads = 1 }, err);
+    const em_draft_info *di = rc ? NULL : em_draft_get_info(d);
     if (!rc) rc = em_gguf_open(&g, target_path, err);
     if (!rc) rc = em_tok_create(&tok, g, NULL, err);
     if (!rc && chat) {
@@ -101,8 +105,8 @@ static int dump(const char *target_path, const char *draft_path, const char *dir
     free(feats), free(last), free(logits), free(conf), free(draft_tokens), free(ids);
     em_tok_free(tok);
     em_gguf_close(g);
+    em_draft_close(d); /* before the target it borrows from */
     em_target_close(t);
-    em_draft_close(d);
     return rc;
 }
 

@@ -190,6 +190,30 @@ typedef struct em_gpu_router {
 int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64_t ldl, const float *d_bias,
                  int rows, int32_t *d_ids, float *d_wts, em_err *err);
 
+/* ---- routed experts (moe.cu) ------------------------------------------------------------ */
+
+/* One MoE layer's routed experts as GGUF stacks them (Q8_0 only, for now): gate and up hold
+ * n_expert * ffn rows of cols values (expert e: rows [e * ffn, (e + 1) * ffn)), down holds
+ * n_expert * cols rows of ffn values. */
+typedef struct em_gpu_experts {
+    const em_gpu_mat *gate, *up, *down;
+    int n_expert, ffn;
+} em_gpu_experts;
+
+/* Scratch bytes em_gpu_moe needs for n rows of cols values routed to k experts each. */
+uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);
+/* y[j] = sum over the k experts of row j, in ascending expert order, of
+ * wts[j][i] * down_e(silu(gate_e x_j) * up_e x_j), for rows j < n (1..16) of x (d_x + j * ldx),
+ * into d_y + j * ldy (overwritten). d_ids / d_wts: [n][k] on the device, as em_gpu_route writes
+ * them (k distinct ids in [0, n_expert) per row). The union of the rows' experts is built on the
+ * device; each expert of the union runs once over the rows routed to it (gate and up in one
+ * launch, down in another), with the products' per-row arithmetic, so row j does not depend on
+ * the other rows (width invariance) and equals the dense products of its experts. No host
+ * sync. The CPU twin is model/moe.c's routed_experts (y = 0; y += w * out per expert, in
+ * ascending order; activations quantized to Q8_0 for each product). */
+int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+               const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,8 @@
  * run instead of crashing; the free/close functions accept what they are given and do nothing. */
 #include "backend/gpu.h"
 
+#include <string.h>
+
 #define NONE(err) em_err_set(err, EM_EUNSUPPORTED, "this ember was built without CUDA (rebuild with nvcc on PATH or -DEMBER_CUDA=ON)")
 
 bool em_gpu_built(void) { return false; }
@@ -76,6 +78,7 @@ int em_gpu_elapsed_ms(em_gpu *g, float *ms, em_err *err) {
 int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols, const void *host, const char *name,
                       em_gpu_mat *out, em_err *err) {
     (void)g, (void)type, (void)rows, (void)cols, (void)host, (void)name;
+    if (out) memset(out, 0, sizeof *out);
     return NONE(err);
 }
 void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) { (void)g, (void)m; }
@@ -120,5 +123,14 @@ int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, int n_heads, 
 int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64_t ldl, const float *d_bias,
                  int rows, int32_t *d_ids, float *d_wts, em_err *err) {
     (void)g, (void)r, (void)d_logits, (void)ldl, (void)d_bias, (void)rows, (void)d_ids, (void)d_wts;
+    return NONE(err);
+}
+uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
+    (void)n_expert, (void)k, (void)ffn, (void)cols, (void)n;
+    return 0;
+}
+int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+               const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
+    (void)g, (void)x, (void)d_x, (void)ldx, (void)n, (void)d_ids, (void)d_wts, (void)k, (void)d_scratch, (void)d_y, (void)ldy;
     return NONE(err);
 }

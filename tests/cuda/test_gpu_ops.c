@@ -584,6 +584,172 @@ static void bench_matmul(int type, int64_t rows, int64_t cols, const char *what)
     free(x);
 }
 
+/* ---- routed experts ---------------------------------------------------------------------- */
+
+typedef struct moe_fix {
+    void *hg, *hu, *hd; /* GGUF bytes of the stacks */
+    em_gpu_mat gate, up, down;
+    em_gpu_experts ex;
+} moe_fix;
+
+/* Kimi-Linear's routed experts: 256 of ffn 1024 over hidden 2304, Q8_0 (random bytes). */
+static int moe_open(moe_fix *f) {
+    uint64_t b = 0;
+    f->hg = random_bytes(EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, &b);
+    f->hu = random_bytes(EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, &b);
+    f->hd = random_bytes(EM_TYPE_Q8_0, (int64_t)N_EXPERT * HIDDEN, FFN_EXP, &b);
+    if (em_gpu_mat_upload(G, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hg, "ffn_gate_exps", &f->gate, &E) ||
+        em_gpu_mat_upload(G, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hu, "ffn_up_exps", &f->up, &E) ||
+        em_gpu_mat_upload(G, EM_TYPE_Q8_0, (int64_t)N_EXPERT * HIDDEN, FFN_EXP, f->hd, "ffn_down_exps", &f->down, &E))
+        return -1;
+    f->ex = (em_gpu_experts){ .gate = &f->gate, .up = &f->up, .down = &f->down, .n_expert = N_EXPERT, .ffn = FFN_EXP };
+    return 0;
+}
+static void moe_close(moe_fix *f) {
+    em_gpu_mat_free(G, &f->gate), em_gpu_mat_free(G, &f->up), em_gpu_mat_free(G, &f->down);
+    free(f->hg), free(f->hu), free(f->hd);
+}
+/* k distinct random experts per row; adjacent rows share some (as real routing does) when share. */
+static void random_routes(int32_t *ids, float *w, int n, int share) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < TOP_K; i++) {
+            int32_t e;
+            int dup;
+            do {
+                e = share && j > 0 && i < 4 ? ids[(j - 1) * TOP_K + i] : (int32_t)(rnd() % N_EXPERT);
+                dup = 0;
+                for (int t = 0; t < i; t++) dup |= ids[j * TOP_K + t] == e;
+                if (dup) share = 0; /* fall back to a fresh draw */
+            } while (dup);
+            ids[j * TOP_K + i] = e;
+            w[j * TOP_K + i] = 0.1f + 0.3f * (rndf() + 1.0f);
+        }
+}
+
+/* The CPU twin: per row, each of its experts with quant/'s products and compute/'s SwiGLU,
+ * summed in ascending expert order with em_axpy, as model/moe.c does. */
+static void moe_ref(const moe_fix *f, const float *x, const int32_t *ids, const float *w, int n, float *y) {
+    em_mat g, u, d;
+    em_mat_init(&g, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hg, NULL);
+    em_mat_init(&u, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hu, NULL);
+    em_mat_init(&d, EM_TYPE_Q8_0, (int64_t)N_EXPERT * HIDDEN, FFN_EXP, f->hd, NULL);
+    float *gt = xmalloc(FFN_EXP * 4), *up = xmalloc(FFN_EXP * 4), *o = xmalloc(HIDDEN * 4);
+    uint64_t ab = 0;
+    em_act_bytes(EM_TYPE_Q8_0, HIDDEN, 1, &ab, NULL);
+    void *buf = xmalloc(ab + 4096);
+    for (int j = 0; j < n; j++) {
+        memset(y + (int64_t)j * HIDDEN, 0, HIDDEN * 4);
+        for (int e = 0; e < N_EXPERT; e++)
+            for (int i = 0; i < TOP_K; i++) {
+                if (ids[j * TOP_K + i] != e) continue;
+                em_mat ge = em_mat_rows(&g, (int64_t)e * FFN_EXP, FFN_EXP), ue = em_mat_rows(&u, (int64_t)e * FFN_EXP, FFN_EXP);
+                em_mat de = em_mat_rows(&d, (int64_t)e * HIDDEN, HIDDEN);
+                em_matmul(NULL, &ge, x + (int64_t)j * HIDDEN, HIDDEN, 1, gt, FFN_EXP, buf, NULL);
+                em_matmul(NULL, &ue, x + (int64_t)j * HIDDEN, HIDDEN, 1, up, FFN_EXP, buf, NULL);
+                em_swiglu(gt, up, FFN_EXP, gt);
+                em_matmul(NULL, &de, gt, FFN_EXP, 1, o, HIDDEN, buf, NULL);
+                em_axpy(w[j * TOP_K + i], o, HIDDEN, y + (int64_t)j * HIDDEN);
+            }
+    }
+    free(gt), free(up), free(o), free(buf);
+}
+
+static void test_moe(moe_fix *f) {
+    const char *name = "moe 256x(1024x2304) top-8 q8_0";
+    int32_t ids[R * TOP_K];
+    float w[R * TOP_K];
+    random_routes(ids, w, R, 1);
+    float *x = xmalloc((size_t)R * HIDDEN * 4), *ref = xmalloc((size_t)R * HIDDEN * 4), *got = xmalloc((size_t)R * HIDDEN * 4);
+    fill(x, (int64_t)R * HIDDEN, 1.0f);
+    moe_ref(f, x, ids, w, R, ref);
+    float *dx = dalloc((uint64_t)R * HIDDEN * 4), *dy = dalloc((uint64_t)R * HIDDEN * 4), *dw = dalloc(sizeof w);
+    int32_t *di = dalloc(sizeof ids);
+    void *ds = dalloc(em_gpu_moe_scratch_bytes(N_EXPERT, TOP_K, FFN_EXP, HIDDEN, R));
+    up(dx, x, (uint64_t)R * HIDDEN * 4), up(di, ids, sizeof ids), up(dw, w, sizeof w);
+    poison(dy, (uint64_t)R * HIDDEN * 4);
+    TRY(name, em_gpu_moe(G, &f->ex, dx, HIDDEN, R, di, dw, TOP_K, ds, dy, HIDDEN, &E));
+    TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+    record_cmp(name, compare(got, ref, (int64_t)R * HIDDEN), 1e-4, 1e-3);
+    /* width invariance: row j of an n-row call equals the one-row call of row j */
+    float *one = xmalloc((size_t)R * HIDDEN * 4);
+    for (int j = 0; j < R; j++) {
+        poison(dy, (uint64_t)HIDDEN * 4);
+        TRY(name, em_gpu_moe(G, &f->ex, dx + (int64_t)j * HIDDEN, HIDDEN, 1, di + j * TOP_K, dw + j * TOP_K, TOP_K, ds, dy,
+                             HIDDEN, &E));
+        TRY(name, down(one + (int64_t)j * HIDDEN, dy, (uint64_t)HIDDEN * 4));
+    }
+    int differ = 0;
+    int64_t unw = 0;
+    for (int n = 1; n <= R; n++) {
+        poison(dy, (uint64_t)R * HIDDEN * 4);
+        TRY(name, em_gpu_moe(G, &f->ex, dx, HIDDEN, n, di, dw, TOP_K, ds, dy, HIDDEN, &E));
+        TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+        differ += memcmp(got, one, (size_t)n * HIDDEN * 4) != 0;
+        unw += unwritten(got, (int64_t)n * HIDDEN);
+    }
+    record("moe width", differ == 0 && unw == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten %lld", differ ? "NO" : "yes",
+           (long long)unw);
+    /* graph: the whole layer captured once for 16 rows, replayed equal */
+    em_gpu_graph *gr = NULL;
+    poison(dy, (uint64_t)R * HIDDEN * 4);
+    TRY(name, em_gpu_sync(G, &E));
+    TRY(name, em_gpu_capture_begin(G, &E));
+    int rc = em_gpu_moe(G, &f->ex, dx, HIDDEN, R, di, dw, TOP_K, ds, dy, HIDDEN, &E);
+    em_err e2;
+    int rc2 = em_gpu_capture_end(G, &gr, &e2);
+    if (rc || rc2) {
+        record("moe graph", 0, "%s", rc ? E.msg : e2.msg);
+    } else {
+        TRY(name, em_gpu_graph_launch(G, gr, &E));
+        TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+        record("moe graph replay", memcmp(got, one, (size_t)R * HIDDEN * 4) == 0, "16 rows, captured layer == plain calls");
+        em_gpu_graph_free(gr);
+    }
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dw), em_gpu_free(G, di), em_gpu_free(G, ds);
+    free(x), free(ref), free(got), free(one);
+}
+
+/* One MoE layer's routed experts at n rows: time (median of 21) and the bytes of the union. */
+static void bench_moe(moe_fix *f) {
+    float *x = xmalloc((size_t)R * HIDDEN * 4);
+    fill(x, (int64_t)R * HIDDEN, 1.0f);
+    float *dx = dalloc((uint64_t)R * HIDDEN * 4), *dy = dalloc((uint64_t)R * HIDDEN * 4), *dw = dalloc(R * TOP_K * 4);
+    int32_t *di = dalloc(R * TOP_K * 4);
+    void *ds = dalloc(em_gpu_moe_scratch_bytes(N_EXPERT, TOP_K, FFN_EXP, HIDDEN, R));
+    up(dx, x, (uint64_t)R * HIDDEN * 4);
+    const double expert_bytes = 3.0 * FFN_EXP * HIDDEN * 34.0 / 32.0;
+    for (int share = 0; share < 2; share++) {
+        printf("bench moe layer (%s routes):", share ? "half shared by neighbours" : "uniform");
+        double t1 = 0;
+        for (int n = 1; n <= R; n *= 2) {
+            int32_t ids[R * TOP_K];
+            float w[R * TOP_K];
+            random_routes(ids, w, n, share);
+            char seen[N_EXPERT] = { 0 };
+            int un = 0;
+            for (int i = 0; i < n * TOP_K; i++) un += !seen[ids[i]]++;
+            up(di, ids, (uint64_t)n * TOP_K * 4), up(dw, w, (uint64_t)n * TOP_K * 4);
+            float t[21];
+            for (int rep = -3; rep < 21; rep++) {
+                em_gpu_mark(G, 0, &E);
+                em_gpu_moe(G, &f->ex, dx, HIDDEN, n, di, dw, TOP_K, ds, dy, HIDDEN, &E);
+                em_gpu_mark(G, 1, &E);
+                float ms = 0;
+                if (em_gpu_elapsed_ms(G, &ms, &E)) break;
+                if (rep >= 0) t[rep] = ms;
+            }
+            qsort(t, 21, sizeof t[0], cmp_float);
+            const double s = t[10] * 1e-3;
+            if (n == 1) t1 = s;
+            printf("  n=%d union %d: %.1f us %.0f GB/s (t/t1 %.2f)", n, un, s * 1e6, un * expert_bytes / s / 1e9, s / t1);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dw), em_gpu_free(G, di), em_gpu_free(G, ds);
+    free(x);
+}
+
 int main(int argc, char **argv) {
     const char *dev = "cuda:0";
     int bench = 1;
@@ -615,6 +781,8 @@ int main(int argc, char **argv) {
         test_matmul(types[t], KDA_HEADS * KDA_DIM, HIDDEN); /* a KDA q / k / v projection */
     }
     test_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN); /* the LM head */
+    test_matmul(EM_TYPE_Q8_0, 1001, 512);     /* rows not a multiple of a warp's 4 outputs */
+    test_matmul(EM_TYPE_BF16, 1003, 512);
     test_rmsnorm("rmsnorm 16x2304", R, HIDDEN);
     test_rmsnorm("rmsnorm 16x32 heads of 128", R * KDA_HEADS, KDA_DIM);
     test_rmsnorm("rmsnorm 16x512 (kv_lora)", R, 512);
@@ -628,7 +796,12 @@ int main(int argc, char **argv) {
     test_route(1, 1);
     test_route(8, 4);
     test_graph();
+    moe_fix mf;
+    const int have_moe = moe_open(&mf) == 0;
+    if (!have_moe) record("moe upload", 0, "%s", E.msg);
+    else test_moe(&mf);
     if (bench) {
+        if (have_moe) bench_moe(&mf);
         bench_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN, "LM head 163840x2304");
         bench_matmul(EM_TYPE_Q8_0, 4 * 16384, 4096, "65536x4096");
         bench_matmul(EM_TYPE_Q8_0, FFN_EXP, HIDDEN, "expert gate 1024x2304");
@@ -636,6 +809,7 @@ int main(int argc, char **argv) {
         bench_matmul(EM_TYPE_F16, 16384, 8192, "16384x8192");
         bench_matmul(EM_TYPE_F32, 8192, 8192, "8192x8192");
     }
+    if (have_moe) moe_close(&mf);
     em_gpu_close(G);
 
     int fails = 0;

@@ -3,21 +3,20 @@
  * matrix-vector products y[j][r] = W[r, :] . x[j] for j < n <= 16.
  *
  * Invariants (docs/cuda.md, "width invariance"):
- * - one warp computes one output r for all n rows; lane l owns the same column pieces
- *   (l, l + 32, ...) whatever n is; per lane every row's sum is its own chain of explicitly
+ * - one warp computes MM_OUTS consecutive outputs for all n rows; lane l owns the same
+ *   column pieces (l, l + 32, ...) of each whatever n is; per lane every row's sum is its own chain of explicitly
  *   rounded operations (__fmul_rn, __fadd_rn, __fmaf_rn: nothing left for the compiler to
  *   contract differently in another instantiation); the 32 lane sums meet in one fixed
  *   butterfly (xor 16, 8, 4, 2, 1). So row j's result is the same bits for every n.
  * - each weight byte is read once per call, by one lane, in 16-byte loads that bypass L1
- *   (ld.global.nc: weights are read-only while a pass runs); activations are re-read per
- *   warp and come from L1/L2.
+ *   (ld.global.nc: weights are read-only while a pass runs); activations are loaded once per
+ *   lane and step for the warp's MM_OUTS outputs and come from L1/L2.
  * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
  *   smallest N >= n, and rows j >= n are skipped (not computed, not written). */
-#include "backend/cuda/cuda_impl.cuh"
+#include "backend/cuda/mm_kernels.cuh"
 
 #include <string.h>
 
-#define MM_WARPS 8 /* warps (outputs) per block of 256 threads */
 
 /* ---- upload and repack ------------------------------------------------------------------ */
 
@@ -106,24 +105,6 @@ extern "C" void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) {
 
 /* ---- activations ---------------------------------------------------------------------- */
 
-/* One warp per 32-value block; lane l quantizes value l. em_quant_q8_0: amax, d = amax / 127,
- * id = 1 / d (0 when d is 0), q = trunc(roundf(x * id)), the fp16-rounded d kept (as float). */
-__global__ void k_quant_q8_0(const float *x, int64_t ldx, int64_t cols, int n, int8_t *qs, float *d) {
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    const int64_t bpr = cols / 32;
-    if (warp >= (int64_t)n * bpr) return;
-    const int64_t j = warp / bpr, b = warp % bpr;
-    const float v = x[j * ldx + b * 32 + lane];
-    float amax = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float dd = __fdiv_rn(amax, 127.0f);
-    const float id = dd != 0.0f ? __fdiv_rn(1.0f, dd) : 0.0f;
-    const float r = roundf(__fmul_rn(v, id));
-    qs[j * cols + b * 32 + lane] = (int8_t)(r > -2147483904.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN);
-    if (lane == 0) d[j * bpr + b] = __half2float(__float2half_rn(dd));
-}
-
 extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
                                   void *d_scratch, em_gpu_act *out, em_err *err) {
     memset(out, 0, sizeof *out);
@@ -154,82 +135,17 @@ extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_
 
 /* ---- products ---------------------------------------------------------------------------- */
 
-__device__ __forceinline__ int4 ld_nc16(const void *p) {
-    int4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-/* The fixed butterfly: every lane ends with the same sum, in the same order for every row. */
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-template <int N>
-__device__ __forceinline__ void store_rows(const float (&acc)[N], int n, int lane, float *y, int64_t ldy, int64_t r) {
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        if (j >= n) break;
-        const float s = warp_sum(acc[j]);
-        if (lane == 0) y[j * ldy + r] = s;
-    }
-}
-
-/* Q8_0 weights x Q8_0 activations: lane l takes blocks l, l + 32, ...; per block an exact
- * integer dot (dp4a), then sum += (d_w * d_a) * isum, as quant/'s scalar kernel. */
+/* Dense Q8_0: rows j of x into rows j of y. */
 template <int N>
 __global__ void __launch_bounds__(MM_WARPS * 32) k_mm_q8_0(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
                                                           const int8_t *xq, const float *xd, int n, float *y,
                                                           int64_t ldy) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    const int64_t bpr = cols / 32;
-    const int8_t *w = wq + r * cols;
-    const __half *dw = wd + r * bpr;
-    float acc[N];
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    if (r0 >= rows) return;
+    int idx[N];
 #pragma unroll
-    for (int j = 0; j < N; j++) acc[j] = 0.0f;
-    int64_t b = lane;
-    /* two blocks per lane per step: four 16-byte loads in flight before their first use */
-    for (; b + 32 < bpr; b += 64) {
-        const int4 w0 = ld_nc16(w + b * 32), w1 = ld_nc16(w + b * 32 + 16);
-        const int4 w2 = ld_nc16(w + (b + 32) * 32), w3 = ld_nc16(w + (b + 32) * 32 + 16);
-        const float s0 = __half2float(dw[b]), s1 = __half2float(dw[b + 32]);
-#pragma unroll
-        for (int j = 0; j < N; j++) {
-            if (j >= n) break;
-            const int4 *xa = (const int4 *)(xq + j * cols + b * 32);
-            const int4 *xb = (const int4 *)(xq + j * cols + (b + 32) * 32);
-            const int4 a0 = xa[0], a1 = xa[1], c0 = xb[0], c1 = xb[1];
-            int i0 = __dp4a(w0.x, a0.x, 0);
-            i0 = __dp4a(w0.y, a0.y, i0); i0 = __dp4a(w0.z, a0.z, i0); i0 = __dp4a(w0.w, a0.w, i0);
-            i0 = __dp4a(w1.x, a1.x, i0); i0 = __dp4a(w1.y, a1.y, i0); i0 = __dp4a(w1.z, a1.z, i0); i0 = __dp4a(w1.w, a1.w, i0);
-            int i1 = __dp4a(w2.x, c0.x, 0);
-            i1 = __dp4a(w2.y, c0.y, i1); i1 = __dp4a(w2.z, c0.z, i1); i1 = __dp4a(w2.w, c0.w, i1);
-            i1 = __dp4a(w3.x, c1.x, i1); i1 = __dp4a(w3.y, c1.y, i1); i1 = __dp4a(w3.z, c1.z, i1); i1 = __dp4a(w3.w, c1.w, i1);
-            acc[j] = __fadd_rn(acc[j], __fmul_rn(__fmul_rn(s0, xd[j * bpr + b]), (float)i0));
-            acc[j] = __fadd_rn(acc[j], __fmul_rn(__fmul_rn(s1, xd[j * bpr + b + 32]), (float)i1));
-        }
-    }
-    for (; b < bpr; b += 32) {
-        const int4 w0 = ld_nc16(w + b * 32), w1 = ld_nc16(w + b * 32 + 16);
-        const float s0 = __half2float(dw[b]);
-#pragma unroll
-        for (int j = 0; j < N; j++) {
-            if (j >= n) break;
-            const int4 *xa = (const int4 *)(xq + j * cols + b * 32);
-            const int4 a0 = xa[0], a1 = xa[1];
-            int i0 = __dp4a(w0.x, a0.x, 0);
-            i0 = __dp4a(w0.y, a0.y, i0); i0 = __dp4a(w0.z, a0.z, i0); i0 = __dp4a(w0.w, a0.w, i0);
-            i0 = __dp4a(w1.x, a1.x, i0); i0 = __dp4a(w1.y, a1.y, i0); i0 = __dp4a(w1.z, a1.z, i0); i0 = __dp4a(w1.w, a1.w, i0);
-            acc[j] = __fadd_rn(acc[j], __fmul_rn(__fmul_rn(s0, xd[j * bpr + b]), (float)i0));
-        }
-    }
-    store_rows<N>(acc, n, lane, y, ldy, r);
+    for (int j = 0; j < N; j++) idx[j] = j;
+    mm_q8_0_warp<N>(wq, wd, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
 }
 
 /* 16 bytes of weights as floats: 4 F32, or 8 F16 / BF16 values. */
@@ -273,61 +189,51 @@ __device__ __forceinline__ void load_x(const float *p, float (&v)[8]) {
     }
 }
 
-/* Float weights x F32 activations: lane l takes 16-byte pieces l, l + 32, ...; per piece one
- * fma chain over its values in order. */
+/* Float weights x F32 activations: a warp computes MM_OUTS consecutive outputs; lane l takes
+ * 16-byte pieces l, l + 32, ... of each; per piece one fma chain over its values in order. */
 template <int T, int N>
 __global__ void __launch_bounds__(MM_WARPS * 32) k_mm_float(const uint8_t *wdata, int64_t rows, int64_t cols,
                                                            const float *x, int64_t ldx, int n, float *y, int64_t ldy) {
     constexpr int V = wpiece<T>::V;
     const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    if (r0 >= rows) return;
     const int64_t pieces = cols / V;
-    const uint8_t *w = wdata + r * cols * (16 / V);
-    float acc[N];
+    const uint8_t *w[MM_OUTS];
 #pragma unroll
-    for (int j = 0; j < N; j++) acc[j] = 0.0f;
-    int64_t p = lane;
-    for (; p + 32 < pieces; p += 64) {
-        const int4 q0 = ld_nc16(w + p * 16), q1 = ld_nc16(w + (p + 32) * 16);
-        float f0[8], f1[8];
-        wpiece<T>::get(q0, f0);
-        wpiece<T>::get(q1, f1);
+    for (int o = 0; o < MM_OUTS; o++) w[o] = wdata + (r0 + o < rows ? r0 + o : rows - 1) * cols * (16 / V);
+    float acc[N][MM_OUTS];
 #pragma unroll
-        for (int j = 0; j < N; j++) {
-            if (j >= n) break;
-            float xa[8], xb[8];
-            load_x<V>(x + j * ldx + p * V, xa);
-            load_x<V>(x + j * ldx + (p + 32) * V, xb);
-            float a = acc[j];
+    for (int j = 0; j < N; j++)
 #pragma unroll
-            for (int i = 0; i < V; i++) a = __fmaf_rn(f0[i], xa[i], a);
+        for (int o = 0; o < MM_OUTS; o++) acc[j][o] = 0.0f;
+    for (int64_t p = lane; p < pieces; p += 32) {
+        float f[MM_OUTS][8];
 #pragma unroll
-            for (int i = 0; i < V; i++) a = __fmaf_rn(f1[i], xb[i], a);
-            acc[j] = a;
-        }
-    }
-    for (; p < pieces; p += 32) {
-        const int4 q0 = ld_nc16(w + p * 16);
-        float f0[8];
-        wpiece<T>::get(q0, f0);
+        for (int o = 0; o < MM_OUTS; o++) wpiece<T>::get(ld_nc16(w[o] + p * 16), f[o]);
 #pragma unroll
         for (int j = 0; j < N; j++) {
             if (j >= n) break;
             float xa[8];
             load_x<V>(x + j * ldx + p * V, xa);
-            float a = acc[j];
 #pragma unroll
-            for (int i = 0; i < V; i++) a = __fmaf_rn(f0[i], xa[i], a);
-            acc[j] = a;
+            for (int o = 0; o < MM_OUTS; o++) {
+                float a = acc[j][o];
+#pragma unroll
+                for (int i = 0; i < V; i++) a = __fmaf_rn(f[o][i], xa[i], a);
+                acc[j][o] = a;
+            }
         }
     }
-    store_rows<N>(acc, n, lane, y, ldy, r);
+    int idx[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) idx[j] = j;
+    store_rows<N>(acc, n, lane, y, ldy, idx, r0, rows);
 }
 
 template <int N>
 static void launch_mm(const em_gpu_mat *w, const em_gpu_act *a, float *y, int64_t ldy, cudaStream_t s) {
-    const unsigned grid = emc_blocks(w->rows, MM_WARPS);
+    const unsigned grid = emc_blocks(w->rows, MM_WARPS * MM_OUTS);
     const int th = MM_WARPS * 32;
     switch (w->type) {
     case EM_TYPE_Q8_0:

@@ -1,0 +1,280 @@
+/* backend/cuda/matmul.cu: weight matrices in device layouts (upload, Q8_0 repack), activation
+ * preparation (Q8_0 quantization exactly as quant/'s em_quant_q8_0), and the multi-row
+ * matrix-vector products y[j][r] = W[r, :] . x[j] for j < n <= 16.
+ *
+ * Invariants (docs/cuda.md, "width invariance"):
+ * - one warp computes MM_OUTS consecutive outputs for all n rows; lane l owns the same
+ *   column pieces (l, l + 32, ...) of each whatever n is; per lane every row's sum is its own chain of explicitly
+ *   rounded operations (__fmul_rn, __fadd_rn, __fmaf_rn: nothing left for the compiler to
+ *   contract differently in another instantiation); the 32 lane sums meet in one fixed
+ *   butterfly (xor 16, 8, 4, 2, 1). So row j's result is the same bits for every n.
+ * - each weight byte is read once per call, by one lane, in 16-byte loads that bypass L1
+ *   (ld.global.nc: weights are read-only while a pass runs); activations are loaded once per
+ *   lane and step for the warp's MM_OUTS outputs and come from L1/L2.
+ * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
+ *   smallest N >= n, and rows j >= n are skipped (not computed, not written). */
+#include "backend/cuda/mm_kernels.cuh"
+
+#include <string.h>
+
+
+/* ---- upload and repack ------------------------------------------------------------------ */
+
+/* GGUF Q8_0 blocks (fp16 d, 32 int8 quants; 34 bytes, 2-byte aligned) of `rows` rows into
+ * quants [rows][cols] and scales [rows][cols/32]. One thread per block. */
+__global__ void k_repack_q8_0(const uint8_t *src, int64_t n_blocks, int64_t blocks_per_row, int8_t *qs, __half *d) {
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const uint16_t *s = (const uint16_t *)(src + b * 34);
+    uint16_t h = s[0];
+    uint32_t w[8];
+    for (int i = 0; i < 8; i++) w[i] = (uint32_t)s[1 + 2 * i] | ((uint32_t)s[2 + 2 * i] << 16);
+    int4 *q = (int4 *)(qs + b * 32);
+    q[0] = make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+    q[1] = make_int4((int)w[4], (int)w[5], (int)w[6], (int)w[7]);
+    d[b] = __ushort_as_half(h);
+    (void)blocks_per_row;
+}
+
+extern "C" int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols, const void *host,
+                                 const char *name, em_gpu_mat *out, em_err *err) {
+    memset(out, 0, sizeof *out);
+    const char *nm = name ? name : "matrix";
+    uint64_t bytes = 0;
+    int rc = em_gpu_mat_bytes(type, rows, cols, &bytes, err);
+    if (rc) return em_err_prefix(err, "%s", nm);
+    if (!host) return em_err_set(err, EM_EINVAL, "%s: no host data", nm);
+    if ((type == EM_TYPE_F32 && cols % 4) || ((type == EM_TYPE_F16 || type == EM_TYPE_BF16) && cols % 8))
+        return em_err_set(err, EM_EUNSUPPORTED, "%s: %lld columns of %s; the GPU products need 16-byte rows", nm,
+                          (long long)cols, em_type_name(type));
+    out->type = type;
+    out->rows = rows;
+    out->cols = cols;
+    if (type != EM_TYPE_Q8_0) {
+        if ((rc = em_gpu_alloc(g, bytes, nm, &out->data, err))) return rc;
+        if ((rc = em_gpu_upload(g, out->data, host, bytes, err))) {
+            em_gpu_mat_free(g, out);
+            return em_err_prefix(err, "%s", nm);
+        }
+        out->bytes = bytes;
+        return 0;
+    }
+    const int64_t bpr = cols / 32;
+    if ((rc = em_gpu_alloc(g, (uint64_t)rows * (uint64_t)cols, nm, &out->data, err)) ||
+        (rc = em_gpu_alloc(g, (uint64_t)rows * (uint64_t)bpr * 2, nm, &out->scales, err))) {
+        em_gpu_mat_free(g, out);
+        return rc;
+    }
+    out->bytes = bytes;
+    /* staging: whole rows, at most 64 MiB at a time (at least one row) */
+    const uint64_t row_bytes = (uint64_t)bpr * 34;
+    int64_t chunk = (int64_t)((64ull << 20) / row_bytes);
+    if (chunk < 1) chunk = 1;
+    if (chunk > rows) chunk = rows;
+    void *stage = NULL;
+    if ((rc = em_gpu_alloc(g, (uint64_t)chunk * row_bytes, "upload staging buffer", &stage, err))) {
+        em_gpu_mat_free(g, out);
+        return em_err_prefix(err, "%s", nm);
+    }
+    for (int64_t r0 = 0; r0 < rows && !rc; r0 += chunk) {
+        const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        rc = em_gpu_upload(g, stage, (const uint8_t *)host + (uint64_t)r0 * row_bytes, (uint64_t)nr * row_bytes, err);
+        if (rc) break;
+        const int64_t nb = nr * bpr;
+        k_repack_q8_0<<<emc_blocks(nb, 256), 256, 0, g->stream>>>((const uint8_t *)stage, nb, bpr,
+                                                                  (int8_t *)out->data + r0 * cols,
+                                                                  (__half *)out->scales + r0 * bpr);
+        rc = emc_launched(err, "k_repack_q8_0");
+        /* the next upload into stage is ordered after the kernel (same stream, and the upload syncs) */
+    }
+    if (!rc) rc = em_gpu_sync(g, err);
+    em_gpu_free(g, stage);
+    if (rc) {
+        em_gpu_mat_free(g, out);
+        return em_err_prefix(err, "%s", nm);
+    }
+    return 0;
+}
+
+extern "C" void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) {
+    if (!m) return;
+    em_gpu_free(g, m->data);
+    em_gpu_free(g, m->scales);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- activations ---------------------------------------------------------------------- */
+
+extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
+                                  void *d_scratch, em_gpu_act *out, em_err *err) {
+    memset(out, 0, sizeof *out);
+    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS, "GPU activations: %d rows (1..%d)", n, EM_GPU_MAX_ROWS);
+    EMC_CHECK(cols > 0 && ldx >= cols && d_x, "GPU activations: %lld columns, ldx %lld", (long long)cols, (long long)ldx);
+    EMC_CHECK(em_gpu_mat_type_ok(wtype), "GPU activations for weights of type %s", em_type_name(wtype));
+    out->n = n;
+    out->cols = cols;
+    out->x = d_x;
+    out->ldx = ldx;
+    if (wtype != EM_TYPE_Q8_0) {
+        out->type = EM_TYPE_F32;
+        return 0;
+    }
+    EMC_CHECK(cols % 32 == 0, "GPU Q8_0 activations: %lld columns, not a multiple of 32", (long long)cols);
+    EMC_CHECK(d_scratch && ((uintptr_t)d_scratch & 15) == 0, "GPU Q8_0 activations: scratch missing or not 16-byte aligned");
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    const uint64_t qbytes = ((uint64_t)n * (uint64_t)cols + 15) & ~(uint64_t)15;
+    out->type = EM_TYPE_Q8_0;
+    out->qs = (const int8_t *)d_scratch;
+    out->d = (const float *)((uint8_t *)d_scratch + qbytes);
+    const int64_t warps = (int64_t)n * (cols / 32);
+    k_quant_q8_0<<<emc_blocks(warps * 32, 256), 256, 0, g->stream>>>(d_x, ldx, cols, n, (int8_t *)out->qs,
+                                                                     (float *)out->d);
+    return emc_launched(err, "k_quant_q8_0");
+}
+
+/* ---- products ---------------------------------------------------------------------------- */
+
+/* Dense Q8_0: rows j of x into rows j of y. */
+template <int N>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_q8_0(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
+                                                          const int8_t *xq, const float *xd, int n, float *y,
+                                                          int64_t ldy) {
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    if (r0 >= rows) return;
+    int idx[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) idx[j] = j;
+    mm_q8_0_warp<N>(wq, wd, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
+}
+
+/* 16 bytes of weights as floats: 4 F32, or 8 F16 / BF16 values. */
+template <int T> struct wpiece;
+template <> struct wpiece<EM_TYPE_F32> {
+    static constexpr int V = 4;
+    static __device__ __forceinline__ void get(int4 p, float (&f)[8]) {
+        f[0] = __int_as_float(p.x), f[1] = __int_as_float(p.y), f[2] = __int_as_float(p.z), f[3] = __int_as_float(p.w);
+    }
+};
+template <> struct wpiece<EM_TYPE_F16> {
+    static constexpr int V = 8;
+    static __device__ __forceinline__ void get(int4 p, float (&f)[8]) {
+        const uint32_t u[4] = { (uint32_t)p.x, (uint32_t)p.y, (uint32_t)p.z, (uint32_t)p.w };
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __half2float(__ushort_as_half((unsigned short)(u[i] & 0xffffu)));
+            f[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(u[i] >> 16)));
+        }
+    }
+};
+template <> struct wpiece<EM_TYPE_BF16> {
+    static constexpr int V = 8;
+    static __device__ __forceinline__ void get(int4 p, float (&f)[8]) {
+        const uint32_t u[4] = { (uint32_t)p.x, (uint32_t)p.y, (uint32_t)p.z, (uint32_t)p.w };
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+};
+
+/* V activation floats (16-byte aligned) in 16-byte loads. */
+template <int V>
+__device__ __forceinline__ void load_x(const float *p, float (&v)[8]) {
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) {
+        const float4 t = ((const float4 *)p)[i];
+        v[4 * i] = t.x, v[4 * i + 1] = t.y, v[4 * i + 2] = t.z, v[4 * i + 3] = t.w;
+    }
+}
+
+/* Float weights x F32 activations: a warp computes MM_OUTS consecutive outputs; lane l takes
+ * 16-byte pieces l, l + 32, ... of each; per piece one fma chain over its values in order. */
+template <int T, int N>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_float(const uint8_t *wdata, int64_t rows, int64_t cols,
+                                                           const float *x, int64_t ldx, int n, float *y, int64_t ldy) {
+    constexpr int V = wpiece<T>::V;
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    if (r0 >= rows) return;
+    const int64_t pieces = cols / V;
+    const uint8_t *w[MM_OUTS];
+#pragma unroll
+    for (int o = 0; o < MM_OUTS; o++) w[o] = wdata + (r0 + o < rows ? r0 + o : rows - 1) * cols * (16 / V);
+    float acc[N][MM_OUTS];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) acc[j][o] = 0.0f;
+    for (int64_t p = lane; p < pieces; p += 32) {
+        float f[MM_OUTS][8];
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) wpiece<T>::get(ld_nc16(w[o] + p * 16), f[o]);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            if (j >= n) break;
+            float xa[8];
+            load_x<V>(x + j * ldx + p * V, xa);
+#pragma unroll
+            for (int o = 0; o < MM_OUTS; o++) {
+                float a = acc[j][o];
+#pragma unroll
+                for (int i = 0; i < V; i++) a = __fmaf_rn(f[o][i], xa[i], a);
+                acc[j][o] = a;
+            }
+        }
+    }
+    int idx[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) idx[j] = j;
+    store_rows<N>(acc, n, lane, y, ldy, idx, r0, rows);
+}
+
+template <int N>
+static void launch_mm(const em_gpu_mat *w, const em_gpu_act *a, float *y, int64_t ldy, cudaStream_t s) {
+    const unsigned grid = emc_blocks(w->rows, MM_WARPS * MM_OUTS);
+    const int th = MM_WARPS * 32;
+    switch (w->type) {
+    case EM_TYPE_Q8_0:
+        k_mm_q8_0<N><<<grid, th, 0, s>>>((const int8_t *)w->data, (const __half *)w->scales, w->rows, w->cols, a->qs,
+                                         a->d, a->n, y, ldy);
+        break;
+    case EM_TYPE_F32:
+        k_mm_float<EM_TYPE_F32, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y, ldy);
+        break;
+    case EM_TYPE_F16:
+        k_mm_float<EM_TYPE_F16, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y, ldy);
+        break;
+    case EM_TYPE_BF16:
+        k_mm_float<EM_TYPE_BF16, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y,
+                                                        ldy);
+        break;
+    }
+}
+
+extern "C" int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy,
+                             em_err *err) {
+    EMC_CHECK(w && w->data && em_gpu_mat_type_ok(w->type), "GPU matmul: no matrix, or one of an unsupported type");
+    EMC_CHECK(act && act->n >= 1 && act->n <= EM_GPU_MAX_ROWS, "GPU matmul: activations of %d rows (1..%d)",
+              act ? act->n : 0, EM_GPU_MAX_ROWS);
+    EMC_CHECK(act->cols == w->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
+              (long long)act->cols, (long long)w->cols);
+    const int want = w->type == EM_TYPE_Q8_0 ? EM_TYPE_Q8_0 : EM_TYPE_F32;
+    EMC_CHECK(act->type == want, "GPU matmul: %s activations for %s weights (prepare them for this type)",
+              em_type_name(act->type), em_type_name(w->type));
+    EMC_CHECK(d_y && ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows", (long long)ldy,
+              (long long)w->rows);
+    if (want == EM_TYPE_F32)
+        EMC_CHECK(((uintptr_t)act->x & 15) == 0 && act->ldx % 4 == 0,
+                  "GPU matmul: F32 activations must be 16-byte aligned with ldx a multiple of 4");
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    const int n = act->n;
+    if (n <= 1) launch_mm<1>(w, act, d_y, ldy, g->stream);
+    else if (n <= 2) launch_mm<2>(w, act, d_y, ldy, g->stream);
+    else if (n <= 4) launch_mm<4>(w, act, d_y, ldy, g->stream);
+    else if (n <= 8) launch_mm<8>(w, act, d_y, ldy, g->stream);
+    else launch_mm<16>(w, act, d_y, ldy, g->stream);
+    return emc_launched(err, "em_gpu_matmul");
+}

@@ -1,0 +1,119 @@
+/* backend/cuda/mm_kernels.cuh: the warp-level product bodies shared by the dense products
+ * (matmul.cu) and the grouped expert products (moe.cu), so that an expert's rows get exactly
+ * the arithmetic of a dense product of the same rows (see matmul.cu's invariants), and the Q8_0
+ * activation quantizer both use. Internal to backend/cuda/. */
+#ifndef EM_MM_KERNELS_CUH
+#define EM_MM_KERNELS_CUH
+
+#include "backend/cuda/cuda_impl.cuh"
+
+#define MM_WARPS 8 /* warps per block of 256 threads */
+#define MM_OUTS 4  /* outputs (weight rows) per warp */
+
+__device__ __forceinline__ int4 ld_nc16(const void *p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* The fixed butterfly: every lane ends with the same sum, in the same order for every row. */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Row j, output o: the warp's sum of acc[j][o], stored by lane o into row yr[j] of y
+ * (outputs past rows skipped). */
+template <int N>
+__device__ __forceinline__ void store_rows(const float (&acc)[N][MM_OUTS], int n, int lane, float *y, int64_t ldy,
+                                           const int (&yr)[N], int64_t r0, int64_t rows) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        if (j >= n) break;
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) {
+            const float s = warp_sum(acc[j][o]);
+            if (lane == o && r0 + o < rows) y[(int64_t)yr[j] * ldy + r0 + o] = s;
+        }
+    }
+}
+
+/* Q8_0 weights x Q8_0 activations: a warp computes MM_OUTS consecutive outputs; lane l takes
+ * blocks l, l + 32, ... of each; per block an exact integer dot (dp4a), then
+ * sum += (d_w * d_a) * isum, as quant/'s scalar kernel. The activation block is loaded once
+ * per lane and step and meets all MM_OUTS weight rows (the activations' L1 traffic per weight
+ * byte falls by MM_OUTS). An output's chain is the same whatever N and however many outputs
+ * the warp holds: blocks in ascending order, one rounded add each. */
+template <int N>
+__device__ __forceinline__ void mm_q8_0_warp(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols, int64_t r0,
+                                             const int8_t *xq, const float *xd, int n, const int (&xr)[N], float *y,
+                                             int64_t ldy, const int (&yr)[N]) {
+    const int lane = threadIdx.x & 31;
+    const int64_t bpr = cols / 32;
+    const int8_t *w[MM_OUTS];
+    const __half *dw[MM_OUTS];
+#pragma unroll
+    for (int o = 0; o < MM_OUTS; o++) { /* a row past the end reads the last row; never stored */
+        const int64_t r = r0 + o < rows ? r0 + o : rows - 1;
+        w[o] = wq + r * cols;
+        dw[o] = wd + r * bpr;
+    }
+    float acc[N][MM_OUTS];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) acc[j][o] = 0.0f;
+    for (int64_t b = lane; b < bpr; b += 32) {
+        int4 w0[MM_OUTS], w1[MM_OUTS];
+        float s[MM_OUTS];
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) {
+            w0[o] = ld_nc16(w[o] + b * 32);
+            w1[o] = ld_nc16(w[o] + b * 32 + 16);
+        }
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) s[o] = __half2float(dw[o][b]);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            if (j >= n) break;
+            const int4 *xa = (const int4 *)(xq + (int64_t)xr[j] * cols + b * 32);
+            const int4 a0 = xa[0], a1 = xa[1];
+            const float da = xd[(int64_t)xr[j] * bpr + b];
+#pragma unroll
+            for (int o = 0; o < MM_OUTS; o++) {
+                int i0 = __dp4a(w0[o].x, a0.x, 0);
+                i0 = __dp4a(w0[o].y, a0.y, i0);
+                i0 = __dp4a(w0[o].z, a0.z, i0);
+                i0 = __dp4a(w0[o].w, a0.w, i0);
+                i0 = __dp4a(w1[o].x, a1.x, i0);
+                i0 = __dp4a(w1[o].y, a1.y, i0);
+                i0 = __dp4a(w1[o].z, a1.z, i0);
+                i0 = __dp4a(w1[o].w, a1.w, i0);
+                acc[j][o] = __fadd_rn(acc[j][o], __fmul_rn(__fmul_rn(s[o], da), (float)i0));
+            }
+        }
+    }
+    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+}
+
+/* One warp per 32-value block; lane l quantizes value l. em_quant_q8_0: amax, d = amax / 127,
+ * id = 1 / d (0 when d is 0), q = trunc(roundf(x * id)), the fp16-rounded d kept (as float). */
+static __global__ void k_quant_q8_0(const float *x, int64_t ldx, int64_t cols, int n, int8_t *qs, float *d) {
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    const int64_t bpr = cols / 32;
+    if (warp >= (int64_t)n * bpr) return;
+    const int64_t j = warp / bpr, b = warp % bpr;
+    const float v = x[j * ldx + b * 32 + lane];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float dd = __fdiv_rn(amax, 127.0f);
+    const float id = dd != 0.0f ? __fdiv_rn(1.0f, dd) : 0.0f;
+    const float r = roundf(__fmul_rn(v, id));
+    qs[j * cols + b * 32 + lane] = (int8_t)(r > -2147483904.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN);
+    if (lane == 0) d[j * bpr + b] = __half2float(__float2half_rn(dd));
+}
+
+#endif

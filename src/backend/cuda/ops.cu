@@ -1,0 +1,282 @@
+/* backend/cuda/ops.cu: the row ops of the forward (RMSNorm, SwiGLU, residual add, embedding
+ * gather, argmax, RoPE) and the MoE router, each the arithmetic of its CPU twin in compute/,
+ * sample/ and model/moe.c. The library is built with --fmad=false, so a * b + c rounds twice
+ * as the CPU's C does (gcc's ISO C mode contracts nothing); where the CPU sums in double this
+ * does too. A row's result depends only on that row: every op is width-invariant. Math library
+ * functions (expf, cos, sin) are CUDA's, within their documented ulp of the CPU's libm. */
+#include "backend/cuda/cuda_impl.cuh"
+
+#include <math.h>
+
+/* ---- RMSNorm ----------------------------------------------------------------------------- */
+
+#define NORM_THREADS 256
+
+/* One block per row; thread t sums squares of values t, t + 256, ... in double; the block's
+ * 256 sums meet in a fixed tree. */
+__global__ void k_rmsnorm(const float *x, int64_t ldx, const float *w, float eps, int64_t n, float *y, int64_t ldy) {
+    __shared__ double part[NORM_THREADS];
+    const float *xr = x + blockIdx.x * ldx;
+    float *yr = y + blockIdx.x * ldy;
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) s += (double)xr[i] * (double)xr[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int h = NORM_THREADS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    const float scale = (float)(1.0 / sqrt(part[0] / (double)n + (double)eps));
+    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+}
+
+extern "C" int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d_w, float eps, int rows,
+                                   int64_t n, float *d_y, int64_t ldy, em_err *err) {
+    EMC_CHECK(d_x && d_y && rows >= 0 && n > 0 && ldx >= n && ldy >= n, "GPU rmsnorm: %d rows of %lld (ldx %lld, ldy %lld)",
+              rows, (long long)n, (long long)ldx, (long long)ldy);
+    int rc = emc_use(g, err);
+    if (rc || rows == 0) return rc;
+    k_rmsnorm<<<rows, NORM_THREADS, 0, g->stream>>>(d_x, ldx, d_w, eps, n, d_y, ldy);
+    return emc_launched(err, "k_rmsnorm");
+}
+
+/* ---- element-wise ------------------------------------------------------------------------- */
+
+__global__ void k_swiglu(const float *gt, const float *up, int64_t count, float *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const float v = gt[i];
+    y[i] = v / (1.0f + expf(-v)) * up[i]; /* compute/'s em_siluf(gate) * up */
+}
+
+__global__ void k_add(const float *a, const float *b, int64_t count, float *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) y[i] = a[i] + b[i];
+}
+
+extern "C" int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float *d_y, em_err *err) {
+    EMC_CHECK(d_gate && d_up && d_y && count >= 0, "GPU swiglu: missing buffer or %lld values", (long long)count);
+    int rc = emc_use(g, err);
+    if (rc || count == 0) return rc;
+    k_swiglu<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_gate, d_up, count, d_y);
+    return emc_launched(err, "k_swiglu");
+}
+
+extern "C" int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t count, float *d_y, em_err *err) {
+    EMC_CHECK(d_a && d_b && d_y && count >= 0, "GPU add: missing buffer or %lld values", (long long)count);
+    int rc = emc_use(g, err);
+    if (rc || count == 0) return rc;
+    k_add<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_a, d_b, count, d_y);
+    return emc_launched(err, "k_add");
+}
+
+/* ---- embedding gather ---------------------------------------------------------------------- */
+
+/* Block (column chunk, row j). Values as quant/'s to_float: F16/BF16 widened, Q8_0 q * d. */
+__global__ void k_embed(int type, const void *data, const __half *scales, int64_t rows, int64_t cols, const int32_t *tok,
+                        float *y, int64_t ldy) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    const int32_t t = tok[blockIdx.y];
+    float *yr = y + (int64_t)blockIdx.y * ldy;
+    if (t < 0 || t >= rows) {
+        yr[i] = __int_as_float(0x7fc00000); /* a bad id shows as NaN, never as a stray read */
+        return;
+    }
+    const int64_t at = (int64_t)t * cols + i;
+    float v;
+    switch (type) {
+    case EM_TYPE_F32: v = ((const float *)data)[at]; break;
+    case EM_TYPE_F16: v = __half2float(((const __half *)data)[at]); break;
+    case EM_TYPE_BF16: v = __uint_as_float((uint32_t)((const uint16_t *)data)[at] << 16); break;
+    default: v = (float)((const int8_t *)data)[at] * __half2float(scales[at / 32]); break; /* Q8_0 */
+    }
+    yr[i] = v;
+}
+
+extern "C" int em_gpu_embed(em_gpu *g, const em_gpu_mat *table, const int32_t *d_tok, int n, float *d_y, int64_t ldy,
+                            em_err *err) {
+    EMC_CHECK(table && table->data && em_gpu_mat_type_ok(table->type), "GPU embed: no table, or one of an unsupported type");
+    EMC_CHECK(d_tok && d_y && n >= 0 && n <= 65535 && ldy >= table->cols, "GPU embed: %d rows, ldy %lld for %lld columns", n,
+              (long long)ldy, (long long)table->cols);
+    int rc = emc_use(g, err);
+    if (rc || n == 0) return rc;
+    dim3 grid(emc_blocks(table->cols, 256), (unsigned)n);
+    k_embed<<<grid, 256, 0, g->stream>>>(table->type, table->data, (const __half *)table->scales, table->rows, table->cols,
+                                         d_tok, d_y, ldy);
+    return emc_launched(err, "k_embed");
+}
+
+/* ---- argmax ---------------------------------------------------------------------------------- */
+
+#define ARGMAX_THREADS 1024
+
+/* b beats a: a larger value, or an equal one at a lower index; an index of -1 is "none". */
+__device__ __forceinline__ bool am_better(float bv, int bi, float av, int ai) {
+    if (bi < 0) return false;
+    if (ai < 0) return true;
+    return bv > av || (bv == av && bi < ai);
+}
+
+__global__ void k_argmax(const float *x, int64_t ldx, int64_t n, int32_t *out) {
+    __shared__ float sv[ARGMAX_THREADS];
+    __shared__ int si[ARGMAX_THREADS];
+    const float *xr = x + blockIdx.x * ldx;
+    float bv = 0.0f;
+    int bi = -1;
+    for (int64_t i = threadIdx.x; i < n; i += ARGMAX_THREADS) { /* ascending: strict > keeps the lowest */
+        const float v = xr[i];
+        if (!isnan(v) && (bi < 0 || v > bv)) bv = v, bi = (int)i;
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int h = ARGMAX_THREADS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h && am_better(sv[threadIdx.x + h], si[threadIdx.x + h], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + h];
+            si[threadIdx.x] = si[threadIdx.x + h];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = si[0];
+}
+
+extern "C" int em_gpu_argmax_rows(em_gpu *g, const float *d_x, int64_t ldx, int rows, int64_t n, int32_t *d_out,
+                                  em_err *err) {
+    EMC_CHECK(d_x && d_out && rows >= 0 && n > 0 && n <= INT32_MAX && ldx >= n, "GPU argmax: %d rows of %lld (ldx %lld)",
+              rows, (long long)n, (long long)ldx);
+    int rc = emc_use(g, err);
+    if (rc || rows == 0) return rc;
+    k_argmax<<<rows, ARGMAX_THREADS, 0, g->stream>>>(d_x, ldx, n, d_out);
+    return emc_launched(err, "k_argmax");
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------ */
+
+/* One thread per (row, head, pair i < dims/2): em_rope_cos_sin then em_rope_apply. */
+__global__ void k_rope(float *x, int64_t ldx, int n_heads, int64_t head_stride, int half, const int32_t *pos,
+                       const double *inv_freq, double attn_factor, int64_t total) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    const int i = (int)(t % half);
+    const int64_t h = (t / half) % n_heads, j = t / half / n_heads;
+    const double a = (double)pos[j] * inv_freq[i];
+    const float c = (float)(cos(a) * attn_factor), s = (float)(sin(a) * attn_factor);
+    float *v = x + j * ldx + h * head_stride;
+    const float p = v[i], q = v[i + half];
+    v[i] = p * c - q * s;
+    v[i + half] = q * c + p * s;
+}
+
+extern "C" int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, int n_heads, int64_t head_stride, int dims,
+                                const int32_t *d_pos, const double *d_inv_freq, double attn_factor, em_err *err) {
+    EMC_CHECK(d_x && d_pos && d_inv_freq && rows >= 0 && n_heads > 0 && dims > 0 && dims % 2 == 0 && head_stride >= dims,
+              "GPU rope: %d rows, %d heads of stride %lld, %d dims", rows, n_heads, (long long)head_stride, dims);
+    int rc = emc_use(g, err);
+    if (rc || rows == 0) return rc;
+    const int64_t total = (int64_t)rows * n_heads * (dims / 2);
+    k_rope<<<emc_blocks(total, 256), 256, 0, g->stream>>>(d_x, ldx, n_heads, head_stride, dims / 2, d_pos, d_inv_freq,
+                                                         attn_factor, total);
+    return emc_launched(err, "k_rope");
+}
+
+/* ---- MoE router -------------------------------------------------------------------------- */
+
+#define ROUTE_THREADS 256
+#define ROUTE_MAX_EXPERTS 1024
+#define ROUTE_MAX_K 32
+
+/* Block-wide take_max of model/moe.c: the largest not-taken value (lowest index on ties);
+ * marks it taken. All threads get the index. */
+__device__ int route_take_max(const float *v, unsigned char *taken, int n, float *sv, int *si) {
+    float bv = 0.0f;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += ROUTE_THREADS)
+        if (!taken[i] && (bi < 0 || v[i] > bv)) bv = v[i], bi = i;
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int h = ROUTE_THREADS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h && am_better(sv[threadIdx.x + h], si[threadIdx.x + h], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + h];
+            si[threadIdx.x] = si[threadIdx.x + h];
+        }
+        __syncthreads();
+    }
+    const int best = si[0];
+    __syncthreads();
+    if (threadIdx.x == 0 && best >= 0) taken[best] = 1;
+    __syncthreads();
+    return best;
+}
+
+__global__ void k_route(em_gpu_router r, const float *logits, int64_t ldl, const float *bias, int32_t *ids, float *wts) {
+    __shared__ float s[ROUTE_MAX_EXPERTS], choice[ROUTE_MAX_EXPERTS], gscore[ROUTE_MAX_EXPERTS];
+    __shared__ unsigned char taken[ROUTE_MAX_EXPERTS];
+    __shared__ float sv[ROUTE_THREADS];
+    __shared__ int si[ROUTE_THREADS];
+    __shared__ int chosen[ROUTE_MAX_K];
+    const int X = r.n_expert, G = r.n_group, per = X / (G > 0 ? G : 1);
+    const float *lr = logits + blockIdx.x * ldl;
+    for (int e = threadIdx.x; e < X; e += ROUTE_THREADS) {
+        s[e] = 1.0f / (1.0f + expf(-lr[e])); /* em_sigmoidf */
+        choice[e] = s[e] + bias[e];
+        taken[e] = 0;
+    }
+    __syncthreads();
+    if (G > 1) {
+        /* one thread per group: the sum of its two best choices, take_max's order */
+        for (int gi = threadIdx.x; gi < G; gi += ROUTE_THREADS) {
+            const float *c = choice + gi * per;
+            int b0 = -1, b1 = -1;
+            for (int i = 0; i < per; i++)
+                if (b0 < 0 || c[i] > c[b0]) b0 = i;
+            for (int i = 0; i < per; i++)
+                if (i != b0 && (b1 < 0 || c[i] > c[b1])) b1 = i;
+            gscore[gi] = per > 1 ? c[b0] + c[b1] : c[b0];
+        }
+        __syncthreads();
+        for (int i = 0; i < r.n_group_used; i++) route_take_max(gscore, taken, G, sv, si);
+        for (int e = threadIdx.x; e < X; e += ROUTE_THREADS)
+            if (!taken[e / per]) choice[e] = -INFINITY; /* taken[] still holds the group flags here */
+        __syncthreads();
+        for (int e = threadIdx.x; e < X; e += ROUTE_THREADS) taken[e] = 0;
+        __syncthreads();
+    }
+    for (int i = 0; i < r.k; i++) {
+        const int b = route_take_max(choice, taken, X, sv, si);
+        if (threadIdx.x == 0) chosen[i] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        float w[ROUTE_MAX_K];
+        for (int i = 0; i < r.k; i++) {
+            w[i] = s[chosen[i]];
+            sum += w[i];
+        }
+        for (int i = 0; i < r.k; i++) {
+            if (r.norm) w[i] = (float)(w[i] / (sum + 1e-20));
+            w[i] *= r.scale;
+            ids[blockIdx.x * r.k + i] = chosen[i];
+            wts[blockIdx.x * r.k + i] = w[i];
+        }
+    }
+}
+
+extern "C" int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64_t ldl, const float *d_bias,
+                            int rows, int32_t *d_ids, float *d_wts, em_err *err) {
+    EMC_CHECK(r && r->n_expert > 0 && r->n_expert <= ROUTE_MAX_EXPERTS && r->k > 0 && r->k <= ROUTE_MAX_K &&
+                  r->k <= r->n_expert,
+              "GPU router: %d experts, top-%d (at most %d experts, k <= %d)", r ? r->n_expert : 0, r ? r->k : 0,
+              ROUTE_MAX_EXPERTS, ROUTE_MAX_K);
+    EMC_CHECK(r->n_group >= 1 && r->n_expert % r->n_group == 0 && r->n_group_used >= 1 && r->n_group_used <= r->n_group &&
+                  (r->n_group == 1 || r->n_group_used * (r->n_expert / r->n_group) >= r->k),
+              "GPU router: %d groups, %d used, for %d experts top-%d", r->n_group, r->n_group_used, r->n_expert, r->k);
+    EMC_CHECK(d_logits && d_bias && d_ids && d_wts && rows >= 0 && ldl >= r->n_expert, "GPU router: %d rows (ldl %lld)",
+              rows, (long long)ldl);
+    int rc = emc_use(g, err);
+    if (rc || rows == 0) return rc;
+    k_route<<<rows, ROUTE_THREADS, 0, g->stream>>>(*r, d_logits, ldl, d_bias, d_ids, d_wts);
+    return emc_launched(err, "k_route");
+}

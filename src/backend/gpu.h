@@ -1,0 +1,221 @@
+/* backend/gpu.h: the GPU op layer, in plain C (no CUDA types): a device context with one
+ * stream, device memory, CUDA graph capture and replay, weights uploaded in device layouts,
+ * and the model-shaped ops the Kimi forward needs, on device buffers. Kernels live only in
+ * backend/cuda/ (.cu files); a build without CUDA compiles backend/gpu_none.c instead, which answers
+ * every entry point with EM_EUNSUPPORTED "this ember was built without CUDA".
+ *
+ * Conventions (docs/cuda.md says why):
+ * - Pointers named d_* or documented "device" are device addresses from em_gpu_alloc; host
+ *   pointers are named host or h_*. Every op is asynchronous on the context's stream and never
+ *   synchronizes with the host; only em_gpu_download and em_gpu_sync wait.
+ * - Ops never allocate: scratch comes from the caller, so a pass can be captured as a graph.
+ * - Multi-row ops take n rows, 1 <= n <= EM_GPU_MAX_ROWS, and compute each row with the same
+ *   arithmetic in the same order whatever n is (width invariance): row j of an n-row call is
+ *   bit-identical to a one-row call on that row alone.
+ * - Errors are argument checks done on the host before the launch (EM_EINVAL naming the
+ *   argument), and CUDA errors, which name the CUDA call and the CUDA error string.
+ * A device error inside a stream (a faulting kernel) is sticky in CUDA: the context is then
+ * unusable and every later call returns EM_EIO. */
+#ifndef EM_GPU_H
+#define EM_GPU_H
+
+#include "base/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EM_GPU_MAX_ROWS 16
+
+/* ---- devices (gpu_common.c; device counting in the backend) --------------------------- */
+
+/* Whether this ember was built with the CUDA backend. */
+bool em_gpu_built(void);
+/* Parses a device name: "cuda" (= cuda:0) or "cuda:N" with N a decimal index < 1024.
+ * EM_EINVAL names the text when it is anything else ("cpu" is the caller's business). */
+int em_gpu_parse_device(const char *spec, int *index, em_err *err);
+/* Number of CUDA devices. Errors: EM_EUNSUPPORTED without CUDA or without a usable driver
+ * (the message says which), EM_EIO for other CUDA failures. */
+int em_gpu_device_count(int *n, em_err *err);
+
+typedef struct em_gpu_info {
+    char name[256];
+    int index;
+    int cc_major, cc_minor;  /* compute capability; the backend needs 9.0 or later */
+    int sm_count;
+    uint64_t total_bytes;    /* device memory */
+    uint64_t l2_bytes;
+    int driver_version;      /* e.g. 13000 for CUDA 13.0 */
+} em_gpu_info;
+
+typedef struct em_gpu em_gpu;
+
+/* Opens device index with one non-blocking stream. Errors (EM_EUNSUPPORTED unless noted):
+ * built without CUDA; no driver / driver too old for this runtime; no device N (EM_ENOTFOUND,
+ * naming how many there are); compute capability below 9.0 (naming the device and its
+ * capability). */
+int em_gpu_open(int index, em_gpu **out, em_err *err);
+void em_gpu_close(em_gpu *g);
+const em_gpu_info *em_gpu_get_info(const em_gpu *g);
+/* Free and total device memory now. */
+int em_gpu_mem(em_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes, em_err *err);
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* Device memory of bytes (> 0), 256-byte aligned. When it does not fit: EM_ENOMEM naming
+ * what (a label for the message), the bytes asked for and the bytes free. */
+int em_gpu_alloc(em_gpu *g, uint64_t bytes, const char *what, void **d_out, em_err *err);
+void em_gpu_free(em_gpu *g, void *d_ptr); /* NULL is fine */
+/* Host to device; returns when host may be reused (ordered after earlier work on the stream). */
+int em_gpu_upload(em_gpu *g, void *d_dst, const void *host, uint64_t bytes, em_err *err);
+/* Device to host; waits for the stream's earlier work, then returns with host filled. */
+int em_gpu_download(em_gpu *g, void *host, const void *d_src, uint64_t bytes, em_err *err);
+/* Fills bytes of device memory with byte value v (asynchronous, on the stream). */
+int em_gpu_memset(em_gpu *g, void *d_dst, int v, uint64_t bytes, em_err *err);
+/* Device to device (asynchronous, on the stream). */
+int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t bytes, em_err *err);
+/* Waits for everything queued on the stream; reports an error a kernel raised. */
+int em_gpu_sync(em_gpu *g, em_err *err);
+
+/* ---- graphs and timing ------------------------------------------------------------------ */
+
+typedef struct em_gpu_graph em_gpu_graph;
+/* Between begin and end, ops on g are recorded, not run (no download, sync or alloc in
+ * between). end instantiates the recording; launch replays it on the stream. */
+int em_gpu_capture_begin(em_gpu *g, em_err *err);
+int em_gpu_capture_end(em_gpu *g, em_gpu_graph **out, em_err *err);
+int em_gpu_graph_launch(em_gpu *g, const em_gpu_graph *gr, em_err *err);
+void em_gpu_graph_free(em_gpu_graph *gr);
+
+/* Milliseconds the stream spent between two points: mark(0) ... mark(1), then elapsed
+ * (which waits for the second mark). Two marks per context. */
+int em_gpu_mark(em_gpu *g, int which, em_err *err);
+int em_gpu_elapsed_ms(em_gpu *g, float *ms, em_err *err);
+
+/* ---- weight matrices in device layouts -------------------------------------------------- */
+
+/* A weight matrix of rows x cols values (a torch Linear [out, in]: rows = out) as the
+ * kernels read it. F32, F16, BF16: the GGUF rows as they are. Q8_0, repacked at upload: the
+ * int8 quants of row r at qs + r * cols (so a thread reads 16-byte pieces of whole blocks) and
+ * the fp16 block scales of row r at d + r * (cols / 32); the same bytes as the GGUF's
+ * (34 per 32 values), the same numbers. */
+typedef struct em_gpu_mat {
+    int type;              /* EM_TYPE_F32, F16, BF16, Q8_0 */
+    int64_t rows, cols;
+    void *data;            /* device: the values (Q8_0: the quants) */
+    void *scales;          /* device: Q8_0 block scales (fp16); NULL for other types */
+    uint64_t bytes;        /* device bytes held */
+} em_gpu_mat;
+
+/* Whether the matrix ops take weights of this type. */
+bool em_gpu_mat_type_ok(int type);
+/* Device bytes a rows x cols matrix of type takes. EM_EUNSUPPORTED names the type when the
+ * GPU has no kernel for it; EM_EFORMAT when cols is not a multiple of its block. */
+int em_gpu_mat_bytes(int type, int64_t rows, int64_t cols, uint64_t *bytes, em_err *err);
+/* Uploads a matrix from its GGUF bytes (host: rows rows of em_type_row_bytes each, as mapped),
+ * repacking into the device layout on the device (through a staging buffer). name labels
+ * errors (the tensor's name). Allocates out->data / out->scales. */
+int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols, const void *host, const char *name,
+                      em_gpu_mat *out, em_err *err);
+void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m);
+
+/* ---- activations ------------------------------------------------------------------------ */
+
+/* Activation rows prepared for one kind of weight: F32 (for F32/F16/BF16 weights: the rows as
+ * they are, x + j * ldx) or Q8_0 (for Q8_0 weights: every 32 values quantized exactly as
+ * quant/'s em_quant_q8_0 does, quants of row j at qs + j * cols, scales at d + j * cols/32,
+ * as floats holding the fp16-rounded scale). */
+typedef struct em_gpu_act {
+    int type;              /* EM_TYPE_F32 or EM_TYPE_Q8_0 */
+    int n;                 /* rows, 1..EM_GPU_MAX_ROWS */
+    int64_t cols;
+    const float *x;        /* F32 */
+    int64_t ldx;
+    const int8_t *qs;      /* Q8_0 */
+    const float *d;
+} em_gpu_act;
+
+/* Scratch bytes em_gpu_act_prepare needs for n rows of cols values meeting weights of type
+ * wtype (0 for float weights). */
+uint64_t em_gpu_act_bytes(int wtype, int64_t cols, int n);
+/* Prepares n rows of cols floats (device, row j at d_x + j * ldx) for weights of type wtype,
+ * quantizing into d_scratch (em_gpu_act_bytes, 16-byte aligned) when wtype is Q8_0. */
+int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
+                       void *d_scratch, em_gpu_act *out, em_err *err);
+
+/* ---- matrix products -------------------------------------------------------------------- */
+
+/* y[j][r] = W[r, :] . act[j] for j < act->n, r < w->rows; row j of y at d_y + j * ldy. Each
+ * weight byte is read once for all rows; fp32 accumulation; row j's result does not depend on
+ * act->n (same per-thread order, same fixed warp reduction). */
+int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err);
+
+/* ---- row ops (fp32; device pointers) ------------------------------------------------------ */
+
+/* y = x * rsqrt(mean(x^2) + eps) * w over rows rows of n values (w NULL: no weight); sums of
+ * squares in double, the scale rounded to fp32 once, as compute/'s em_rmsnorm. y may be x. */
+int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d_w, float eps, int rows,
+                        int64_t n, float *d_y, int64_t ldy, em_err *err);
+/* y = silu(gate) * up over count values. y may alias gate or up. */
+int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float *d_y, em_err *err);
+/* y = a + b over count values. y may alias a or b. */
+int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t count, float *d_y, em_err *err);
+/* Row j of y (d_y + j * ldy) = row tok[j] of the table, as floats, for j < n (device token
+ * ids). A token id outside [0, rows) gives a row of NaN, never a read out of bounds. */
+int em_gpu_embed(em_gpu *g, const em_gpu_mat *table, const int32_t *d_tok, int n, float *d_y, int64_t ldy,
+                 em_err *err);
+/* out[j] = the index of the largest value of row j (d_x + j * ldx, n values), NaN skipped,
+ * the lowest index on ties, -1 when the row is all NaN: sample/'s em_argmax exactly. */
+int em_gpu_argmax_rows(em_gpu *g, const float *d_x, int64_t ldx, int rows, int64_t n, int32_t *d_out,
+                       em_err *err);
+/* HF rotate-half RoPE as compute/'s em_rope_apply with em_rope_cos_sin: for row j (at
+ * d_x + j * ldx), the first dims values of n_heads heads (head h at + h * head_stride) turn
+ * by position d_pos[j] (device) times inv_freq (device doubles, dims/2 of them: em_rope's
+ * table), cos and sin computed in double and scaled by attn_factor, then rounded to fp32. */
+int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, int n_heads, int64_t head_stride, int dims,
+                     const int32_t *d_pos, const double *d_inv_freq, double attn_factor, em_err *err);
+
+/* ---- MoE router ------------------------------------------------------------------------ */
+
+/* The router of model/moe.c (kimi_route) over rows rows of n_expert logits (d_logits + j * ldl):
+ * s = sigmoid(logit), choice = s + bias; with n_group > 1 only the n_group_used groups with
+ * the largest sums of their two best choices stay; ids = top-k of choice (lowest index on
+ * ties); weights = s[ids], divided by their sum (+1e-20) when norm, times scale. Row j's ids
+ * at d_ids + j * k, weights at d_wts + j * k. n_expert <= 1024, k <= 32. */
+typedef struct em_gpu_router {
+    int n_expert, k, n_group, n_group_used;
+    bool norm;
+    float scale;
+} em_gpu_router;
+int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64_t ldl, const float *d_bias,
+                 int rows, int32_t *d_ids, float *d_wts, em_err *err);
+
+/* ---- routed experts (moe.cu) ------------------------------------------------------------ */
+
+/* One MoE layer's routed experts as GGUF stacks them (Q8_0 only, for now): gate and up hold
+ * n_expert * ffn rows of cols values (expert e: rows [e * ffn, (e + 1) * ffn)), down holds
+ * n_expert * cols rows of ffn values. */
+typedef struct em_gpu_experts {
+    const em_gpu_mat *gate, *up, *down;
+    int n_expert, ffn;
+} em_gpu_experts;
+
+/* Scratch bytes em_gpu_moe needs for n rows of cols values routed to k experts each. */
+uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);
+/* y[j] = sum over the k experts of row j, in ascending expert order, of
+ * wts[j][i] * down_e(silu(gate_e x_j) * up_e x_j), for rows j < n (1..16) of x (d_x + j * ldx),
+ * into d_y + j * ldy (overwritten). d_ids / d_wts: [n][k] on the device, as em_gpu_route writes
+ * them (k distinct ids in [0, n_expert) per row). The union of the rows' experts is built on the
+ * device; each expert of the union runs once over the rows routed to it (gate and up in one
+ * launch, down in another), with the products' per-row arithmetic, so row j does not depend on
+ * the other rows (width invariance) and equals the dense products of its experts. No host
+ * sync. The CPU twin is model/moe.c's routed_experts (y = 0; y += w * out per expert, in
+ * ascending order; activations quantized to Q8_0 for each product). */
+int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+               const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,136 @@
+/* backend/gpu_none.c: the GPU op layer of a build without CUDA (cmake/cuda.cmake compiles it
+ * instead of backend/cuda/ when EMBER_CUDA is off or no CUDA compiler was found). Every entry
+ * point fails with EM_EUNSUPPORTED and the same message, so `--device cuda:N` says why it cannot
+ * run instead of crashing; the free/close functions accept what they are given and do nothing. */
+#include "backend/gpu.h"
+
+#include <string.h>
+
+#define NONE(err) em_err_set(err, EM_EUNSUPPORTED, "this ember was built without CUDA (rebuild with nvcc on PATH or -DEMBER_CUDA=ON)")
+
+bool em_gpu_built(void) { return false; }
+int em_gpu_device_count(int *n, em_err *err) {
+    if (n) *n = 0;
+    return NONE(err);
+}
+int em_gpu_open(int index, em_gpu **out, em_err *err) {
+    (void)index;
+    if (out) *out = NULL;
+    return NONE(err);
+}
+void em_gpu_close(em_gpu *g) { (void)g; }
+const em_gpu_info *em_gpu_get_info(const em_gpu *g) {
+    (void)g;
+    return NULL;
+}
+int em_gpu_mem(em_gpu *g, uint64_t *free_bytes, uint64_t *total_bytes, em_err *err) {
+    (void)g, (void)free_bytes, (void)total_bytes;
+    return NONE(err);
+}
+int em_gpu_alloc(em_gpu *g, uint64_t bytes, const char *what, void **d_out, em_err *err) {
+    (void)g, (void)bytes, (void)what;
+    if (d_out) *d_out = NULL;
+    return NONE(err);
+}
+void em_gpu_free(em_gpu *g, void *d_ptr) { (void)g, (void)d_ptr; }
+int em_gpu_upload(em_gpu *g, void *d_dst, const void *host, uint64_t bytes, em_err *err) {
+    (void)g, (void)d_dst, (void)host, (void)bytes;
+    return NONE(err);
+}
+int em_gpu_download(em_gpu *g, void *host, const void *d_src, uint64_t bytes, em_err *err) {
+    (void)g, (void)host, (void)d_src, (void)bytes;
+    return NONE(err);
+}
+int em_gpu_memset(em_gpu *g, void *d_dst, int v, uint64_t bytes, em_err *err) {
+    (void)g, (void)d_dst, (void)v, (void)bytes;
+    return NONE(err);
+}
+int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t bytes, em_err *err) {
+    (void)g, (void)d_dst, (void)d_src, (void)bytes;
+    return NONE(err);
+}
+int em_gpu_sync(em_gpu *g, em_err *err) {
+    (void)g;
+    return NONE(err);
+}
+int em_gpu_capture_begin(em_gpu *g, em_err *err) {
+    (void)g;
+    return NONE(err);
+}
+int em_gpu_capture_end(em_gpu *g, em_gpu_graph **out, em_err *err) {
+    (void)g;
+    if (out) *out = NULL;
+    return NONE(err);
+}
+int em_gpu_graph_launch(em_gpu *g, const em_gpu_graph *gr, em_err *err) {
+    (void)g, (void)gr;
+    return NONE(err);
+}
+void em_gpu_graph_free(em_gpu_graph *gr) { (void)gr; }
+int em_gpu_mark(em_gpu *g, int which, em_err *err) {
+    (void)g, (void)which;
+    return NONE(err);
+}
+int em_gpu_elapsed_ms(em_gpu *g, float *ms, em_err *err) {
+    (void)g, (void)ms;
+    return NONE(err);
+}
+int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols, const void *host, const char *name,
+                      em_gpu_mat *out, em_err *err) {
+    (void)g, (void)type, (void)rows, (void)cols, (void)host, (void)name;
+    if (out) memset(out, 0, sizeof *out);
+    return NONE(err);
+}
+void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) { (void)g, (void)m; }
+int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
+                       void *d_scratch, em_gpu_act *out, em_err *err) {
+    (void)g, (void)wtype, (void)d_x, (void)ldx, (void)cols, (void)n, (void)d_scratch, (void)out;
+    return NONE(err);
+}
+int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err) {
+    (void)g, (void)w, (void)act, (void)d_y, (void)ldy;
+    return NONE(err);
+}
+int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d_w, float eps, int rows,
+                        int64_t n, float *d_y, int64_t ldy, em_err *err) {
+    (void)g, (void)d_x, (void)ldx, (void)d_w, (void)eps, (void)rows, (void)n, (void)d_y, (void)ldy;
+    return NONE(err);
+}
+int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float *d_y, em_err *err) {
+    (void)g, (void)d_gate, (void)d_up, (void)count, (void)d_y;
+    return NONE(err);
+}
+int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t count, float *d_y, em_err *err) {
+    (void)g, (void)d_a, (void)d_b, (void)count, (void)d_y;
+    return NONE(err);
+}
+int em_gpu_embed(em_gpu *g, const em_gpu_mat *table, const int32_t *d_tok, int n, float *d_y, int64_t ldy,
+                 em_err *err) {
+    (void)g, (void)table, (void)d_tok, (void)n, (void)d_y, (void)ldy;
+    return NONE(err);
+}
+int em_gpu_argmax_rows(em_gpu *g, const float *d_x, int64_t ldx, int rows, int64_t n, int32_t *d_out,
+                       em_err *err) {
+    (void)g, (void)d_x, (void)ldx, (void)rows, (void)n, (void)d_out;
+    return NONE(err);
+}
+int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, int n_heads, int64_t head_stride, int dims,
+                     const int32_t *d_pos, const double *d_inv_freq, double attn_factor, em_err *err) {
+    (void)g, (void)d_x, (void)ldx, (void)rows, (void)n_heads, (void)head_stride, (void)dims, (void)d_pos,
+        (void)d_inv_freq, (void)attn_factor;
+    return NONE(err);
+}
+int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64_t ldl, const float *d_bias,
+                 int rows, int32_t *d_ids, float *d_wts, em_err *err) {
+    (void)g, (void)r, (void)d_logits, (void)ldl, (void)d_bias, (void)rows, (void)d_ids, (void)d_wts;
+    return NONE(err);
+}
+uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
+    (void)n_expert, (void)k, (void)ffn, (void)cols, (void)n;
+    return 0;
+}
+int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+               const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
+    (void)g, (void)x, (void)d_x, (void)ldx, (void)n, (void)d_ids, (void)d_wts, (void)k, (void)d_scratch, (void)d_y, (void)ldy;
+    return NONE(err);
+}

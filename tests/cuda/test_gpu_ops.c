@@ -1,0 +1,823 @@
+/* tests/cuda/test_gpu_ops.c: every GPU op of backend/gpu.h against its CPU twin (compute/,
+ * quant/, sample/, model/ are the reference), on random inputs of Kimi-Linear-48B-A3B's real
+ * shapes (hidden 2304, 32 KDA heads of 128, MLA rope 64, 256 experts top-8, expert ffn 1024,
+ * vocabulary 163840), with stated tolerances; width invariance (rows of an n-row call
+ * memcmp-equal to one-row calls, n = 1..16); poisoned outputs (every element written); graph
+ * replay equal to plain launches; error paths. Then bandwidth of the products (median of
+ * timed launches, CUDA events). Needs a GPU: built with the CUDA backend, not run by ctest (CI
+ * has none); tests/cuda/run.sh runs it on the device machine. Prints one line per check and a
+ * PASS/FAIL table last; exit status 1 when any check failed, 2 when no GPU could be opened.
+ * Usage: test_gpu_ops [--device cuda:N] [--no-bench] */
+#include "backend/gpu.h"
+#include "compute/compute.h"
+#include "model/kimi_impl.h"
+#include "quant/quant.h"
+#include "sample/sample.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Kimi-Linear-48B-A3B */
+#define HIDDEN 2304
+#define KDA_HEADS 32
+#define KDA_DIM 128
+#define ROPE_DIMS 64
+#define MLA_HEADS 32
+#define MLA_QK 192 /* nope 128 + rope 64 per query head */
+#define N_EXPERT 256
+#define TOP_K 8
+#define FFN_EXP 1024
+#define VOCAB 163840
+#define R EM_GPU_MAX_ROWS
+
+static em_gpu *G;
+static em_err E;
+
+/* ---- results ----------------------------------------------------------------------------- */
+
+#define MAX_RESULTS 128
+static struct {
+    char name[64];
+    int ok;
+    char detail[160];
+} res[MAX_RESULTS];
+static int n_res;
+
+static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void record(const char *name, int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char d[160];
+    vsnprintf(d, sizeof d, fmt, ap);
+    va_end(ap);
+    printf("%-4s %-34s %s\n", ok ? "ok" : "FAIL", name, d);
+    fflush(stdout);
+    if (n_res < MAX_RESULTS) {
+        snprintf(res[n_res].name, sizeof res[n_res].name, "%s", name);
+        snprintf(res[n_res].detail, sizeof res[n_res].detail, "%s", d);
+        res[n_res++].ok = ok;
+    }
+}
+
+/* A failed setup call: recorded as a failure with its message; the caller returns. */
+#define TRY(name, call)                                                          \
+    do {                                                                         \
+        int rc_ = (call);                                                        \
+        if (rc_) {                                                               \
+            record(name, 0, "%s -> %s: %s", #call, em_status_name(rc_), E.msg); \
+            return;                                                              \
+        }                                                                        \
+    } while (0)
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return rng * 2685821657736338717ull;
+}
+static float rndf(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rndf() * scale;
+}
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+static void *dalloc(uint64_t bytes) {
+    void *p = NULL;
+    if (em_gpu_alloc(G, bytes, "test buffer", &p, &E)) {
+        fprintf(stderr, "device allocation: %s\n", E.msg);
+        exit(1);
+    }
+    return p;
+}
+static void up(void *d, const void *h, uint64_t n) {
+    if (em_gpu_upload(G, d, h, n, &E)) {
+        fprintf(stderr, "upload: %s\n", E.msg);
+        exit(1);
+    }
+}
+static int down(void *h, const void *d, uint64_t n) { return em_gpu_download(G, h, d, n, &E); }
+/* Fills device memory with 0xff bytes: as floats NaN, as int32 -1 (poison). */
+static void poison(void *d, uint64_t n) {
+    if (em_gpu_memset(G, d, 0xff, n, &E)) {
+        fprintf(stderr, "memset: %s\n", E.msg);
+        exit(1);
+    }
+}
+/* Elements of a host copy still holding the poison pattern. */
+static int64_t unwritten(const void *h, int64_t n) {
+    const uint32_t *u = h;
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += u[i] == 0xffffffffu;
+    return c;
+}
+
+typedef struct cmp {
+    double rel_l2, max_abs, max_ref;
+    int64_t nan, identical, n;
+} cmp;
+static cmp compare(const float *got, const float *ref, int64_t n) {
+    cmp c = { 0 };
+    double num = 0, den = 0;
+    c.n = n;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(got[i]) != isnan(ref[i])) c.nan++;
+        if (memcmp(&got[i], &ref[i], 4) == 0) c.identical++;
+        if (isnan(got[i]) || isnan(ref[i])) continue;
+        const double d = (double)got[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+        if (fabs(d) > c.max_abs) c.max_abs = fabs(d);
+        if (fabs(ref[i]) > c.max_ref) c.max_ref = fabs(ref[i]);
+    }
+    c.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    return c;
+}
+/* rel L2 <= tol_l2 and max |diff| <= tol_max * max |ref|, no NaN mismatch. */
+static void record_cmp(const char *name, cmp c, double tol_l2, double tol_max) {
+    const int ok = c.nan == 0 && c.rel_l2 <= tol_l2 && c.max_abs <= tol_max * (c.max_ref > 0 ? c.max_ref : 1);
+    record(name, ok, "relL2 %.2e (<= %.0e) maxabs %.2e (<= %.0e x %.3g) identical %lld/%lld nan %lld", c.rel_l2, tol_l2,
+           c.max_abs, tol_max, c.max_ref, (long long)c.identical, (long long)c.n, (long long)c.nan);
+}
+
+/* Random weights of type as GGUF bytes (values uniform in [-scale, scale), quantized by quant/). */
+static void *make_weights(int type, int64_t rows, int64_t cols, float scale) {
+    uint64_t rb = 0;
+    em_type_row_bytes(type, (uint64_t)cols, &rb, NULL);
+    uint8_t *w = xmalloc(rb * (uint64_t)rows);
+    float *tmp = xmalloc((size_t)cols * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        fill(tmp, cols, scale);
+        em_quantize(type, tmp, w + (uint64_t)r * rb, cols, NULL);
+    }
+    free(tmp);
+    return w;
+}
+
+/* ---- error paths -------------------------------------------------------------------------- */
+
+static void test_errors(void) {
+    int n = 0;
+    em_gpu_device_count(&n, &E);
+    em_gpu *g2 = NULL;
+    int rc = em_gpu_open(n, &g2, &E);
+    record("error: open cuda:<count>", rc == EM_ENOTFOUND && strstr(E.msg, "no CUDA device"), "%s: %s",
+           em_status_name(rc), E.msg);
+    rc = em_gpu_open(-1, &g2, &E);
+    record("error: open cuda:-1", rc == EM_ENOTFOUND, "%s: %s", em_status_name(rc), E.msg);
+    int idx = 0;
+    rc = em_gpu_parse_device("cuda:x", &idx, &E);
+    record("error: parse cuda:x", rc == EM_EINVAL && strstr(E.msg, "cuda:x"), "%s", E.msg);
+    void *p = NULL;
+    rc = em_gpu_alloc(G, 1ull << 50, "a 1 PiB test buffer", &p, &E);
+    record("error: alloc 1 PiB", rc == EM_ENOMEM && strstr(E.msg, "needs") && strstr(E.msg, "free") && !p, "%s", E.msg);
+    em_gpu_mat m;
+    float dummy[256] = { 0 };
+    rc = em_gpu_mat_upload(G, EM_TYPE_Q4_K, 1, 256, dummy, "blk.0.ffn_down.weight", &m, &E);
+    record("error: Q4_K upload", rc == EM_EUNSUPPORTED && strstr(E.msg, "blk.0.ffn_down.weight"), "%s", E.msg);
+    em_gpu_act a = { .type = EM_TYPE_F32, .n = 17, .cols = 256, .x = (const float *)dummy, .ldx = 256 };
+    rc = em_gpu_matmul(G, &m, &a, (float *)dummy, 256, &E);
+    record("error: matmul without matrix", rc == EM_EINVAL, "%s", E.msg);
+    /* the context still works after refused calls */
+    rc = em_gpu_sync(G, &E);
+    record("error: context usable after", rc == 0, "%s", rc ? E.msg : "sync ok");
+}
+
+/* ---- products ------------------------------------------------------------------------------ */
+
+/* One type at one shape: 16 rows against quant/'s em_matmul (and, for float weights, against
+ * a double-precision dot of the dequantized weights), then width invariance. */
+static void test_matmul(int type, int64_t rows, int64_t cols) {
+    char name[64];
+    snprintf(name, sizeof name, "matmul %s %lldx%lld", em_type_name(type), (long long)rows, (long long)cols);
+    void *hw = make_weights(type, rows, cols, 0.05f);
+    float *x = xmalloc((size_t)R * cols * sizeof(float));
+    fill(x, (int64_t)R * cols, 1.0f);
+    float *ref = xmalloc((size_t)R * rows * sizeof(float)), *got = xmalloc((size_t)R * rows * sizeof(float));
+    em_mat mat;
+    TRY(name, em_mat_init(&mat, type, rows, cols, hw, &E));
+    uint64_t ab = 0;
+    TRY(name, em_act_bytes(type, cols, R, &ab, &E));
+    void *buf = ab ? xmalloc(ab) : NULL;
+    TRY(name, em_matmul(NULL, &mat, x, cols, R, ref, rows, buf, &E));
+    free(buf);
+
+    em_gpu_mat gm;
+    TRY(name, em_gpu_mat_upload(G, type, rows, cols, hw, name, &gm, &E));
+    float *dx = dalloc((uint64_t)R * cols * 4), *dy = dalloc((uint64_t)R * rows * 4);
+    const uint64_t sb = em_gpu_act_bytes(type, cols, R);
+    void *ds = sb ? dalloc(sb) : NULL;
+    up(dx, x, (uint64_t)R * cols * 4);
+    em_gpu_act act;
+    poison(dy, (uint64_t)R * rows * 4);
+    TRY(name, em_gpu_act_prepare(G, type, dx, cols, cols, R, ds, &act, &E));
+    TRY(name, em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+    TRY(name, down(got, dy, (uint64_t)R * rows * 4));
+    const int64_t unw = unwritten(got, (int64_t)R * rows);
+    record_cmp(name, compare(got, ref, (int64_t)R * rows), 1e-5, 1e-4);
+    if (unw) record(name, 0, "%lld outputs never written", (long long)unw);
+
+    if (type != EM_TYPE_Q8_0) { /* float weights: against a float64 dot of the same numbers */
+        float *wf = xmalloc((size_t)cols * sizeof(float));
+        float *ref64 = xmalloc((size_t)R * rows * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) {
+            em_dequantize(type, (const uint8_t *)hw + (uint64_t)r * mat.row_bytes, wf, cols, NULL);
+            for (int j = 0; j < R; j++) {
+                double s = 0;
+                for (int64_t i = 0; i < cols; i++) s += (double)wf[i] * x[(int64_t)j * cols + i];
+                ref64[(int64_t)j * rows + r] = (float)s;
+            }
+        }
+        char n2[80];
+        snprintf(n2, sizeof n2, "%s vs f64", name);
+        record_cmp(n2, compare(got, ref64, (int64_t)R * rows), 1e-5, 1e-4);
+        free(wf);
+        free(ref64);
+    }
+
+    /* width invariance: row j of every n-row call equals the one-row call on row j */
+    float *one = xmalloc((size_t)R * rows * sizeof(float));
+    for (int j = 0; j < R; j++) {
+        poison(dy, (uint64_t)rows * 4);
+        TRY(name, em_gpu_act_prepare(G, type, dx + (int64_t)j * cols, cols, cols, 1, ds, &act, &E));
+        TRY(name, em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+        TRY(name, down(one + (int64_t)j * rows, dy, (uint64_t)rows * 4));
+    }
+    int64_t differ = 0, unw2 = 0;
+    for (int n = 1; n <= R; n++) {
+        poison(dy, (uint64_t)R * rows * 4);
+        TRY(name, em_gpu_act_prepare(G, type, dx, cols, cols, n, ds, &act, &E));
+        TRY(name, em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+        TRY(name, down(got, dy, (uint64_t)R * rows * 4));
+        differ += memcmp(got, one, (size_t)n * rows * 4) != 0;
+        unw2 += unwritten(got, (int64_t)n * rows);
+        /* rows past n stay untouched (poisoned) */
+        unw2 -= unwritten(got + (int64_t)n * rows, (int64_t)(R - n) * rows) - (int64_t)(R - n) * rows;
+    }
+    snprintf(name + strlen(name), sizeof name - strlen(name), " width");
+    record(name, differ == 0 && unw2 == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten/overwritten %lld",
+           differ ? "NO" : "yes", (long long)unw2);
+    free(one);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, ds);
+    em_gpu_mat_free(G, &gm);
+    free(hw), free(x), free(ref), free(got);
+}
+
+/* ---- row ops ----------------------------------------------------------------------------- */
+
+static void test_rmsnorm(const char *name, int rows, int64_t n) {
+    float *x = xmalloc((size_t)rows * n * 4), *w = xmalloc((size_t)n * 4), *ref = xmalloc((size_t)rows * n * 4),
+          *got = xmalloc((size_t)rows * n * 4);
+    fill(x, (int64_t)rows * n, 3.0f);
+    fill(w, n, 1.0f);
+    em_rmsnorm_rows(x, n, w, 1e-5f, rows, n, ref, n);
+    float *dx = dalloc((uint64_t)rows * n * 4), *dw = dalloc((uint64_t)n * 4), *dy = dalloc((uint64_t)rows * n * 4);
+    up(dx, x, (uint64_t)rows * n * 4);
+    up(dw, w, (uint64_t)n * 4);
+    poison(dy, (uint64_t)rows * n * 4);
+    TRY(name, em_gpu_rmsnorm_rows(G, dx, n, dw, 1e-5f, rows, n, dy, n, &E));
+    TRY(name, down(got, dy, (uint64_t)rows * n * 4));
+    cmp c = compare(got, ref, (int64_t)rows * n);
+    record_cmp(name, c, 1e-6, 1e-6);
+    em_gpu_free(G, dx), em_gpu_free(G, dw), em_gpu_free(G, dy);
+    free(x), free(w), free(ref), free(got);
+}
+
+static void test_elementwise(void) {
+    const int64_t n = (int64_t)R * TOP_K * FFN_EXP; /* the routed experts' gate/up rows of a 16-row verify */
+    float *g = xmalloc((size_t)n * 4), *u = xmalloc((size_t)n * 4), *ref = xmalloc((size_t)n * 4), *got = xmalloc((size_t)n * 4);
+    fill(g, n, 8.0f);
+    fill(u, n, 2.0f);
+    float *dg = dalloc((uint64_t)n * 4), *du = dalloc((uint64_t)n * 4), *dy = dalloc((uint64_t)n * 4);
+    up(dg, g, (uint64_t)n * 4);
+    up(du, u, (uint64_t)n * 4);
+    em_swiglu(g, u, n, ref);
+    poison(dy, (uint64_t)n * 4);
+    TRY("swiglu", em_gpu_swiglu(G, dg, du, n, dy, &E));
+    TRY("swiglu", down(got, dy, (uint64_t)n * 4));
+    record_cmp("swiglu 16x8x1024", compare(got, ref, n), 1e-6, 1e-6);
+    for (int64_t i = 0; i < n; i++) ref[i] = g[i] + u[i];
+    poison(dy, (uint64_t)n * 4);
+    TRY("add", em_gpu_add(G, dg, du, n, dy, &E));
+    TRY("add", down(got, dy, (uint64_t)n * 4));
+    cmp c = compare(got, ref, n);
+    record("add 16x8x1024", c.identical == n, "bit-identical %lld/%lld", (long long)c.identical, (long long)n);
+    em_gpu_free(G, dg), em_gpu_free(G, du), em_gpu_free(G, dy);
+    free(g), free(u), free(ref), free(got);
+}
+
+static void test_embed(int type, int64_t vocab) {
+    char name[64];
+    snprintf(name, sizeof name, "embed %s %lldx%d", em_type_name(type), (long long)vocab, HIDDEN);
+    void *hw = make_weights(type, vocab, HIDDEN, 1.0f);
+    uint64_t rb = 0;
+    em_type_row_bytes(type, HIDDEN, &rb, NULL);
+    int32_t tok[R];
+    for (int j = 0; j < R; j++) tok[j] = (int32_t)(rnd() % (uint64_t)vocab);
+    tok[0] = 0, tok[1] = (int32_t)vocab - 1, tok[5] = -1, tok[9] = (int32_t)vocab; /* ends, and two bad ids */
+    float *ref = xmalloc((size_t)R * HIDDEN * 4), *got = xmalloc((size_t)R * HIDDEN * 4);
+    for (int j = 0; j < R; j++) {
+        if (tok[j] < 0 || tok[j] >= vocab)
+            for (int i = 0; i < HIDDEN; i++) ref[j * HIDDEN + i] = NAN;
+        else
+            em_dequantize(type, (const uint8_t *)hw + (uint64_t)tok[j] * rb, ref + j * HIDDEN, HIDDEN, NULL);
+    }
+    em_gpu_mat t;
+    TRY(name, em_gpu_mat_upload(G, type, vocab, HIDDEN, hw, "token_embd.weight", &t, &E));
+    int32_t *dt = dalloc(sizeof tok);
+    float *dy = dalloc((uint64_t)R * HIDDEN * 4);
+    up(dt, tok, sizeof tok);
+    poison(dy, (uint64_t)R * HIDDEN * 4);
+    TRY(name, em_gpu_embed(G, &t, dt, R, dy, HIDDEN, &E));
+    TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+    int64_t same = 0;
+    for (int64_t i = 0; i < (int64_t)R * HIDDEN; i++)
+        same += (isnan(ref[i]) && isnan(got[i])) || memcmp(&ref[i], &got[i], 4) == 0;
+    record(name, same == (int64_t)R * HIDDEN, "bit-identical to em_dequantize (bad ids NaN) %lld/%lld", (long long)same,
+           (long long)R * HIDDEN);
+    em_gpu_mat_free(G, &t);
+    em_gpu_free(G, dt), em_gpu_free(G, dy);
+    free(hw), free(ref), free(got);
+}
+
+static void test_argmax(void) {
+    const int64_t n = VOCAB;
+    float *x = xmalloc((size_t)R * n * 4);
+    fill(x, (int64_t)R * n, 10.0f);
+    /* planted: ties (the lower index must win), NaNs, a row of NaN, a max at the last index */
+    x[0 * n + 777] = 50.0f, x[0 * n + 70000] = 50.0f;
+    x[1 * n + 5] = NAN, x[1 * n + 6] = 60.0f, x[1 * n + 3] = NAN;
+    for (int64_t i = 0; i < n; i++) x[2 * n + i] = NAN;
+    x[3 * n + n - 1] = 99.0f;
+    x[4 * n + 0] = 99.0f, x[4 * n + 1024] = 99.0f; /* same thread of the reduction */
+    for (int64_t i = 0; i < n; i++) x[5 * n + i] = 1.0f; /* all equal: 0 */
+    int32_t ref[R], got[R];
+    for (int j = 0; j < R; j++) ref[j] = em_argmax(x + (int64_t)j * n, (int32_t)n);
+    float *dx = dalloc((uint64_t)R * n * 4);
+    int32_t *dout = dalloc(sizeof got);
+    up(dx, x, (uint64_t)R * n * 4);
+    poison(dout, sizeof got);
+    TRY("argmax", em_gpu_argmax_rows(G, dx, n, R, n, dout, &E));
+    TRY("argmax", down(got, dout, sizeof got));
+    int same = 0;
+    for (int j = 0; j < R; j++) same += got[j] == ref[j];
+    record("argmax 16x163840", same == R, "equal to em_argmax %d/16 (ties, NaN, all-NaN -> %d)", same, got[2]);
+    em_gpu_free(G, dx), em_gpu_free(G, dout);
+    free(x);
+}
+
+static void test_rope(void) {
+    em_rope_params p = { .dims = ROPE_DIMS, .theta = 50000.0, .scaling = EM_ROPE_NONE };
+    em_rope rp;
+    TRY("rope", em_rope_init(&rp, &p, &E));
+    const int64_t ld = (int64_t)MLA_HEADS * MLA_QK;
+    float *x = xmalloc((size_t)R * ld * 4), *ref = xmalloc((size_t)R * ld * 4), *got = xmalloc((size_t)R * ld * 4);
+    fill(x, (int64_t)R * ld, 2.0f);
+    memcpy(ref, x, (size_t)R * ld * 4);
+    int32_t pos[R];
+    for (int j = 0; j < R; j++) pos[j] = j < 8 ? j : (int32_t)(rnd() % 1000000);
+    float cs[EM_ROPE_MAX_DIMS / 2], sn[EM_ROPE_MAX_DIMS / 2];
+    for (int j = 0; j < R; j++) { /* the rope part of each query head: values 128..191 */
+        em_rope_cos_sin(&rp, pos[j], cs, sn);
+        em_rope_apply(ref + j * ld + 128, MLA_HEADS, MLA_QK, ROPE_DIMS, cs, sn);
+    }
+    float *dx = dalloc((uint64_t)R * ld * 4);
+    int32_t *dp = dalloc(sizeof pos);
+    double *df = dalloc(sizeof(double) * (ROPE_DIMS / 2));
+    up(dx, x, (uint64_t)R * ld * 4);
+    up(dp, pos, sizeof pos);
+    up(df, rp.inv_freq, sizeof(double) * (ROPE_DIMS / 2));
+    TRY("rope", em_gpu_rope_rows(G, dx + 128, ld, R, MLA_HEADS, MLA_QK, ROPE_DIMS, dp, df, rp.attn_factor, &E));
+    TRY("rope", down(got, dx, (uint64_t)R * ld * 4));
+    record_cmp("rope 16x32 heads, 64 of 192", compare(got, ref, (int64_t)R * ld), 1e-7, 1e-6);
+    em_gpu_free(G, dx), em_gpu_free(G, dp), em_gpu_free(G, df);
+    free(x), free(ref), free(got);
+}
+
+static void test_route(int n_group, int n_group_used) {
+    char name[64];
+    snprintf(name, sizeof name, "router 256 top-8 groups %d/%d", n_group, n_group_used);
+    kimi_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_expert = N_EXPERT, hp.n_expert_used = TOP_K, hp.n_group = n_group, hp.n_group_used = n_group_used;
+    hp.expert_norm = true, hp.expert_scale = 2.446f;
+    float *lg = xmalloc((size_t)R * N_EXPERT * 4), *bias = xmalloc(N_EXPERT * 4);
+    fill(lg, (int64_t)R * N_EXPERT, 4.0f);
+    fill(bias, N_EXPERT, 0.5f);
+    int ref_ids[R * TOP_K];
+    float ref_w[R * TOP_K], margin, *scratch = xmalloc((3 * N_EXPERT + 64) * 4);
+    for (int j = 0; j < R; j++) kimi_route(&hp, lg + j * N_EXPERT, bias, ref_ids + j * TOP_K, ref_w + j * TOP_K, &margin, scratch);
+    float *dl = dalloc((uint64_t)R * N_EXPERT * 4), *db = dalloc(N_EXPERT * 4), *dw = dalloc(sizeof ref_w);
+    int32_t *di = dalloc(sizeof ref_ids);
+    up(dl, lg, (uint64_t)R * N_EXPERT * 4);
+    up(db, bias, N_EXPERT * 4);
+    poison(dw, sizeof ref_w), poison(di, sizeof ref_ids);
+    em_gpu_router r = { .n_expert = N_EXPERT, .k = TOP_K, .n_group = n_group, .n_group_used = n_group_used, .norm = true,
+                        .scale = 2.446f };
+    TRY(name, em_gpu_route(G, &r, dl, N_EXPERT, db, R, di, dw, &E));
+    int32_t ids[R * TOP_K];
+    float w[R * TOP_K];
+    TRY(name, down(ids, di, sizeof ids));
+    TRY(name, down(w, dw, sizeof w));
+    int same = 0;
+    for (int i = 0; i < R * TOP_K; i++) same += ids[i] == ref_ids[i];
+    cmp c = compare(w, ref_w, R * TOP_K);
+    record(name, same == R * TOP_K && c.rel_l2 <= 1e-6 && c.nan == 0, "ids equal to kimi_route %d/%d; weights relL2 %.2e (<= 1e-6), identical %lld",
+           same, R * TOP_K, c.rel_l2, (long long)c.identical);
+    em_gpu_free(G, dl), em_gpu_free(G, db), em_gpu_free(G, dw), em_gpu_free(G, di);
+    free(lg), free(bias), free(scratch);
+}
+
+/* ---- graphs ------------------------------------------------------------------------------- */
+
+/* A small pass (norm, quantize, product, argmax) captured once per width and replayed: the
+ * replay's argmaxes and products equal plain launches'. Then 1000 tiny launches, plain vs replayed. */
+static void test_graph(void) {
+    const int64_t rows = 4096, cols = HIDDEN;
+    void *hw = make_weights(EM_TYPE_Q8_0, rows, cols, 0.05f);
+    em_gpu_mat gm;
+    TRY("graph", em_gpu_mat_upload(G, EM_TYPE_Q8_0, rows, cols, hw, "graph test matrix", &gm, &E));
+    float *x = xmalloc((size_t)R * cols * 4);
+    fill(x, (int64_t)R * cols, 1.0f);
+    float *dx = dalloc((uint64_t)R * cols * 4), *dn = dalloc((uint64_t)R * cols * 4), *dy = dalloc((uint64_t)R * rows * 4);
+    void *ds = dalloc(em_gpu_act_bytes(EM_TYPE_Q8_0, cols, R));
+    int32_t *da = dalloc(R * 4);
+    up(dx, x, (uint64_t)R * cols * 4);
+    int bad = 0;
+    for (int n = 1; n <= R && !bad; n++) {
+        em_gpu_act act;
+        float *y1 = xmalloc((size_t)n * rows * 4), *y2 = xmalloc((size_t)n * rows * 4);
+        int32_t a1[R], a2[R];
+        /* plain */
+        TRY("graph", em_gpu_rmsnorm_rows(G, dx, cols, NULL, 1e-5f, n, cols, dn, cols, &E));
+        TRY("graph", em_gpu_act_prepare(G, EM_TYPE_Q8_0, dn, cols, cols, n, ds, &act, &E));
+        TRY("graph", em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+        TRY("graph", em_gpu_argmax_rows(G, dy, rows, n, rows, da, &E));
+        TRY("graph", down(y1, dy, (uint64_t)n * rows * 4));
+        TRY("graph", down(a1, da, (uint64_t)n * 4));
+        /* captured */
+        poison(dy, (uint64_t)R * rows * 4), poison(da, R * 4);
+        TRY("graph", em_gpu_sync(G, &E));
+        em_gpu_graph *gr = NULL;
+        TRY("graph", em_gpu_capture_begin(G, &E));
+        int rc = em_gpu_rmsnorm_rows(G, dx, cols, NULL, 1e-5f, n, cols, dn, cols, &E);
+        if (!rc) rc = em_gpu_act_prepare(G, EM_TYPE_Q8_0, dn, cols, cols, n, ds, &act, &E);
+        if (!rc) rc = em_gpu_matmul(G, &gm, &act, dy, rows, &E);
+        if (!rc) rc = em_gpu_argmax_rows(G, dy, rows, n, rows, da, &E);
+        em_err e2;
+        int rc2 = em_gpu_capture_end(G, &gr, &e2);
+        if (rc || rc2) {
+            record("graph", 0, "capture of width %d: %s", n, rc ? E.msg : e2.msg);
+            return;
+        }
+        for (int rep = 0; rep < 3; rep++) TRY("graph", em_gpu_graph_launch(G, gr, &E));
+        TRY("graph", down(y2, dy, (uint64_t)n * rows * 4));
+        TRY("graph", down(a2, da, (uint64_t)n * 4));
+        bad += memcmp(y1, y2, (size_t)n * rows * 4) != 0 || memcmp(a1, a2, (size_t)n * 4) != 0;
+        em_gpu_graph_free(gr);
+        free(y1), free(y2);
+    }
+    record("graph replay = plain, widths 1..16", bad == 0, "norm+quantize+matmul+argmax: %s", bad ? "DIFFER" : "memcmp-equal");
+
+    /* launch overhead: 1000 one-row norms of 2304 */
+    float ms_plain = 0, ms_graph = 0;
+    TRY("graph timing", em_gpu_mark(G, 0, &E));
+    for (int i = 0; i < 1000; i++) TRY("graph timing", em_gpu_rmsnorm_rows(G, dx, cols, NULL, 1e-5f, 1, cols, dn, cols, &E));
+    TRY("graph timing", em_gpu_mark(G, 1, &E));
+    TRY("graph timing", em_gpu_elapsed_ms(G, &ms_plain, &E));
+    em_gpu_graph *gr = NULL;
+    TRY("graph timing", em_gpu_capture_begin(G, &E));
+    for (int i = 0; i < 1000; i++) em_gpu_rmsnorm_rows(G, dx, cols, NULL, 1e-5f, 1, cols, dn, cols, &E);
+    TRY("graph timing", em_gpu_capture_end(G, &gr, &E));
+    TRY("graph timing", em_gpu_graph_launch(G, gr, &E)); /* warm */
+    TRY("graph timing", em_gpu_mark(G, 0, &E));
+    TRY("graph timing", em_gpu_graph_launch(G, gr, &E));
+    TRY("graph timing", em_gpu_mark(G, 1, &E));
+    TRY("graph timing", em_gpu_elapsed_ms(G, &ms_graph, &E));
+    em_gpu_graph_free(gr);
+    printf("info graph: 1000 rmsnorm launches %.1f us each plain, %.1f us each replayed\n", ms_plain, ms_graph);
+    em_gpu_mat_free(G, &gm);
+    em_gpu_free(G, dx), em_gpu_free(G, dn), em_gpu_free(G, dy), em_gpu_free(G, ds), em_gpu_free(G, da);
+    free(hw), free(x);
+}
+
+/* ---- bandwidth --------------------------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Random GGUF bytes of type without quantizing (fast for big matrices): Q8_0 scales are small
+ * positive fp16 values, float types get values in [-1, 1). */
+static void *random_bytes(int type, int64_t rows, int64_t cols, uint64_t *bytes) {
+    em_type_row_bytes(type, (uint64_t)cols, bytes, NULL);
+    *bytes *= (uint64_t)rows;
+    uint8_t *w = xmalloc(*bytes);
+    if (type == EM_TYPE_Q8_0) {
+        for (uint64_t b = 0; b < *bytes / 34; b++) {
+            uint8_t *blk = w + b * 34;
+            const uint16_t d = em_fp32_to_fp16(0.001f + 0.01f * (float)(rnd() % 1000) / 1000.0f);
+            memcpy(blk, &d, 2);
+            const uint64_t a = rnd(), c = rnd(), e = rnd(), f = rnd();
+            memcpy(blk + 2, &a, 8), memcpy(blk + 10, &c, 8), memcpy(blk + 18, &e, 8), memcpy(blk + 26, &f, 8);
+        }
+    } else {
+        float *tmp = xmalloc((size_t)cols * 4);
+        const uint64_t rb = *bytes / (uint64_t)rows;
+        for (int64_t r = 0; r < rows; r++) {
+            fill(tmp, cols, 1.0f);
+            em_quantize(type, tmp, w + (uint64_t)r * rb, cols, NULL);
+        }
+        free(tmp);
+    }
+    return w;
+}
+
+static void bench_matmul(int type, int64_t rows, int64_t cols, const char *what) {
+    uint64_t bytes = 0;
+    void *hw = random_bytes(type, rows, cols, &bytes);
+    em_gpu_mat gm;
+    if (em_gpu_mat_upload(G, type, rows, cols, hw, what, &gm, &E)) {
+        record("bench upload", 0, "%s", E.msg);
+        free(hw);
+        return;
+    }
+    free(hw);
+    float *x = xmalloc((size_t)R * cols * 4);
+    fill(x, (int64_t)R * cols, 1.0f);
+    float *dx = dalloc((uint64_t)R * cols * 4), *dy = dalloc((uint64_t)R * rows * 4);
+    const uint64_t sb = em_gpu_act_bytes(type, cols, R);
+    void *ds = sb ? dalloc(sb) : NULL;
+    up(dx, x, (uint64_t)R * cols * 4);
+    printf("bench %-5s %-26s %7.1f MB:", em_type_name(type), what, bytes / 1e6);
+    double t1 = 0;
+    for (int n = 1; n <= R; n *= 2) {
+        em_gpu_act act;
+        if (em_gpu_act_prepare(G, type, dx, cols, cols, n, ds, &act, &E)) break;
+        float t[21];
+        for (int rep = -3; rep < 21; rep++) {
+            em_gpu_mark(G, 0, &E);
+            em_gpu_matmul(G, &gm, &act, dy, rows, &E);
+            em_gpu_mark(G, 1, &E);
+            float ms = 0;
+            if (em_gpu_elapsed_ms(G, &ms, &E)) break;
+            if (rep >= 0) t[rep] = ms;
+        }
+        qsort(t, 21, sizeof t[0], cmp_float);
+        const double s = t[10] * 1e-3;
+        if (n == 1) t1 = s;
+        printf("  n=%d %.1f us %.0f GB/s (t/t1 %.2f)", n, s * 1e6, bytes / s / 1e9, s / t1);
+    }
+    printf("\n");
+    fflush(stdout);
+    em_gpu_mat_free(G, &gm);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, ds);
+    free(x);
+}
+
+/* ---- routed experts ---------------------------------------------------------------------- */
+
+typedef struct moe_fix {
+    void *hg, *hu, *hd; /* GGUF bytes of the stacks */
+    em_gpu_mat gate, up, down;
+    em_gpu_experts ex;
+} moe_fix;
+
+/* Kimi-Linear's routed experts: 256 of ffn 1024 over hidden 2304, Q8_0 (random bytes). */
+static int moe_open(moe_fix *f) {
+    uint64_t b = 0;
+    f->hg = random_bytes(EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, &b);
+    f->hu = random_bytes(EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, &b);
+    f->hd = random_bytes(EM_TYPE_Q8_0, (int64_t)N_EXPERT * HIDDEN, FFN_EXP, &b);
+    if (em_gpu_mat_upload(G, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hg, "ffn_gate_exps", &f->gate, &E) ||
+        em_gpu_mat_upload(G, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hu, "ffn_up_exps", &f->up, &E) ||
+        em_gpu_mat_upload(G, EM_TYPE_Q8_0, (int64_t)N_EXPERT * HIDDEN, FFN_EXP, f->hd, "ffn_down_exps", &f->down, &E))
+        return -1;
+    f->ex = (em_gpu_experts){ .gate = &f->gate, .up = &f->up, .down = &f->down, .n_expert = N_EXPERT, .ffn = FFN_EXP };
+    return 0;
+}
+static void moe_close(moe_fix *f) {
+    em_gpu_mat_free(G, &f->gate), em_gpu_mat_free(G, &f->up), em_gpu_mat_free(G, &f->down);
+    free(f->hg), free(f->hu), free(f->hd);
+}
+/* k distinct random experts per row; adjacent rows share some (as real routing does) when share. */
+static void random_routes(int32_t *ids, float *w, int n, int share) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < TOP_K; i++) {
+            int32_t e;
+            int dup;
+            do {
+                e = share && j > 0 && i < 4 ? ids[(j - 1) * TOP_K + i] : (int32_t)(rnd() % N_EXPERT);
+                dup = 0;
+                for (int t = 0; t < i; t++) dup |= ids[j * TOP_K + t] == e;
+                if (dup) share = 0; /* fall back to a fresh draw */
+            } while (dup);
+            ids[j * TOP_K + i] = e;
+            w[j * TOP_K + i] = 0.1f + 0.3f * (rndf() + 1.0f);
+        }
+}
+
+/* The CPU twin: per row, each of its experts with quant/'s products and compute/'s SwiGLU,
+ * summed in ascending expert order with em_axpy, as model/moe.c does. */
+static void moe_ref(const moe_fix *f, const float *x, const int32_t *ids, const float *w, int n, float *y) {
+    em_mat g, u, d;
+    em_mat_init(&g, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hg, NULL);
+    em_mat_init(&u, EM_TYPE_Q8_0, (int64_t)N_EXPERT * FFN_EXP, HIDDEN, f->hu, NULL);
+    em_mat_init(&d, EM_TYPE_Q8_0, (int64_t)N_EXPERT * HIDDEN, FFN_EXP, f->hd, NULL);
+    float *gt = xmalloc(FFN_EXP * 4), *up = xmalloc(FFN_EXP * 4), *o = xmalloc(HIDDEN * 4);
+    uint64_t ab = 0;
+    em_act_bytes(EM_TYPE_Q8_0, HIDDEN, 1, &ab, NULL);
+    void *buf = xmalloc(ab + 4096);
+    for (int j = 0; j < n; j++) {
+        memset(y + (int64_t)j * HIDDEN, 0, HIDDEN * 4);
+        for (int e = 0; e < N_EXPERT; e++)
+            for (int i = 0; i < TOP_K; i++) {
+                if (ids[j * TOP_K + i] != e) continue;
+                em_mat ge = em_mat_rows(&g, (int64_t)e * FFN_EXP, FFN_EXP), ue = em_mat_rows(&u, (int64_t)e * FFN_EXP, FFN_EXP);
+                em_mat de = em_mat_rows(&d, (int64_t)e * HIDDEN, HIDDEN);
+                em_matmul(NULL, &ge, x + (int64_t)j * HIDDEN, HIDDEN, 1, gt, FFN_EXP, buf, NULL);
+                em_matmul(NULL, &ue, x + (int64_t)j * HIDDEN, HIDDEN, 1, up, FFN_EXP, buf, NULL);
+                em_swiglu(gt, up, FFN_EXP, gt);
+                em_matmul(NULL, &de, gt, FFN_EXP, 1, o, HIDDEN, buf, NULL);
+                em_axpy(w[j * TOP_K + i], o, HIDDEN, y + (int64_t)j * HIDDEN);
+            }
+    }
+    free(gt), free(up), free(o), free(buf);
+}
+
+static void test_moe(moe_fix *f) {
+    const char *name = "moe 256x(1024x2304) top-8 q8_0";
+    int32_t ids[R * TOP_K];
+    float w[R * TOP_K];
+    random_routes(ids, w, R, 1);
+    float *x = xmalloc((size_t)R * HIDDEN * 4), *ref = xmalloc((size_t)R * HIDDEN * 4), *got = xmalloc((size_t)R * HIDDEN * 4);
+    fill(x, (int64_t)R * HIDDEN, 1.0f);
+    moe_ref(f, x, ids, w, R, ref);
+    float *dx = dalloc((uint64_t)R * HIDDEN * 4), *dy = dalloc((uint64_t)R * HIDDEN * 4), *dw = dalloc(sizeof w);
+    int32_t *di = dalloc(sizeof ids);
+    void *ds = dalloc(em_gpu_moe_scratch_bytes(N_EXPERT, TOP_K, FFN_EXP, HIDDEN, R));
+    up(dx, x, (uint64_t)R * HIDDEN * 4), up(di, ids, sizeof ids), up(dw, w, sizeof w);
+    poison(dy, (uint64_t)R * HIDDEN * 4);
+    TRY(name, em_gpu_moe(G, &f->ex, dx, HIDDEN, R, di, dw, TOP_K, ds, dy, HIDDEN, &E));
+    TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+    record_cmp(name, compare(got, ref, (int64_t)R * HIDDEN), 1e-4, 1e-3);
+    /* width invariance: row j of an n-row call equals the one-row call of row j */
+    float *one = xmalloc((size_t)R * HIDDEN * 4);
+    for (int j = 0; j < R; j++) {
+        poison(dy, (uint64_t)HIDDEN * 4);
+        TRY(name, em_gpu_moe(G, &f->ex, dx + (int64_t)j * HIDDEN, HIDDEN, 1, di + j * TOP_K, dw + j * TOP_K, TOP_K, ds, dy,
+                             HIDDEN, &E));
+        TRY(name, down(one + (int64_t)j * HIDDEN, dy, (uint64_t)HIDDEN * 4));
+    }
+    int differ = 0;
+    int64_t unw = 0;
+    for (int n = 1; n <= R; n++) {
+        poison(dy, (uint64_t)R * HIDDEN * 4);
+        TRY(name, em_gpu_moe(G, &f->ex, dx, HIDDEN, n, di, dw, TOP_K, ds, dy, HIDDEN, &E));
+        TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+        differ += memcmp(got, one, (size_t)n * HIDDEN * 4) != 0;
+        unw += unwritten(got, (int64_t)n * HIDDEN);
+    }
+    record("moe width", differ == 0 && unw == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten %lld", differ ? "NO" : "yes",
+           (long long)unw);
+    /* graph: the whole layer captured once for 16 rows, replayed equal */
+    em_gpu_graph *gr = NULL;
+    poison(dy, (uint64_t)R * HIDDEN * 4);
+    TRY(name, em_gpu_sync(G, &E));
+    TRY(name, em_gpu_capture_begin(G, &E));
+    int rc = em_gpu_moe(G, &f->ex, dx, HIDDEN, R, di, dw, TOP_K, ds, dy, HIDDEN, &E);
+    em_err e2;
+    int rc2 = em_gpu_capture_end(G, &gr, &e2);
+    if (rc || rc2) {
+        record("moe graph", 0, "%s", rc ? E.msg : e2.msg);
+    } else {
+        TRY(name, em_gpu_graph_launch(G, gr, &E));
+        TRY(name, down(got, dy, (uint64_t)R * HIDDEN * 4));
+        record("moe graph replay", memcmp(got, one, (size_t)R * HIDDEN * 4) == 0, "16 rows, captured layer == plain calls");
+        em_gpu_graph_free(gr);
+    }
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dw), em_gpu_free(G, di), em_gpu_free(G, ds);
+    free(x), free(ref), free(got), free(one);
+}
+
+/* One MoE layer's routed experts at n rows: time (median of 21) and the bytes of the union. */
+static void bench_moe(moe_fix *f) {
+    float *x = xmalloc((size_t)R * HIDDEN * 4);
+    fill(x, (int64_t)R * HIDDEN, 1.0f);
+    float *dx = dalloc((uint64_t)R * HIDDEN * 4), *dy = dalloc((uint64_t)R * HIDDEN * 4), *dw = dalloc(R * TOP_K * 4);
+    int32_t *di = dalloc(R * TOP_K * 4);
+    void *ds = dalloc(em_gpu_moe_scratch_bytes(N_EXPERT, TOP_K, FFN_EXP, HIDDEN, R));
+    up(dx, x, (uint64_t)R * HIDDEN * 4);
+    const double expert_bytes = 3.0 * FFN_EXP * HIDDEN * 34.0 / 32.0;
+    for (int share = 0; share < 2; share++) {
+        printf("bench moe layer (%s routes):", share ? "half shared by neighbours" : "uniform");
+        double t1 = 0;
+        for (int n = 1; n <= R; n *= 2) {
+            int32_t ids[R * TOP_K];
+            float w[R * TOP_K];
+            random_routes(ids, w, n, share);
+            char seen[N_EXPERT] = { 0 };
+            int un = 0;
+            for (int i = 0; i < n * TOP_K; i++) un += !seen[ids[i]]++;
+            up(di, ids, (uint64_t)n * TOP_K * 4), up(dw, w, (uint64_t)n * TOP_K * 4);
+            float t[21];
+            for (int rep = -3; rep < 21; rep++) {
+                em_gpu_mark(G, 0, &E);
+                em_gpu_moe(G, &f->ex, dx, HIDDEN, n, di, dw, TOP_K, ds, dy, HIDDEN, &E);
+                em_gpu_mark(G, 1, &E);
+                float ms = 0;
+                if (em_gpu_elapsed_ms(G, &ms, &E)) break;
+                if (rep >= 0) t[rep] = ms;
+            }
+            qsort(t, 21, sizeof t[0], cmp_float);
+            const double s = t[10] * 1e-3;
+            if (n == 1) t1 = s;
+            printf("  n=%d union %d: %.1f us %.0f GB/s (t/t1 %.2f)", n, un, s * 1e6, un * expert_bytes / s / 1e9, s / t1);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dw), em_gpu_free(G, di), em_gpu_free(G, ds);
+    free(x);
+}
+
+int main(int argc, char **argv) {
+    const char *dev = "cuda:0";
+    int bench = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) dev = argv[++i];
+        else if (!strcmp(argv[i], "--no-bench")) bench = 0;
+        else {
+            fprintf(stderr, "usage: %s [--device cuda:N] [--no-bench]\n", argv[0]);
+            return 2;
+        }
+    }
+    int idx = 0;
+    if (em_gpu_parse_device(dev, &idx, &E) || em_gpu_open(idx, &G, &E)) {
+        fprintf(stderr, "test_gpu_ops: %s\n", E.msg);
+        return 2;
+    }
+    const em_gpu_info *in = em_gpu_get_info(G);
+    uint64_t fr = 0, tot = 0;
+    em_gpu_mem(G, &fr, &tot, &E);
+    printf("device cuda:%d %s, cc %d.%d, %d SMs, L2 %llu MB, %.1f of %.1f GiB free, driver %d\n", in->index, in->name,
+           in->cc_major, in->cc_minor, in->sm_count, (unsigned long long)in->l2_bytes >> 20, fr / 1073741824.0,
+           tot / 1073741824.0, in->driver_version);
+
+    test_errors();
+    const int types[] = { EM_TYPE_F32, EM_TYPE_F16, EM_TYPE_BF16, EM_TYPE_Q8_0 };
+    for (int t = 0; t < 4; t++) {
+        test_matmul(types[t], FFN_EXP, HIDDEN);             /* an expert's gate / up */
+        test_matmul(types[t], HIDDEN, FFN_EXP);             /* an expert's down */
+        test_matmul(types[t], KDA_HEADS * KDA_DIM, HIDDEN); /* a KDA q / k / v projection */
+    }
+    test_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN); /* the LM head */
+    test_matmul(EM_TYPE_Q8_0, 1001, 512);     /* rows not a multiple of a warp's 4 outputs */
+    test_matmul(EM_TYPE_BF16, 1003, 512);
+    test_rmsnorm("rmsnorm 16x2304", R, HIDDEN);
+    test_rmsnorm("rmsnorm 16x32 heads of 128", R * KDA_HEADS, KDA_DIM);
+    test_rmsnorm("rmsnorm 16x512 (kv_lora)", R, 512);
+    test_elementwise();
+    test_embed(EM_TYPE_F32, 4096);
+    test_embed(EM_TYPE_F16, 4096);
+    test_embed(EM_TYPE_BF16, 4096);
+    test_embed(EM_TYPE_Q8_0, VOCAB);
+    test_argmax();
+    test_rope();
+    test_route(1, 1);
+    test_route(8, 4);
+    test_graph();
+    moe_fix mf;
+    const int have_moe = moe_open(&mf) == 0;
+    if (!have_moe) record("moe upload", 0, "%s", E.msg);
+    else test_moe(&mf);
+    if (bench) {
+        if (have_moe) bench_moe(&mf);
+        bench_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN, "LM head 163840x2304");
+        bench_matmul(EM_TYPE_Q8_0, 4 * 16384, 4096, "65536x4096");
+        bench_matmul(EM_TYPE_Q8_0, FFN_EXP, HIDDEN, "expert gate 1024x2304");
+        bench_matmul(EM_TYPE_BF16, 16384, 8192, "16384x8192");
+        bench_matmul(EM_TYPE_F16, 16384, 8192, "16384x8192");
+        bench_matmul(EM_TYPE_F32, 8192, 8192, "8192x8192");
+    }
+    if (have_moe) moe_close(&mf);
+    em_gpu_close(G);
+
+    int fails = 0;
+    printf("\n== GPU op checks (%s) ==\n", dev);
+    for (int i = 0; i < n_res; i++) {
+        printf("%-4s %s\n", res[i].ok ? "PASS" : "FAIL", res[i].name);
+        fails += !res[i].ok;
+    }
+    printf("== %d checks, %d passed, %d failed ==\n", n_res, n_res - fails, fails);
+    return fails ? 1 : 0;
+}

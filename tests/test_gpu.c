@@ -1,0 +1,97 @@
+/* Tests for backend/gpu.h's host side, on any machine (CI has no GPU): device-name parsing,
+ * device layout sizes, and that opening a device either works or says clearly why not: a build
+ * without CUDA says so (gpu_none.c), a CUDA build on a machine without a driver or GPU names
+ * that, and a machine with a GPU opens cuda:0 and refuses an index past its count. */
+#include "testutil.h"
+
+#include <string.h>
+
+#include "backend/gpu.h"
+#include "quant/quant.h"
+
+static void test_parse(void **state) {
+    (void)state;
+    int i = -1;
+    OK(em_gpu_parse_device("cuda", &i, E));
+    assert_int_equal(i, 0);
+    OK(em_gpu_parse_device("cuda:0", &i, E));
+    assert_int_equal(i, 0);
+    OK(em_gpu_parse_device("cuda:13", &i, E));
+    assert_int_equal(i, 13);
+    const char *bad[] = { "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "gpu0", "cuda0", "cuda:1024", "cuda:99999999999", "" };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        em_err e = { 0 };
+        assert_int_equal(em_gpu_parse_device(bad[k], &i, &e), EM_EINVAL);
+        assert_non_null(strstr(e.msg, bad[k]));
+    }
+    em_err e = { 0 };
+    assert_int_equal(em_gpu_parse_device(NULL, &i, &e), EM_EINVAL);
+}
+
+static void test_sizes(void **state) {
+    (void)state;
+    uint64_t b = 0;
+    OK(em_gpu_mat_bytes(EM_TYPE_Q8_0, 1024, 2304, &b, E));
+    assert_int_equal(b, 1024ull * 2304 / 32 * 34); /* the GGUF's bytes, repacked */
+    OK(em_gpu_mat_bytes(EM_TYPE_BF16, 3, 8, &b, E));
+    assert_int_equal(b, 48);
+    em_err e = { 0 };
+    assert_int_equal(em_gpu_mat_bytes(EM_TYPE_Q4_K, 1, 256, &b, &e), EM_EUNSUPPORTED);
+    assert_non_null(strstr(e.msg, "q4_K"));
+    assert_int_equal(em_gpu_mat_bytes(EM_TYPE_Q8_0, 1, 33, &b, &e), EM_EFORMAT);
+    assert_true(em_gpu_mat_type_ok(EM_TYPE_F16) && !em_gpu_mat_type_ok(EM_TYPE_MXFP4));
+    /* Q8_0 activations: quants padded to 16 bytes, then a float per 32 values */
+    assert_int_equal(em_gpu_act_bytes(EM_TYPE_Q8_0, 2304, 3), 6912 + 3 * 72 * 4);
+    assert_int_equal(em_gpu_act_bytes(EM_TYPE_Q8_0, 32, 1), 16 + 16 + 4);
+    assert_int_equal(em_gpu_act_bytes(EM_TYPE_F32, 2304, 16), 0);
+}
+
+static void test_open(void **state) {
+    (void)state;
+    em_err e = { 0 };
+    em_gpu *g = NULL;
+    int n = 0;
+    const int crc = em_gpu_device_count(&n, &e);
+    if (!em_gpu_built()) {
+        assert_int_equal(crc, EM_EUNSUPPORTED);
+        assert_int_equal(em_gpu_open(0, &g, &e), EM_EUNSUPPORTED);
+        assert_non_null(strstr(e.msg, "built without CUDA"));
+        assert_null(g);
+        void *p = (void *)&e;
+        assert_int_equal(em_gpu_alloc(NULL, 16, "x", &p, &e), EM_EUNSUPPORTED);
+        assert_null(p);
+        em_gpu_close(NULL);
+        return;
+    }
+    if (crc) { /* a CUDA build without a usable driver */
+        assert_int_equal(crc, EM_EUNSUPPORTED);
+        assert_non_null(strstr(e.msg, "driver"));
+        memset(&e, 0, sizeof e);
+        assert_int_equal(em_gpu_open(0, &g, &e), EM_EUNSUPPORTED);
+        assert_non_null(strstr(e.msg, "driver"));
+        assert_null(g);
+        return;
+    }
+    int rc = em_gpu_open(n, &g, &e); /* one past the last device */
+    assert_int_equal(rc, EM_ENOTFOUND);
+    assert_non_null(strstr(e.msg, "no CUDA device"));
+    assert_null(g);
+    if (n == 0) return;
+    rc = em_gpu_open(0, &g, &e);
+    if (rc) { /* a GPU older than Hopper */
+        assert_int_equal(rc, EM_EUNSUPPORTED);
+        assert_non_null(strstr(e.msg, "compute capability"));
+        return;
+    }
+    assert_true(em_gpu_get_info(g)->cc_major >= 9);
+    em_gpu_close(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_open),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -177,7 +177,7 @@ int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, int n_heads, 
 
 /* ---- MoE router ------------------------------------------------------------------------ */
 
-/* The router of model/moe.c (kimi_route) over rows rows of n_expert logits (d_logits + j * ldl):
+/* The router of model/moe.c (kimi_moe_route) over rows rows of n_expert logits (d_logits + j * ldl):
  * s = sigmoid(logit), choice = s + bias; with n_group > 1 only the n_group_used groups with
  * the largest sums of their two best choices stay; ids = top-k of choice (lowest index on
  * ties); weights = s[ids], divided by their sum (+1e-20) when norm, times scale. Row j's ids

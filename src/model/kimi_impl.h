@@ -120,6 +120,13 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
 
 /* Where an MoE layer reports its choices (all NULL: nowhere): row t's experts at
  * ids + t * ld_ids, its margin at margins + t * ld_margins. */
+/* The router for one row of router logits [n_expert]: the chosen experts (best first), their
+ * final weights, and the margin (selection score of the last chosen minus the best left out;
+ * +inf when nothing is left). scratch: 3 * n_expert + n_group floats. Also the CPU twin the
+ * GPU router is tested against (tests/cuda). */
+void kimi_moe_route(const kimi_hparams *hp, const float *logits, const float *bias, int *ids,
+                    float *weights, float *margin, float *scratch);
+
 typedef struct kimi_route_out {
     int32_t *ids;
     int64_t ld_ids;

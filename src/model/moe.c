@@ -31,11 +31,9 @@ static int take_max(const float *v, float *taken, int n) {
     return best;
 }
 
-/* The router for one row of router logits [n_expert]: the chosen experts (best first), their
- * final weights, and the margin (selection score of the last chosen minus the best left out;
- * +inf when nothing is left). scratch: 3 * n_expert + n_group floats. */
-static void route(const kimi_hparams *hp, const float *logits, const float *bias, int *ids,
-                  float *weights, float *margin, float *scratch) {
+/* The router for one row (kimi_impl.h). */
+void kimi_moe_route(const kimi_hparams *hp, const float *logits, const float *bias, int *ids,
+                    float *weights, float *margin, float *scratch) {
     const int X = hp->n_expert, G = hp->n_group, per = X / G;
     float *s = scratch, *choice = scratch + X, *gscore = scratch + 2 * X;
     float *taken = scratch + 2 * X + G; /* flags, X (>= G) of them */
@@ -305,7 +303,7 @@ static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const
     if (rc) return rc;
     for (int t = 0; t < n; t++) {
         float margin;
-        route(hp, logits + (int64_t)t * X, w->router_bias, ids + t * K, wts + t * K, &margin, scratch);
+        kimi_moe_route(hp, logits + (int64_t)t * X, w->router_bias, ids + t * K, wts + t * K, &margin, scratch);
         if (ro && ro->ids)
             for (int i = 0; i < K; i++) ro->ids[t * ro->ld_ids + i] = ids[t * K + i];
         if (ro && ro->margins) ro->margins[t * ro->ld_margins] = margin;

@@ -414,7 +414,7 @@ static void test_route(int n_group, int n_group_used) {
     fill(bias, N_EXPERT, 0.5f);
     int ref_ids[R * TOP_K];
     float ref_w[R * TOP_K], margin, *scratch = xmalloc((3 * N_EXPERT + 64) * 4);
-    for (int j = 0; j < R; j++) kimi_route(&hp, lg + j * N_EXPERT, bias, ref_ids + j * TOP_K, ref_w + j * TOP_K, &margin, scratch);
+    for (int j = 0; j < R; j++) kimi_moe_route(&hp, lg + j * N_EXPERT, bias, ref_ids + j * TOP_K, ref_w + j * TOP_K, &margin, scratch);
     float *dl = dalloc((uint64_t)R * N_EXPERT * 4), *db = dalloc(N_EXPERT * 4), *dw = dalloc(sizeof ref_w);
     int32_t *di = dalloc(sizeof ref_ids);
     up(dl, lg, (uint64_t)R * N_EXPERT * 4);
@@ -430,7 +430,7 @@ static void test_route(int n_group, int n_group_used) {
     int same = 0;
     for (int i = 0; i < R * TOP_K; i++) same += ids[i] == ref_ids[i];
     cmp c = compare(w, ref_w, R * TOP_K);
-    record(name, same == R * TOP_K && c.rel_l2 <= 1e-6 && c.nan == 0, "ids equal to kimi_route %d/%d; weights relL2 %.2e (<= 1e-6), identical %lld",
+    record(name, same == R * TOP_K && c.rel_l2 <= 1e-6 && c.nan == 0, "ids equal to kimi_moe_route %d/%d; weights relL2 %.2e (<= 1e-6), identical %lld",
            same, R * TOP_K, c.rel_l2, (long long)c.identical);
     em_gpu_free(G, dl), em_gpu_free(G, db), em_gpu_free(G, dw), em_gpu_free(G, di);
     free(lg), free(bias), free(scratch);

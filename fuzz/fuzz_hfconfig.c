@@ -1,6 +1,6 @@
 /* libFuzzer target: em_hf_config_parse on arbitrary bytes. Every outcome must be a status
  * with a message or a config whose layer tables are consistent. Seeds: fuzz/corpus/hfconfig/. */
-#include "format/hfconfig.h"
+#include "convert/hfconfig.h"
 
 #include <stdlib.h>
 #include <string.h>

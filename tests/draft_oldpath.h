@@ -1,5 +1,5 @@
 /* tests/draft_oldpath.h: the decode loop's per-slot path as it was before drafters ran the
- * chain themselves, as a drafter wrapper for tests (test_spec, test_default_pair). The wrapper
+ * chain themselves, as a drafter wrapper for tests (test_decode, test_default_pair). The wrapper
  * takes the loop's chain (em_draft_chain: sampler, dists, schedule) and hands the wrapped
  * drafter test-oracle callbacks that do what the loop's callbacks did:
  *   choose: greedy em_argmax, else em_sampler_dist into the loop's dists[k] + em_sampler_draw;

@@ -24,7 +24,7 @@
 #include "draft_oldpath.h"
 #include "format/gguf.h"
 #include "model/model.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 #include "text/text.h"
 
 #define N_GEN 32
@@ -52,9 +52,9 @@ typedef struct pair {
     em_tok *tok;
     em_target *target;
     em_drafter *drafter;
-    em_spec *plain, *sched, *w8;
+    em_decode *plain, *sched, *w8;
     oldpath old;                  /* the drafter behind the old per-slot callbacks */
-    em_spec *sched_old, *w8_old;
+    em_decode *sched_old, *w8_old;
 } pair;
 
 static int open_pair(pair *p, const char *target_path, const char *draft_path) {
@@ -72,26 +72,26 @@ static int open_pair(pair *p, const char *target_path, const char *draft_path) {
     if (!rc) rc = em_gguf_open(&g, target_path, &err);
     if (!rc) rc = em_tok_create(&p->tok, g, NULL, &err);
     em_gguf_close(g);
-    if (!rc) rc = em_spec_create(&p->plain, p->target, &(em_spec_opts){ .tok = p->tok }, &err);
-    if (!rc) rc = em_spec_create(&p->sched, p->target, &(em_spec_opts){ .tok = p->tok, .drafter = p->drafter }, &err);
+    if (!rc) rc = em_decode_create(&p->plain, p->target, &(em_decode_opts){ .tok = p->tok }, &err);
+    if (!rc) rc = em_decode_create(&p->sched, p->target, &(em_decode_opts){ .tok = p->tok, .drafter = p->drafter }, &err);
     if (!rc)
-        rc = em_spec_create(&p->w8, p->target,
-                            &(em_spec_opts){ .tok = p->tok, .drafter = p->drafter, .verify_width = 8 }, &err);
+        rc = em_decode_create(&p->w8, p->target,
+                            &(em_decode_opts){ .tok = p->tok, .drafter = p->drafter, .verify_width = 8 }, &err);
     if (!rc) oldpath_wrap(&p->old, p->drafter, p->target);
-    if (!rc) rc = em_spec_create(&p->sched_old, p->target, &(em_spec_opts){ .tok = p->tok, .drafter = &p->old.base }, &err);
+    if (!rc) rc = em_decode_create(&p->sched_old, p->target, &(em_decode_opts){ .tok = p->tok, .drafter = &p->old.base }, &err);
     if (!rc)
-        rc = em_spec_create(&p->w8_old, p->target,
-                            &(em_spec_opts){ .tok = p->tok, .drafter = &p->old.base, .verify_width = 8 }, &err);
+        rc = em_decode_create(&p->w8_old, p->target,
+                            &(em_decode_opts){ .tok = p->tok, .drafter = &p->old.base, .verify_width = 8 }, &err);
     if (rc) fprintf(stderr, "opening the default pair: %s\n", err.msg);
     return rc;
 }
 
 static void close_pair(pair *p) {
-    em_spec_free(p->plain);
-    em_spec_free(p->sched);
-    em_spec_free(p->w8);
-    em_spec_free(p->sched_old);
-    em_spec_free(p->w8_old);
+    em_decode_free(p->plain);
+    em_decode_free(p->sched);
+    em_decode_free(p->w8);
+    em_decode_free(p->sched_old);
+    em_decode_free(p->w8_old);
     em_draft_close(p->drafter); /* before the target it borrows from */
     em_target_close(p->target);
     em_tok_free(p->tok);
@@ -117,25 +117,25 @@ static int32_t *encode_line(const pair *p, const char *line, bool chat, size_t *
     return ids;
 }
 
-static void generate_at(em_spec *s, const int32_t *ids, size_t n, float temp, uint64_t seed, tokens *out,
-                        em_spec_result *r) {
-    em_spec_params prm = { .sampling = em_sampler_default_params(), .n_max = N_GEN };
+static void generate_at(em_decode *s, const int32_t *ids, size_t n, float temp, uint64_t seed, tokens *out,
+                        em_decode_result *r) {
+    em_decode_params prm = { .sampling = em_sampler_default_params(), .n_max = N_GEN };
     prm.sampling.temperature = temp;
     prm.sampling.seed = seed;
     out->n = 0;
-    OK(em_spec_generate(s, ids, (int)n, &prm, collect, out, r, E));
+    OK(em_decode_generate(s, ids, (int)n, &prm, collect, out, r, E));
     assert_int_equal(out->n, r->n_gen);
 }
 
-static void generate(em_spec *s, const int32_t *ids, size_t n, tokens *out, em_spec_result *r) {
+static void generate(em_decode *s, const int32_t *ids, size_t n, tokens *out, em_decode_result *r) {
     generate_at(s, ids, n, 0.0f, 0, out, r);
 }
 
 /* The same run through the in-drafter chain and through the old callbacks. */
-static void expect_same_run(em_spec *s, em_spec *s_old, const int32_t *ids, size_t n, float temp, uint64_t seed,
+static void expect_same_run(em_decode *s, em_decode *s_old, const int32_t *ids, size_t n, float temp, uint64_t seed,
                             const char *what, int line) {
     tokens a, b;
-    em_spec_result ra, rb;
+    em_decode_result ra, rb;
     generate_at(s, ids, n, temp, seed, &a, &ra);
     generate_at(s_old, ids, n, temp, seed, &b, &rb);
     if (a.n != b.n || memcmp(a.ids, b.ids, (size_t)a.n * sizeof a.ids[0]) || ra.finish != rb.finish)
@@ -160,7 +160,7 @@ static void check_set(const pair *p, const char *rel, bool chat, uint64_t *passe
         size_t n;
         int32_t *ids = encode_line(p, line, chat, &n);
         tokens a, b, c;
-        em_spec_result ra, rb, rc;
+        em_decode_result ra, rb, rc;
         generate(p->plain, ids, n, &a, &ra);
         generate(p->sched, ids, n, &b, &rb);
         generate(p->w8, ids, n, &c, &rc);

@@ -1,11 +1,11 @@
-/* Tests for format/hfconfig: every fixture in tests/data/hfconfig/ parses to the values the
+/* Tests for convert/hfconfig: every fixture in tests/data/hfconfig/ parses to the values the
  * file states (and, for Kimi, the per-layer table the reference spells out 0-indexed); the
  * transformers-5 spelling yields the same model as the Moonshot spelling; each bad config
  * fails with its status and a message naming the field; drafter configs are confronted
  * with small checkpoints written here. */
 #include "testutil.h"
 
-#include "format/hfconfig.h"
+#include "convert/hfconfig.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Tests for format/hftokenizer.
+/* Tests for convert/hftokenizer.
  *
  * References, independent of the C code:
  *   - tests/data/hftokenizer/expected/ files: tokens, types, merges and special ids for
@@ -15,7 +15,8 @@
  * message that names the problem and the file. */
 #include "testutil.h"
 
-#include "format/hftokenizer.h"
+#include "convert/hftokenizer.h"
+#include "text/text.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -557,11 +558,11 @@ static void test_present_and_missing(void **state) {
     assert_int_equal(em_hf_vocab_load(&v, "/nonexistent/dir", 512, NULL, &err), EM_ENOTFOUND);
     assert_int_equal(em_hf_vocab_load(&v, em_test_src(KIMI_A), 1ll << 30, NULL, &err),
                      EM_EUNSUPPORTED);
-    assert_int_equal(em_hf_byte_to_unicode(' '), 0x120);
-    assert_int_equal(em_hf_byte_to_unicode('\n'), 0x10A);
-    assert_int_equal(em_hf_byte_to_unicode(127), 0x121);
-    assert_int_equal(em_hf_byte_to_unicode(160), 0x142);
-    assert_int_equal(em_hf_byte_to_unicode('a'), 'a');
+    assert_int_equal(em_tok_byte_to_unicode(' '), 0x120);
+    assert_int_equal(em_tok_byte_to_unicode('\n'), 0x10A);
+    assert_int_equal(em_tok_byte_to_unicode(127), 0x121);
+    assert_int_equal(em_tok_byte_to_unicode(160), 0x142);
+    assert_int_equal(em_tok_byte_to_unicode('a'), 'a');
 }
 
 /* ---- broken folders (bad.json) ------------------------------------------------------- */
@@ -812,7 +813,7 @@ static void bpe_piece(const em_hf_vocab *v, const char *piece, size_t n, int32_t
     size_t np = 0;
     assert_true(n <= 64);
     for (size_t i = 0; i < n; i++) {
-        uint32_t cp = em_hf_byte_to_unicode((uint8_t)piece[i]);
+        uint32_t cp = em_tok_byte_to_unicode((uint8_t)piece[i]);
         if (cp < 0x80) snprintf(parts[np++], 64, "%c", (char)cp);
         else snprintf(parts[np++], 64, "%c%c", (char)(0xC0 | cp >> 6), (char)(0x80 | (cp & 63)));
     }

@@ -1019,8 +1019,34 @@ static void test_chat_forged(void **state) {
     em_tok_free(t);
 }
 
+/* The GPT-2 byte->unicode map (the one the converter writes vocabularies with): GPT-2's
+ * bytes_to_unicode built the way its Python builds it, and the inverse undoing it. */
+static void test_byte_map(void **state) {
+    (void)state;
+    uint32_t ref[256];
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        ref[b] = keep ? (uint32_t)b : 0;
+    }
+    for (int b = 0; b < 256; b++)
+        if (!ref[b] && !((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE))
+            ref[b] = 256u + (uint32_t)n++;
+    assert_int_equal(n, 68);
+    for (int b = 0; b < 256; b++) {
+        assert_int_equal(em_tok_byte_to_unicode((uint8_t)b), ref[b]);
+        assert_int_equal(em_tok_unicode_to_byte(ref[b]), b);
+    }
+    for (uint32_t cp = 0; cp < 400; cp++) {
+        int b = em_tok_unicode_to_byte(cp);
+        if (b >= 0) assert_int_equal(ref[b], cp);
+        else assert_true(cp >= 256 + 68 || (cp < 256 && ref[cp] != cp));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_byte_map),
         cmocka_unit_test(test_toy_bpe),
         cmocka_unit_test(test_toy_specials),
         cmocka_unit_test(test_load_errors),

@@ -1,6 +1,6 @@
 /* `ember run [-m TARGET.gguf] [-p PROMPT | -f FILE] [-n N] [--chat] [--json] ...` (without -m: the
  * default pair shipped in models/, tools/model_flags.h): generates text
- * with the one decode loop (spec/), streaming it to stdout as it comes, a summary line on
+ * with the one decode loop (decode/), streaming it to stdout as it comes, a summary line on
  * stderr, and with --json one JSON object on the last line of stdout (docs/ARCHITECTURE.md).
  * With --draft the loop speculates (DSpark/DFlash drafter; --json adds its statistics). Flags
  * of features that do not exist yet (CUDA devices) are refused with exit 2, never ignored. Owns only argument handling and
@@ -10,7 +10,7 @@
 
 #include "format/gguf.h"
 #include "model/model.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 #include "text/text.h"
 
 #include <errno.h>
@@ -201,23 +201,23 @@ static int encode_prompt(const em_tok *tok, const run_opts *o, int32_t **ids, si
     return rc;
 }
 
-static const char *finish_name(enum em_spec_finish f) { return f == EM_SPEC_LENGTH ? "length" : "stop"; }
+static const char *finish_name(enum em_decode_finish f) { return f == EM_DECODE_LENGTH ? "length" : "stop"; }
 
-static double gen_rate(const em_spec_result *r) {
+static double gen_rate(const em_decode_result *r) {
     return r->n_gen > 1 && r->gen_seconds > 0 ? (double)(r->n_gen - 1) / r->gen_seconds : 0.0;
 }
 
-static double prompt_rate(const em_spec_result *r) {
+static double prompt_rate(const em_decode_result *r) {
     return r->prompt_seconds > 0 ? (double)r->n_prompt / r->prompt_seconds : 0.0;
 }
 
 /* The speculation statistics: tau is the mean of tokens committed per target pass (the
  * accepted drafts plus the target's own token); accept_hist[i] counts passes that accepted i
  * drafts (up to the widest verify). */
-static json_t *spec_json(const em_spec_result *r) {
+static json_t *spec_json(const em_decode_result *r) {
     double tau = r->passes ? (double)(r->passes + r->accepted) / (double)r->passes : 0.0;
     int top = 0;
-    for (int i = 0; i < EM_SPEC_MAX_WIDTH; i++)
+    for (int i = 0; i < EM_DECODE_MAX_WIDTH; i++)
         if (r->accept_hist[i]) top = i;
     json_t *hist = json_array();
     for (int i = 0; hist && i <= top; i++) json_array_append_new(hist, json_integer((json_int_t)r->accept_hist[i]));
@@ -229,7 +229,7 @@ static json_t *spec_json(const em_spec_result *r) {
                      r->mean_verify_width, "draft_seconds", r->draft_seconds);
 }
 
-static int print_json(const sink *k, const em_spec_result *r, const em_target *t, em_err *err) {
+static int print_json(const sink *k, const em_decode_result *r, const em_target *t, em_err *err) {
     json_t *tokens = json_array();
     for (size_t i = 0; tokens && i < k->n; i++) json_array_append_new(tokens, json_integer(k->tokens[i]));
     json_t *spec = spec_json(r);
@@ -274,14 +274,14 @@ static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_op
     size_t n_ids = 0;
     int rc = encode_prompt(tok, o, &ids, &n_ids, err);
     if (rc) return rc;
-    em_spec *s = NULL;
-    em_spec_opts so = em_model_flags_spec_opts(&o->mf, tok, d);
-    rc = em_spec_create(&s, t, &so, err);
+    em_decode *s = NULL;
+    em_decode_opts so = em_model_flags_decode_opts(&o->mf, tok, d);
+    rc = em_decode_create(&s, t, &so, err);
     sink k = { .err = err };
-    em_spec_result r = { 0 };
+    em_decode_result r = { 0 };
     if (!rc) {
-        em_spec_params p = { .sampling = o->sampling, .n_max = o->n_max };
-        rc = em_spec_generate(s, ids, (int)n_ids, &p, on_token, &k, &r, err);
+        em_decode_params p = { .sampling = o->sampling, .n_max = o->n_max };
+        rc = em_decode_generate(s, ids, (int)n_ids, &p, on_token, &k, &r, err);
         /* the engine's own failure (say, logits that are all NaN: broken weights) names the model */
         if (rc && !k.rc) em_err_prefix(err, "%s: generation failed", o->mf.model);
         if (!rc) rc = k.rc;
@@ -301,7 +301,7 @@ static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_op
     if (!rc && (fflush(stdout) != 0 || ferror(stdout)))
         rc = em_err_set(err, EM_EIO, "writing to standard output failed");
     free(k.tokens);
-    em_spec_free(s);
+    em_decode_free(s);
     free(ids);
     return rc;
 }

@@ -191,7 +191,7 @@ typedef struct loader {
     em_tok *tok;
     em_target *target;
     em_drafter *drafter;
-    em_spec *spec;
+    em_decode *spec;
     char *chat_template, *arch;
     em_server_model m;
     int rc;
@@ -231,8 +231,8 @@ static int load(loader *L, em_err *err) {
     em_gguf_close(g);
     if (rc) return rc;
     if ((rc = em_model_flags_open(&L->o->mf, &L->target, &L->drafter, err))) return rc;
-    em_spec_opts so = em_model_flags_spec_opts(&L->o->mf, L->tok, L->drafter);
-    if ((rc = em_spec_create(&L->spec, L->target, &so, err))) return rc;
+    em_decode_opts so = em_model_flags_decode_opts(&L->o->mf, L->tok, L->drafter);
+    if ((rc = em_decode_create(&L->spec, L->target, &so, err))) return rc;
     L->m.draft = L->o->mf.draft;
     const char *slash = strrchr(path, '/');
     L->m.id = L->o->alias ? L->o->alias : slash ? slash + 1 : path;
@@ -253,7 +253,7 @@ static void *loader_main(void *arg) {
 }
 
 static void loader_free(loader *L) {
-    em_spec_free(L->spec);
+    em_decode_free(L->spec);
     em_draft_close(L->drafter); /* before the target it borrows from */
     em_target_close(L->target);
     em_tok_free(L->tok);

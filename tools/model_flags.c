@@ -7,7 +7,7 @@
 #include "model_flags.h"
 
 #include "quant/quant.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -74,7 +74,7 @@ static int check_future_flag(const em_cmd *cmd, const char *a, const char *v, em
         if (f->expert_cache == 0) return em_cli_usage_error(cmd, "--expert-cache: '%s' is no room for any expert", v);
         return -1;
     }
-    if (em_spec_feature_type(v) < 0)
+    if (em_decode_feature_type(v) < 0)
         return em_cli_usage_error(cmd, "--feature-dtype: '%s' is not f32, f16, bf16 or q8_0", v);
     f->feature_dtype = v;
     return -1;
@@ -85,7 +85,7 @@ int em_model_flag_parse(const em_cmd *cmd, const char *a, const char *v, em_mode
     else if (!strcmp(a, "--threads")) return parse_int(cmd, a, v, 1, 1024, &f->n_threads);
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) return parse_int(cmd, a, v, 1, 1 << 24, &f->n_ctx);
     else if (!strcmp(a, "--verify-width")) {
-        return parse_int(cmd, a, v, 0, EM_SPEC_MAX_WIDTH, &f->verify_width);
+        return parse_int(cmd, a, v, 0, EM_DECODE_MAX_WIDTH, &f->verify_width);
     } else return check_future_flag(cmd, a, v, f);
     return -1;
 }
@@ -215,8 +215,8 @@ int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter 
     return rc;
 }
 
-em_spec_opts em_model_flags_spec_opts(const em_model_flags *f, const em_tok *tok, em_drafter *drafter) {
-    int ftype = f->feature_dtype ? em_spec_feature_type(f->feature_dtype) : EM_TYPE_F32;
-    return (em_spec_opts){ .tok = tok, .drafter = drafter, .verify_width = f->verify_width,
+em_decode_opts em_model_flags_decode_opts(const em_model_flags *f, const em_tok *tok, em_drafter *drafter) {
+    int ftype = f->feature_dtype ? em_decode_feature_type(f->feature_dtype) : EM_TYPE_F32;
+    return (em_decode_opts){ .tok = tok, .drafter = drafter, .verify_width = f->verify_width,
                            .feature_type = ftype < 0 ? EM_TYPE_F32 : ftype };
 }

@@ -9,7 +9,7 @@
 #include "cli.h"
 #include "draft/draft.h"
 #include "model/model.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 
 /* The default model pair: these two files in $EMBER_MODELS when that is set, else in
  * EMBER_MODELS_DIR (the source tree's models/, set by CMake), else in models/ beside or above
@@ -71,6 +71,6 @@ em_model_opts em_model_flags_opts(const em_model_flags *f);
  * otherwise). *drafter is NULL without --draft. On failure both are NULL. */
 int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter **drafter, em_err *err);
 /* The decode loop options the flags ask for, with tok and the drafter (NULL: plain). */
-em_spec_opts em_model_flags_spec_opts(const em_model_flags *f, const em_tok *tok, em_drafter *drafter);
+em_decode_opts em_model_flags_decode_opts(const em_model_flags *f, const em_tok *tok, em_drafter *drafter);
 
 #endif

@@ -10,7 +10,7 @@
 
 #include "convert/convert.h"
 #include "format/gguf.h"
-#include "format/hfconfig.h"
+#include "convert/hfconfig.h"
 #include "format/safetensors.h"
 
 /* ---- symbolic dimensions (values come from config.json through the setup function) ---- */

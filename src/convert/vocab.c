@@ -1,4 +1,4 @@
-/* convert/vocab.c: the tokenizer.* keys of a converted GGUF, from format/hftokenizer's
+/* convert/vocab.c: the tokenizer.* keys of a converted GGUF, from convert/hftokenizer's
  * vocabulary, in the order and with the types gguf-py writes them (tokens and merges string
  * arrays, token_type INT32, special ids u32, add_* bool, chat template string).
  *
@@ -9,7 +9,7 @@
  * override), so the two files agree on every special id. */
 #include "convert/convert_impl.h"
 
-#include "format/hftokenizer.h"
+#include "convert/hftokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* draft/: block drafters behind one small interface, the proposer side of speculation
- * (spec/ drives it; model/ never sees it). The DSpark/DFlash drafter (dspark.md) loads a
+ * (decode/ drives it; model/ never sees it). The DSpark/DFlash drafter (dspark.md) loads a
  * `dflash` GGUF written by `ember convert`; tests plug in their own proposers (an oracle that
  * replays a known continuation) through the same ops table.
  *

@@ -42,7 +42,7 @@ void em_srv_metrics_rejected(em_srv_metrics *m) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void em_srv_metrics_generation(em_srv_metrics *m, const em_spec_result *r, int n_gen, bool cancelled) {
+void em_srv_metrics_generation(em_srv_metrics *m, const em_decode_result *r, int n_gen, bool cancelled) {
     pthread_mutex_lock(&m->mu);
     m->c.gen_requests++;
     if (cancelled) m->c.cancelled++;

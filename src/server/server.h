@@ -7,7 +7,7 @@
  * Threads: HTTP runs on libmicrohttpd with one thread per connection, so a slow client only
  * ever stalls its own thread. Generation requests are parsed, templated and tokenized on the
  * connection's thread, then queued (bounded: a full queue is 503 with Retry-After) for the
- * one decode worker, which owns the decode loop (spec/) and runs one request at a time. A
+ * one decode worker, which owns the decode loop (decode/) and runs one request at a time. A
  * client that goes away (its socket hangs up, or its stream breaks) stops its generation
  * within one decode step.
  *
@@ -22,7 +22,7 @@
 
 #include "base/base.h"
 #include "model/model.h"
-#include "spec/spec.h"
+#include "decode/decode.h"
 #include "text/text.h"
 
 typedef struct em_server em_server;
@@ -61,7 +61,7 @@ typedef struct em_server_opts {
 typedef struct em_server_model {
     const char *id;            /* the model name clients see in /v1/models and responses */
     const char *path;          /* the model file */
-    em_spec *spec;             /* the decode loop over the loaded target (used by the worker only) */
+    em_decode *spec;             /* the decode loop over the loaded target (used by the worker only) */
     const em_target *target;   /* that target, for its expert counters (worker only); may be NULL */
     const em_tok *tok;         /* the target's tokenizer (thread-safe) */
     em_target_info info;       /* n_vocab, n_embd, n_ctx, ... */

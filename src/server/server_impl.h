@@ -160,7 +160,7 @@ void em_srv_metrics_destroy(em_srv_metrics *m);
 void em_srv_metrics_response(em_srv_metrics *m, int route, int status);
 void em_srv_metrics_rejected(em_srv_metrics *m);
 /* One finished generation's counters. */
-void em_srv_metrics_generation(em_srv_metrics *m, const em_spec_result *r, int n_gen, bool cancelled);
+void em_srv_metrics_generation(em_srv_metrics *m, const em_decode_result *r, int n_gen, bool cancelled);
 /* The target's routed-expert counters (totals since it was opened); call from the worker. */
 void em_srv_metrics_experts(em_srv_metrics *m, const em_target *t);
 /* The Prometheus text exposition (free()); queued/processing are gauges read by the caller. */

@@ -1,6 +1,6 @@
 /* server/worker.c: the request queue and the one decode worker. Connections submit jobs
  * (parsed, tokenized requests); the worker takes them in order and runs each through the
- * decode loop (spec/), turning tokens into text (its own stream decoder, invalid UTF-8 as
+ * decode loop (decode/), turning tokens into text (its own stream decoder, invalid UTF-8 as
  * U+FFFD, special tokens skipped), cutting at stop strings, and either queueing SSE events
  * for the connection to send (streaming) or building the whole response.
  *
@@ -323,7 +323,7 @@ static bool stopped_by_server(em_srv_job *j) {
  * marks it DONE. */
 static void run_job(em_server *s, em_srv_job *j) {
     gen g = { .job = j };
-    em_spec_result res = { 0 };
+    em_decode_result res = { 0 };
     if (client_gone(j)) {
         em_srv_metrics_generation(&s->metrics, &res, 0, true);
         return;
@@ -333,9 +333,9 @@ static void run_job(em_server *s, em_srv_job *j) {
     if (!rc && j->req.stream && j->req.kind == EM_SRV_CHAT)
         send_event(j, em_srv_chunk_json(&j->meta, true, "", 0, NULL, NULL, j->req.include_usage));
     if (!rc) {
-        em_spec_params p = { .sampling = j->req.sampling, .n_max = j->req.n_max, .ignore_eog = j->req.ignore_eos };
+        em_decode_params p = { .sampling = j->req.sampling, .n_max = j->req.n_max, .ignore_eog = j->req.ignore_eos };
         em_err err = { 0 };
-        rc = em_spec_generate(s->model.spec, j->req.prompt, j->req.n_prompt, &p, on_token, &g, &res, &err);
+        rc = em_decode_generate(s->model.spec, j->req.prompt, j->req.n_prompt, &p, on_token, &g, &res, &err);
         if (rc && !g.rc) g.err = err;
         if (g.rc) rc = g.rc;
     }
@@ -349,7 +349,7 @@ static void run_job(em_server *s, em_srv_job *j) {
     if (s->model.target) em_srv_metrics_experts(&s->metrics, s->model.target);
     em_srv_stats st = { .n_prompt = res.n_prompt, .n_gen = g.n_gen, .prompt_s = res.prompt_seconds,
                         .gen_s = res.gen_seconds, .drafted = res.drafted, .accepted = res.accepted };
-    const char *finish = !g.text.matched && res.finish == EM_SPEC_LENGTH ? EM_SRV_FINISH_LENGTH : EM_SRV_FINISH_STOP;
+    const char *finish = !g.text.matched && res.finish == EM_DECODE_LENGTH ? EM_SRV_FINISH_LENGTH : EM_SRV_FINISH_STOP;
     if (rc) finish_error(j, &g.err);
     else if (g.cancelled && stopped_by_server(j))
         em_log(EM_LOG_INFO, "serve: %s: stopped by the server after %d tokens", j->id, g.n_gen);

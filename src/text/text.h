@@ -160,6 +160,12 @@ void em_tok_stream_flush(em_tok_stream *s, const char **bytes, size_t *n);
 
 /* ---- UTF-8 --------------------------------------------------------------------------- */
 
+/* The GPT-2 byte->unicode map of byte-level BPE token text: the code point that stands for
+ * byte b, and back (-1 for a code point that stands for no byte). The one copy: the
+ * tokenizer reads vocabularies with it, the converter (convert/) writes them with it. */
+uint32_t em_tok_byte_to_unicode(uint8_t b);
+int em_tok_unicode_to_byte(uint32_t cp);
+
 /* Offset of the first byte of text[0..len) that is not part of valid UTF-8 (Unicode's
  * well-formed sequences: no overlongs, surrogates or code points past U+10FFFF), or len
  * when all of it is valid. */

@@ -140,24 +140,30 @@ static size_t utf8_next(const uint8_t *p, size_t n, uint32_t *cp) {
 
 /* ---- the GPT-2 byte <-> unicode map ---------------------------------------------------- */
 
-/* Bytes that stand for themselves: '!'..'~', U+00A1..U+00AC, U+00AE..U+00FF. The other 68
- * bytes take the code points 256, 257, ... in byte order. */
-static bool byte_is_printable(int b) {
-    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+/* Bytes that are printable Latin-1 stand for themselves ('!'..'~', U+00A1..U+00AC,
+ * U+00AE..U+00FF); the other 68 (0-32, 127-160, 173) take U+0100 onwards in byte order
+ * (GPT-2's bytes_to_unicode). */
+uint32_t em_tok_byte_to_unicode(uint8_t b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174) return b;
+    if (b <= 32) return 256u + b;
+    if (b <= 160) return 256u + 33u + (uint32_t)(b - 127);
+    return 256u + 33u + 34u; /* 173 */
 }
 
-static uint32_t byte_to_cp(uint8_t b) {
-    if (byte_is_printable(b)) return b;
-    uint32_t k = 0;
-    for (int x = 0; x < b; x++) k += !byte_is_printable(x);
-    return 256 + k;
+int em_tok_unicode_to_byte(uint32_t cp) {
+    if (cp < 256) return em_tok_byte_to_unicode((uint8_t)cp) == cp ? (int)cp : -1;
+    if (cp > 256 + 67) return -1;
+    uint32_t n = cp - 256;
+    if (n <= 32) return (int)n;
+    if (n <= 66) return (int)(127 + n - 33);
+    return 173;
 }
 
 #define CP_MAP_SIZE (256 + 68)
 
 static void build_cp_to_byte(int16_t map[CP_MAP_SIZE]) {
     for (int i = 0; i < CP_MAP_SIZE; i++) map[i] = -1;
-    for (int b = 0; b < 256; b++) map[byte_to_cp((uint8_t)b)] = (int16_t)b;
+    for (int b = 0; b < 256; b++) map[em_tok_byte_to_unicode((uint8_t)b)] = (int16_t)b;
 }
 
 /* Writes the bytes a GPT-2-mapped text stands for into out (at most len bytes); code points
@@ -379,7 +385,7 @@ static int find_byte_tokens(em_tok *t, const char *path, em_err *err) {
         bool needed = b <= 0xBF || (b >= 0xC2 && b <= 0xF4);
         if (t->byte_id[b] < 0 && needed) {
             char mapped[8];
-            uint32_t cp = byte_to_cp(byte);
+            uint32_t cp = em_tok_byte_to_unicode(byte);
             if (cp < 0x80) snprintf(mapped, sizeof mapped, "%c", (char)cp);
             else snprintf(mapped, sizeof mapped, "%c%c", (char)(0xC0 | cp >> 6), (char)(0x80 | (cp & 0x3F)));
             return em_err_set(err, EM_EFORMAT,

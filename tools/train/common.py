@@ -72,7 +72,7 @@ def special_id(name):
 
 MASK_ID = N_BPE + 29
 
-# Kimi's pre-tokenizer regex (tokenization_kimi.py pat_str), as Ember's format/hftokenizer.c
+# Kimi's pre-tokenizer regex (tokenization_kimi.py pat_str), as Ember's convert/hftokenizer.c
 # knows it under the llama.cpp name "kimi-k2".
 KIMI_PAT = "|".join([
     r"""[\p{Han}]+""",

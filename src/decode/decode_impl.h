@@ -1,5 +1,5 @@
-/* spec/ internals: the parts the decode loop (loop.c) is built from, each in its own file and
- * unit-tested on its own (tests/test_spec.c):
+/* decode/ internals: the parts the decode loop (loop.c) is built from, each in its own file and
+ * unit-tested on its own (tests/test_decode.c):
  *
  *   ring.c      the feature ring: captured target features of committed positions, stored as
  *               F32 / F16 / BF16 / Q8_0, read back as f32 for the drafter's context
@@ -9,9 +9,9 @@
  * draft/schedule.c (draft.h), which the drafter runs slot by slot from plain data and the
  * loop re-runs over a block's confidences: one implementation for both.
  *
- * Callers outside spec/ use spec.h only. */
-#ifndef EM_SPEC_IMPL_H
-#define EM_SPEC_IMPL_H
+ * Callers outside decode/ use decode.h only. */
+#ifndef EM_DECODE_IMPL_H
+#define EM_DECODE_IMPL_H
 
 #include "base/base.h"
 #include "sample/sample.h"
@@ -21,22 +21,22 @@
 /* Rows of n_feat floats for positions [end - held, end), held <= cap, in slot pos % cap.
  * Rows are appended in position order (push at end) and read back as f32; rows older than
  * cap positions are overwritten. Q8_0 rows are padded with zeros to whole 32-value blocks. */
-typedef struct em_spec_ring em_spec_ring;
+typedef struct em_decode_ring em_decode_ring;
 
 /* type: EM_TYPE_F32, EM_TYPE_F16, EM_TYPE_BF16 or EM_TYPE_Q8_0 (quant/quant.h). */
-int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_err *err);
-void em_spec_ring_free(em_spec_ring *r); /* NULL-safe */
+int em_decode_ring_create(em_decode_ring **out, int n_feat, int cap, int type, em_err *err);
+void em_decode_ring_free(em_decode_ring *r); /* NULL-safe */
 /* Empty again, next push at position 0. */
-void em_spec_ring_reset(em_spec_ring *r);
+void em_decode_ring_reset(em_decode_ring *r);
 /* Position after the last row pushed. */
-int64_t em_spec_ring_end(const em_spec_ring *r);
+int64_t em_decode_ring_end(const em_decode_ring *r);
 /* Appends n rows (rows [n][n_feat]) for positions end .. end+n-1; pos must equal end.
  * n may exceed cap: only the last cap rows stay. */
-int em_spec_ring_push(em_spec_ring *r, int64_t pos, const float *rows, int n, em_err *err);
+int em_decode_ring_push(em_decode_ring *r, int64_t pos, const float *rows, int n, em_err *err);
 /* Reads the rows of positions pos .. pos+n-1 (all still held) as f32 into out [n][n_feat]. */
-int em_spec_ring_read(em_spec_ring *r, int64_t pos, int n, float *out, em_err *err);
+int em_decode_ring_read(em_decode_ring *r, int64_t pos, int n, float *out, em_err *err);
 /* Bytes one stored row takes. */
-size_t em_spec_ring_row_bytes(const em_spec_ring *r);
+size_t em_decode_ring_row_bytes(const em_decode_ring *r);
 
 /* ---- acceptance (accept.c) --------------------------------------------------------------- */
 
@@ -44,13 +44,13 @@ size_t em_spec_ring_row_bytes(const em_spec_ring *r);
  * token: em_rows.argmax of model.h), drafts the K drafts (draft k is checked against row k-1).
  * Returns how many drafts stand (the longest prefix with draft k == argmax[k-1]) and puts
  * argmax[acc] in *next (-1 when that row had no usable logit). */
-int em_spec_accept_greedy(const int32_t *argmax, const int32_t *drafts, int K, int32_t *next);
+int em_decode_accept_greedy(const int32_t *argmax, const int32_t *drafts, int K, int32_t *next);
 
 /* Scratch of speculative rejection sampling (sized for a vocabulary at create). */
-typedef struct em_spec_accept em_spec_accept;
+typedef struct em_decode_accept em_decode_accept;
 
-int em_spec_accept_create(em_spec_accept **out, int32_t n_vocab, em_err *err);
-void em_spec_accept_free(em_spec_accept *a); /* NULL-safe */
+int em_decode_accept_create(em_decode_accept **out, int32_t n_vocab, em_err *err);
+void em_decode_accept_free(em_decode_accept *a); /* NULL-safe */
 
 /* Sampling (temperature > 0): draft k was drawn from draft_dist[k-1], the filtered draft
  * distribution em_sampler_dist gave with the same sampler (so the same temperature and
@@ -59,7 +59,7 @@ void em_spec_accept_free(em_spec_accept *a); /* NULL-safe */
  * normalize(max(0, p_t - p_d)) (p_t itself if that is empty through rounding); when all K
  * stand the bonus token is drawn from row K. Randomness: the sampler's stream. Returns the
  * drafts accepted (>= 0) with the token after them in *next, or a negative EM_E*. */
-int em_spec_accept_sample(em_spec_accept *a, em_sampler *s, const float *logits, const int32_t *drafts,
+int em_decode_accept_sample(em_decode_accept *a, em_sampler *s, const float *logits, const int32_t *drafts,
                           const em_sample_dist *draft_dist, int K, int32_t *next, em_err *err);
 
 #endif

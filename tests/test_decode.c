@@ -1,4 +1,4 @@
-/* Tests for the decode loop (spec/) over the kimi_a fixture converted to F32 by the CLI
+/* Tests for the decode loop (decode/) over the kimi_a fixture converted to F32 by the CLI
  * ($EMBER_BIN convert), opened with em_model_open. References are computed independently of
  * the loop: every token of a chain is checked against the target's logits of one fresh
  * full-sequence verify over prompt + the tokens before it (no prefill, no commits).
@@ -45,8 +45,8 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "quant/quant.h"
-#include "spec/spec.h"
-#include "spec/spec_impl.h"
+#include "decode/decode.h"
+#include "decode/decode_impl.h"
 #include "text/text.h"
 
 #define MAX_GEN 64
@@ -193,14 +193,14 @@ static int on_token(void *ud, int32_t token, const char *bytes, size_t len) {
     return c->stop_after && c->n == c->stop_after;
 }
 
-static em_spec_params greedy(int n_max) {
-    em_spec_params p = { .n_max = n_max, .ignore_eog = true };
+static em_decode_params greedy(int n_max) {
+    em_decode_params p = { .n_max = n_max, .ignore_eog = true };
     p.sampling.temperature = 0;
     return p;
 }
 
-static em_spec_params sampled(int n_max, uint64_t seed, int top_k) {
-    em_spec_params p = { .n_max = n_max, .ignore_eog = true };
+static em_decode_params sampled(int n_max, uint64_t seed, int top_k) {
+    em_decode_params p = { .n_max = n_max, .ignore_eog = true };
     p.sampling = (em_sampler_params){ .temperature = 1.0f, .top_k = top_k, .top_p = 1.0f, .min_p = 0, .seed = seed };
     return p;
 }
@@ -215,9 +215,9 @@ static int32_t *chat_prompt(const char *text, int *n) {
     return ids;
 }
 
-static void run_loop(em_spec *s, const int32_t *prompt, int n_prompt, const em_spec_params *p, collect *c,
-                     em_spec_result *r) {
-    OK(em_spec_generate(s, prompt, n_prompt, p, on_token, c, r, E));
+static void run_loop(em_decode *s, const int32_t *prompt, int n_prompt, const em_decode_params *p, collect *c,
+                     em_decode_result *r) {
+    OK(em_decode_generate(s, prompt, n_prompt, p, on_token, c, r, E));
     assert_int_equal(r->n_gen, c->n);
     assert_int_equal(r->n_prompt, n_prompt);
 }
@@ -227,17 +227,17 @@ static void run_loop(em_spec *s, const int32_t *prompt, int n_prompt, const em_s
 static void test_greedy_chain(void **state) {
     (void)state;
     NEED_MODEL();
-    em_spec *s;
-    em_spec_opts o = { .tok = g_tok };
-    OK(em_spec_create(&s, g_t, &o, E));
+    em_decode *s;
+    em_decode_opts o = { .tok = g_tok };
+    OK(em_decode_create(&s, g_t, &o, E));
     int n_prompt;
     int32_t *prompt = chat_prompt("Hello, who are you?", &n_prompt);
-    em_spec_params p = greedy(20);
+    em_decode_params p = greedy(20);
     collect c = { 0 };
-    em_spec_result r;
+    em_decode_result r;
     run_loop(s, prompt, n_prompt, &p, &c, &r);
     assert_int_equal(c.n, 20);
-    assert_int_equal(r.finish, EM_SPEC_LENGTH);
+    assert_int_equal(r.finish, EM_DECODE_LENGTH);
     check_greedy_chain(prompt, n_prompt, c.ids, c.n);
     /* plain decoding: one row per pass, every commit from the log */
     assert_int_equal(r.passes, 19);
@@ -260,19 +260,19 @@ static void test_greedy_chain(void **state) {
     run_loop(s, plain, 3, &p, &c3, &r);
     check_greedy_chain(plain, 3, c3.ids, c3.n);
     free(prompt);
-    em_spec_free(s);
+    em_decode_free(s);
 }
 
 static void test_sampling(void **state) {
     (void)state;
     NEED_MODEL();
-    em_spec *s;
-    OK(em_spec_create(&s, g_t, &(em_spec_opts){ .tok = g_tok }, E));
+    em_decode *s;
+    OK(em_decode_create(&s, g_t, &(em_decode_opts){ .tok = g_tok }, E));
     int n_prompt;
     int32_t *prompt = chat_prompt("Tell me a story.", &n_prompt);
-    em_spec_params p = sampled(16, 42, 0);
+    em_decode_params p = sampled(16, 42, 0);
     collect a = { 0 }, b = { 0 }, d = { 0 };
-    em_spec_result r;
+    em_decode_result r;
     run_loop(s, prompt, n_prompt, &p, &a, &r);
     run_loop(s, prompt, n_prompt, &p, &b, &r);
     assert_int_equal(a.n, 16);
@@ -282,7 +282,7 @@ static void test_sampling(void **state) {
     assert_int_equal(d.n, 16);
     assert_true(memcmp(a.ids, d.ids, 16 * sizeof *a.ids) != 0);
     /* differs from greedy too (the random model's rows are far from one-hot) */
-    em_spec_params gp = greedy(16);
+    em_decode_params gp = greedy(16);
     collect gr = { 0 };
     run_loop(s, prompt, n_prompt, &gp, &gr, &r);
     assert_true(memcmp(a.ids, gr.ids, 16 * sizeof *a.ids) != 0);
@@ -305,7 +305,7 @@ static void test_sampling(void **state) {
     }
     free(seq);
     free(prompt);
-    em_spec_free(s);
+    em_decode_free(s);
 }
 
 /* A tokenizer like g_tok whose eos is eos: the tokenizer keys copied into a new GGUF. */
@@ -337,16 +337,16 @@ static void test_stopping(void **state) {
     (void)state;
     NEED_MODEL();
     int32_t prompt[4] = { 72, 316, 111, 259 };
-    em_spec *s;
-    OK(em_spec_create(&s, g_t, &(em_spec_opts){ .tok = g_tok }, E));
-    em_spec_result r;
+    em_decode *s;
+    OK(em_decode_create(&s, g_t, &(em_decode_opts){ .tok = g_tok }, E));
+    em_decode_result r;
 
     /* n_max */
-    em_spec_params p = greedy(5);
+    em_decode_params p = greedy(5);
     collect c = { 0 };
     run_loop(s, prompt, 4, &p, &c, &r);
     assert_int_equal(c.n, 5);
-    assert_int_equal(r.finish, EM_SPEC_LENGTH);
+    assert_int_equal(r.finish, EM_DECODE_LENGTH);
     assert_int_equal(r.passes, 4);
     p = greedy(1);
     collect one = { 0 };
@@ -361,9 +361,9 @@ static void test_stopping(void **state) {
     run_loop(s, prompt, 4, &p, &st, &r);
     assert_int_equal(st.n, 3);
     assert_int_equal(st.calls_after_stop, 0);
-    assert_int_equal(r.finish, EM_SPEC_STOPPED);
+    assert_int_equal(r.finish, EM_DECODE_STOPPED);
     assert_memory_equal(st.ids, c.ids, 3 * sizeof *c.ids);
-    em_spec_free(s);
+    em_decode_free(s);
 
     /* end of generation: a tokenizer whose eos is the chain's 4th token (when the first three
      * are different from it) */
@@ -373,13 +373,13 @@ static void test_stopping(void **state) {
         fail_msg("the fixture's greedy chain repeats early; pick another prompt for this test");
     em_tok *t = tok_with_eos(eos);
     assert_true(em_tok_is_eog(t, eos));
-    OK(em_spec_create(&s, g_t, &(em_spec_opts){ .tok = t }, E));
+    OK(em_decode_create(&s, g_t, &(em_decode_opts){ .tok = t }, E));
     p = greedy(10);
     p.ignore_eog = false;
     collect e = { 0 };
     run_loop(s, prompt, 4, &p, &e, &r);
     assert_int_equal(e.n, 3);
-    assert_int_equal(r.finish, EM_SPEC_EOG);
+    assert_int_equal(r.finish, EM_DECODE_EOG);
     assert_int_equal(r.passes, 3); /* the third pass gave the EOG token */
     assert_memory_equal(e.ids, c.ids, 3 * sizeof *c.ids);
     p.ignore_eog = true;
@@ -387,9 +387,9 @@ static void test_stopping(void **state) {
     collect ig = { 0 };
     run_loop(s, prompt, 4, &p, &ig, &r);
     assert_int_equal(ig.n, 5);
-    assert_int_equal(r.finish, EM_SPEC_LENGTH);
+    assert_int_equal(r.finish, EM_DECODE_LENGTH);
     assert_memory_equal(ig.ids, c.ids, 5 * sizeof *c.ids);
-    em_spec_free(s);
+    em_decode_free(s);
     em_tok_free(t);
 }
 
@@ -398,50 +398,50 @@ static void test_context_fills(void **state) {
     NEED_MODEL();
     em_target *t;
     OK(em_model_open(&t, g_model, &(em_model_opts){ .n_threads = 2, .n_ctx = 8 }, E));
-    em_spec *s;
-    OK(em_spec_create(&s, t, &(em_spec_opts){ .tok = g_tok }, E));
+    em_decode *s;
+    OK(em_decode_create(&s, t, &(em_decode_opts){ .tok = g_tok }, E));
     int32_t prompt[9] = { 72, 316, 111, 259, 263, 117, 115, 260, 72 };
-    em_spec_params p = greedy(50);
-    em_spec_result r;
+    em_decode_params p = greedy(50);
+    em_decode_result r;
 
     /* 5 prompt tokens in 8 positions: the prefill's token and 3 more passes */
     collect c = { 0 };
     run_loop(s, prompt, 5, &p, &c, &r);
     assert_int_equal(c.n, 4);
-    assert_int_equal(r.finish, EM_SPEC_LENGTH);
+    assert_int_equal(r.finish, EM_DECODE_LENGTH);
     check_greedy_chain(prompt, 5, c.ids, c.n);
     /* a prompt that fills the context still gives the token after it */
     collect full = { 0 };
     run_loop(s, prompt, 8, &p, &full, &r);
     assert_int_equal(full.n, 1);
-    assert_int_equal(r.finish, EM_SPEC_LENGTH);
+    assert_int_equal(r.finish, EM_DECODE_LENGTH);
 
     /* one token too many is an error that says so */
     em_err err = { 0 };
     collect none = { 0 };
-    assert_int_equal(em_spec_generate(s, prompt, 9, &p, on_token, &none, &r, &err), EM_EINVAL);
+    assert_int_equal(em_decode_generate(s, prompt, 9, &p, on_token, &none, &r, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "9 tokens"));
     assert_non_null(strstr(err.msg, "context of 8"));
     assert_int_equal(none.n, 0);
-    em_spec_free(s);
+    em_decode_free(s);
     em_target_close(t);
 }
 
 static void test_streamed_text(void **state) {
     (void)state;
     NEED_MODEL();
-    em_spec *s;
-    OK(em_spec_create(&s, g_t, &(em_spec_opts){ .tok = g_tok }, E));
+    em_decode *s;
+    OK(em_decode_create(&s, g_t, &(em_decode_opts){ .tok = g_tok }, E));
     int n_prompt;
     int32_t *prompt = chat_prompt("Write something.", &n_prompt);
     /* several seeds at a high temperature: byte tokens cut UTF-8 sequences, control tokens
      * come up; the concatenation must still be the decode of the ids */
     int held = 0;
     for (uint64_t seed = 1; seed <= 6; seed++) {
-        em_spec_params p = sampled(MAX_GEN, seed, 0);
+        em_decode_params p = sampled(MAX_GEN, seed, 0);
         p.sampling.temperature = 2.0f;
         collect c = { 0 };
-        em_spec_result r;
+        em_decode_result r;
         run_loop(s, prompt, n_prompt, &p, &c, &r);
         char *want;
         size_t len;
@@ -453,62 +453,62 @@ static void test_streamed_text(void **state) {
         free(want);
     }
     assert_true(held > 0); /* the held-back path was exercised */
-    em_spec_free(s);
+    em_decode_free(s);
 
     /* no tokenizer: tokens but no text, and EOG ids are not known */
-    OK(em_spec_create(&s, g_t, NULL, E));
-    em_spec_params p = greedy(6);
+    OK(em_decode_create(&s, g_t, NULL, E));
+    em_decode_params p = greedy(6);
     p.ignore_eog = false;
     collect c = { 0 };
-    em_spec_result r;
+    em_decode_result r;
     run_loop(s, prompt, n_prompt, &p, &c, &r);
     assert_int_equal(c.n, 6);
     assert_int_equal(c.len, 0);
     assert_int_equal(c.flush_calls, 0);
     /* and no callback at all */
-    OK(em_spec_generate(s, prompt, n_prompt, &p, NULL, NULL, &r, E));
+    OK(em_decode_generate(s, prompt, n_prompt, &p, NULL, NULL, &r, E));
     assert_int_equal(r.n_gen, 6);
     free(prompt);
-    em_spec_free(s);
+    em_decode_free(s);
 }
 
 static void test_errors(void **state) {
     (void)state;
     NEED_MODEL();
     em_err err = { 0 };
-    em_spec *s = NULL;
-    assert_int_equal(em_spec_create(&s, g_t, &(em_spec_opts){ .verify_width = 4 }, &err), EM_EINVAL);
+    em_decode *s = NULL;
+    assert_int_equal(em_decode_create(&s, g_t, &(em_decode_opts){ .verify_width = 4 }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "drafter"));
     assert_null(s);
-    assert_int_equal(em_spec_create(&s, g_t, &(em_spec_opts){ .verify_width = -1 }, &err), EM_EINVAL);
-    OK(em_spec_create(&s, g_t, &(em_spec_opts){ .tok = g_tok, .verify_width = 1 }, E));
+    assert_int_equal(em_decode_create(&s, g_t, &(em_decode_opts){ .verify_width = -1 }, &err), EM_EINVAL);
+    OK(em_decode_create(&s, g_t, &(em_decode_opts){ .tok = g_tok, .verify_width = 1 }, E));
 
     int32_t prompt[3] = { 72, 316, 111 };
-    em_spec_result r;
+    em_decode_result r;
     collect c = { 0 };
-    em_spec_params p = greedy(4);
+    em_decode_params p = greedy(4);
     int32_t bad[3] = { 72, 512, 111 };
-    assert_int_equal(em_spec_generate(s, bad, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
+    assert_int_equal(em_decode_generate(s, bad, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "512"));
     bad[1] = -1;
-    assert_int_equal(em_spec_generate(s, bad, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
+    assert_int_equal(em_decode_generate(s, bad, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "-1"));
-    assert_int_equal(em_spec_generate(s, prompt, 0, &p, on_token, &c, &r, &err), EM_EINVAL);
+    assert_int_equal(em_decode_generate(s, prompt, 0, &p, on_token, &c, &r, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "empty"));
     p.n_max = 0;
-    assert_int_equal(em_spec_generate(s, prompt, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
+    assert_int_equal(em_decode_generate(s, prompt, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "n_max"));
     p = greedy(4);
     p.sampling.temperature = NAN;
-    assert_int_equal(em_spec_generate(s, prompt, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
+    assert_int_equal(em_decode_generate(s, prompt, 3, &p, on_token, &c, &r, &err), EM_EINVAL);
     assert_int_equal(c.n, 0);
 
     /* the session still works, from an empty sequence */
     p = greedy(4);
     run_loop(s, prompt, 3, &p, &c, &r);
     check_greedy_chain(prompt, 3, c.ids, c.n);
-    em_spec_free(s);
-    em_spec_free(NULL);
+    em_decode_free(s);
+    em_decode_free(NULL);
 }
 
 /* ==== speculation (issue 6) ================================================================= */
@@ -525,13 +525,13 @@ static void test_ring(void **state) {
     const int types[4] = { EM_TYPE_F32, EM_TYPE_F16, EM_TYPE_BF16, EM_TYPE_Q8_0 };
     const size_t bytes[4] = { NF * 4, NF * 2, NF * 2, 4 * 34 };
     for (int t = 0; t < 4; t++) {
-        em_spec_ring *r;
-        OK(em_spec_ring_create(&r, NF, CAP, types[t], E));
-        assert_int_equal(em_spec_ring_row_bytes(r), bytes[t]);
-        OK(em_spec_ring_push(r, 0, rows[0], 3, E));
-        OK(em_spec_ring_push(r, 3, rows[3], 4, E)); /* wraps: positions 2..6 held */
-        assert_int_equal(em_spec_ring_end(r), 7);
-        OK(em_spec_ring_read(r, 2, 5, back[2], E));
+        em_decode_ring *r;
+        OK(em_decode_ring_create(&r, NF, CAP, types[t], E));
+        assert_int_equal(em_decode_ring_row_bytes(r), bytes[t]);
+        OK(em_decode_ring_push(r, 0, rows[0], 3, E));
+        OK(em_decode_ring_push(r, 3, rows[3], 4, E)); /* wraps: positions 2..6 held */
+        assert_int_equal(em_decode_ring_end(r), 7);
+        OK(em_decode_ring_read(r, 2, 5, back[2], E));
         for (int i = 2; i < N; i++) {
             for (int b = 0; b < NF; b += 32) { /* per 32-value block: the type's own error bound */
                 float amax = 0;
@@ -548,29 +548,29 @@ static void test_ring(void **state) {
         }
         /* out of the held window, or not in order: refused with a message */
         em_err err = { 0 };
-        assert_int_equal(em_spec_ring_read(r, 1, 2, back[0], &err), EM_EINVAL);
+        assert_int_equal(em_decode_ring_read(r, 1, 2, back[0], &err), EM_EINVAL);
         assert_non_null(strstr(err.msg, "[2, 7)"));
-        assert_int_equal(em_spec_ring_read(r, 5, 3, back[0], &err), EM_EINVAL);
-        assert_int_equal(em_spec_ring_push(r, 9, rows[0], 1, &err), EM_EINVAL);
+        assert_int_equal(em_decode_ring_read(r, 5, 3, back[0], &err), EM_EINVAL);
+        assert_int_equal(em_decode_ring_push(r, 9, rows[0], 1, &err), EM_EINVAL);
         assert_non_null(strstr(err.msg, "next position is 7"));
         /* more rows than the ring holds in one push: the last CAP stay */
-        em_spec_ring_reset(r);
-        OK(em_spec_ring_push(r, 0, rows[0], N, E));
-        OK(em_spec_ring_read(r, N - CAP, CAP, back[0], E));
+        em_decode_ring_reset(r);
+        OK(em_decode_ring_push(r, 0, rows[0], N, E));
+        OK(em_decode_ring_read(r, N - CAP, CAP, back[0], E));
         if (types[t] == EM_TYPE_F32) assert_memory_equal(back[0], rows[N - CAP], sizeof(float) * NF * CAP);
-        em_spec_ring_free(r);
+        em_decode_ring_free(r);
     }
-    em_spec_ring *r = NULL;
+    em_decode_ring *r = NULL;
     em_err err = { 0 };
-    assert_int_equal(em_spec_ring_create(&r, NF, CAP, EM_TYPE_Q4_0, &err), EM_EINVAL);
-    assert_int_equal(em_spec_ring_create(&r, 0, CAP, EM_TYPE_F32, &err), EM_EINVAL);
+    assert_int_equal(em_decode_ring_create(&r, NF, CAP, EM_TYPE_Q4_0, &err), EM_EINVAL);
+    assert_int_equal(em_decode_ring_create(&r, 0, CAP, EM_TYPE_F32, &err), EM_EINVAL);
     assert_null(r);
     /* names of --feature-dtype */
-    assert_int_equal(em_spec_feature_type("f32"), EM_TYPE_F32);
-    assert_int_equal(em_spec_feature_type("f16"), EM_TYPE_F16);
-    assert_int_equal(em_spec_feature_type("bf16"), EM_TYPE_BF16);
-    assert_int_equal(em_spec_feature_type("q8_0"), EM_TYPE_Q8_0);
-    assert_int_equal(em_spec_feature_type("q4_0"), -1);
+    assert_int_equal(em_decode_feature_type("f32"), EM_TYPE_F32);
+    assert_int_equal(em_decode_feature_type("f16"), EM_TYPE_F16);
+    assert_int_equal(em_decode_feature_type("bf16"), EM_TYPE_BF16);
+    assert_int_equal(em_decode_feature_type("q8_0"), EM_TYPE_Q8_0);
+    assert_int_equal(em_decode_feature_type("q4_0"), -1);
 }
 
 /* Cost curves for the scheduler. */
@@ -767,15 +767,15 @@ static void test_accept_greedy(void **state) {
     int32_t next, am[4]; /* the rows' argmaxes as the target gives them (em_rows.argmax) */
     for (int i = 0; i < 4; i++) am[i] = em_argmax(rows[i], V);
     int32_t all[3] = { 1, 3, 0 };
-    assert_int_equal(em_spec_accept_greedy(am, all, 3, &next), 3);
+    assert_int_equal(em_decode_accept_greedy(am, all, 3, &next), 3);
     assert_int_equal(next, 2); /* the bonus: argmax of row 3 */
     int32_t second_wrong[3] = { 1, 4, 0 };
-    assert_int_equal(em_spec_accept_greedy(am, second_wrong, 3, &next), 1);
+    assert_int_equal(em_decode_accept_greedy(am, second_wrong, 3, &next), 1);
     assert_int_equal(next, 3); /* the target's token at the rejected slot */
     int32_t first_wrong[3] = { 2, 3, 0 };
-    assert_int_equal(em_spec_accept_greedy(am, first_wrong, 3, &next), 0);
+    assert_int_equal(em_decode_accept_greedy(am, first_wrong, 3, &next), 0);
     assert_int_equal(next, 1);
-    assert_int_equal(em_spec_accept_greedy(am, all, 0, &next), 0);
+    assert_int_equal(em_decode_accept_greedy(am, all, 0, &next), 0);
     assert_int_equal(next, 1);
 }
 
@@ -823,8 +823,8 @@ static void test_accept_sample_unit(void **state) {
     em_sampler_params sp = { .temperature = 0.9f, .top_k = 3, .top_p = 1.0f, .min_p = 0, .seed = 3 };
     em_sampler *s;
     OK(em_sampler_create(&s, &sp, V, E));
-    em_spec_accept *a;
-    OK(em_spec_accept_create(&a, V, E));
+    em_decode_accept *a;
+    OK(em_decode_accept_create(&a, V, E));
     em_sample_dist pt, dd[K];
     OK(em_sample_dist_init(&pt, V, E));
     for (int k = 0; k < K; k++) OK(em_sample_dist_init(&dd[k], V, E));
@@ -841,7 +841,7 @@ static void test_accept_sample_unit(void **state) {
                 d[k] = em_sampler_draw(s, &dd[k]);
             }
             em_err err = { 0 };
-            int acc = em_spec_accept_sample(a, s, &rows[0][0], d, dd, K, &next, &err);
+            int acc = em_decode_accept_sample(a, s, &rows[0][0], d, dd, K, &next, &err);
             assert_true(acc >= 0 && acc <= K);
             n_acc[acc]++;
             count[acc ? d[0] : next]++;
@@ -855,7 +855,7 @@ static void test_accept_sample_unit(void **state) {
     }
     em_sample_dist_free(&pt);
     for (int k = 0; k < K; k++) em_sample_dist_free(&dd[k]);
-    em_spec_accept_free(a);
+    em_decode_accept_free(a);
     em_sampler_free(s);
 }
 
@@ -1026,16 +1026,16 @@ static int32_t *concat(const int32_t *a, int na, const int32_t *b, int nb) {
 }
 
 /* Runs the loop on target with drafter d (NULL: plain) and options; returns the result. */
-static em_spec_result gen_with(em_target *target, em_drafter *d, int width, int ftype, const int32_t *prompt,
-                               int n_prompt, const em_spec_params *p, collect *c) {
-    em_spec *s;
-    em_spec_opts o = { .tok = g_tok, .drafter = d, .verify_width = width, .feature_type = ftype };
-    OK(em_spec_create(&s, target, &o, E));
-    em_spec_result r;
+static em_decode_result gen_with(em_target *target, em_drafter *d, int width, int ftype, const int32_t *prompt,
+                               int n_prompt, const em_decode_params *p, collect *c) {
+    em_decode *s;
+    em_decode_opts o = { .tok = g_tok, .drafter = d, .verify_width = width, .feature_type = ftype };
+    OK(em_decode_create(&s, target, &o, E));
+    em_decode_result r;
     run_loop(s, prompt, n_prompt, p, c, &r);
-    em_spec_free(s);
+    em_decode_free(s);
     uint64_t hist = 0;
-    for (int i = 0; i < EM_SPEC_MAX_WIDTH; i++) hist += r.accept_hist[i];
+    for (int i = 0; i < EM_DECODE_MAX_WIDTH; i++) hist += r.accept_hist[i];
     assert_int_equal(hist, r.passes);
     assert_int_equal(r.full_replays, 0);
     assert_int_equal(r.failed_fallbacks, 0);
@@ -1060,7 +1060,7 @@ static int32_t *make_prompt(int i, int *n) {
 
 /* The plain greedy continuation of prompt on target (n tokens). */
 static void plain_greedy(em_target *target, const int32_t *prompt, int n_prompt, int n, collect *c) {
-    em_spec_params p = greedy(n);
+    em_decode_params p = greedy(n);
     gen_with(target, NULL, 0, 0, prompt, n_prompt, &p, c);
     assert_int_equal(c->n, n);
 }
@@ -1069,7 +1069,7 @@ static void plain_greedy(em_target *target, const int32_t *prompt, int n_prompt,
 
 #define GEN_N 24
 
-static void test_spec_greedy_identity(void **state) {
+static void test_decode_greedy_identity(void **state) {
     (void)state;
     NEED_MODEL();
     em_target *plain[3] = { g_t, g_q8, g_c }, *feat[3] = { g_tf, g_q8f, g_cf };
@@ -1087,9 +1087,9 @@ static void test_spec_greedy_identity(void **state) {
                 /* the oracle without a confidence head: the whole block every pass */
                 tdraft *d = td_create(mode, feat[m], 7, mode != TD_ORACLE, 5 + (uint64_t)i);
                 d->truth = truth, d->n_truth = n_prompt + ref.n;
-                em_spec_params p = greedy(GEN_N);
+                em_decode_params p = greedy(GEN_N);
                 collect c = { 0 };
-                em_spec_result r = gen_with(feat[m], &d->base, 0, 0, prompt, n_prompt, &p, &c);
+                em_decode_result r = gen_with(feat[m], &d->base, 0, 0, prompt, n_prompt, &p, &c);
                 if (c.n != ref.n || memcmp(c.ids, ref.ids, sizeof c.ids))
                     fail_msg("%s prompt %d drafter %d: speculative output differs from plain", names[m], i, mode);
                 if (mode == TD_ORACLE) { /* every draft stands: passes of the whole block */
@@ -1113,7 +1113,7 @@ static void test_spec_greedy_identity(void **state) {
             random_width / (3 * N_PROMPTS), (unsigned long long)oracle_passes, 3 * N_PROMPTS);
 }
 
-static void test_spec_widths_and_dtypes(void **state) {
+static void test_decode_widths_and_dtypes(void **state) {
     (void)state;
     NEED_MODEL();
     int n_prompt;
@@ -1132,9 +1132,9 @@ static void test_spec_widths_and_dtypes(void **state) {
         for (int mode = TD_ORACLE; mode <= TD_RANDOM; mode++) {
             tdraft *d = td_create(mode, g_tf, 7, true, 77 + (uint64_t)w);
             d->truth = truth, d->n_truth = n_all;
-            em_spec_params p = greedy(GEN_N);
+            em_decode_params p = greedy(GEN_N);
             collect c = { 0 };
-            em_spec_result r = gen_with(g_tf, &d->base, w, 0, prompt, n_prompt, &p, &c);
+            em_decode_result r = gen_with(g_tf, &d->base, w, 0, prompt, n_prompt, &p, &c);
             if (memcmp(c.ids, ref.ids, sizeof c.ids)) fail_msg("width %d drafter %d: output differs from plain", w, mode);
             assert_true(r.mean_verify_width <= w + 1e-9);
             if (mode == TD_ORACLE) { /* the whole width every pass but the last (n_max) */
@@ -1153,7 +1153,7 @@ static void test_spec_widths_and_dtypes(void **state) {
             tdraft *d = td_create(mode, g_tf, 7, true, 99);
             d->truth = truth, d->n_truth = n_all;
             d->ref_feats = feats, d->n_ref = n_all;
-            em_spec_params p = greedy(GEN_N);
+            em_decode_params p = greedy(GEN_N);
             collect c = { 0 };
             gen_with(g_tf, &d->base, 0, types[t], prompt, n_prompt, &p, &c);
             if (memcmp(c.ids, ref.ids, sizeof c.ids))
@@ -1173,7 +1173,7 @@ static void test_spec_widths_and_dtypes(void **state) {
 }
 
 /* Stops land exactly inside a block: n_max, the callback's stop, an end-of-generation token. */
-static void test_spec_stops(void **state) {
+static void test_decode_stops(void **state) {
     (void)state;
     NEED_MODEL();
     int32_t prompt[4] = { 72, 316, 111, 259 };
@@ -1183,11 +1183,11 @@ static void test_spec_stops(void **state) {
     for (int n = 1; n <= 10; n++) { /* n_max anywhere in the block */
         tdraft *d = td_create(TD_ORACLE, g_tf, 7, true, 1);
         d->truth = truth, d->n_truth = 4 + ref.n;
-        em_spec_params p = greedy(n);
+        em_decode_params p = greedy(n);
         collect c = { 0 };
-        em_spec_result r = gen_with(g_tf, &d->base, 0, 0, prompt, 4, &p, &c);
+        em_decode_result r = gen_with(g_tf, &d->base, 0, 0, prompt, 4, &p, &c);
         assert_int_equal(c.n, n);
-        assert_int_equal(r.finish, EM_SPEC_LENGTH);
+        assert_int_equal(r.finish, EM_DECODE_LENGTH);
         assert_memory_equal(c.ids, ref.ids, (size_t)n * sizeof *c.ids);
         assert_int_equal(r.drafted + r.passes, n - 1); /* nothing verified past n_max */
         d->base.ops->close(&d->base);
@@ -1195,12 +1195,12 @@ static void test_spec_stops(void **state) {
     for (int stop = 1; stop <= 6; stop++) { /* the callback's stop */
         tdraft *d = td_create(TD_ORACLE, g_tf, 7, true, 1);
         d->truth = truth, d->n_truth = 4 + ref.n;
-        em_spec_params p = greedy(12);
+        em_decode_params p = greedy(12);
         collect c = { .stop_after = stop };
-        em_spec_result r = gen_with(g_tf, &d->base, 0, 0, prompt, 4, &p, &c);
+        em_decode_result r = gen_with(g_tf, &d->base, 0, 0, prompt, 4, &p, &c);
         assert_int_equal(c.n, stop);
         assert_int_equal(c.calls_after_stop, 0);
-        assert_int_equal(r.finish, EM_SPEC_STOPPED);
+        assert_int_equal(r.finish, EM_DECODE_STOPPED);
         d->base.ops->close(&d->base);
     }
     /* end of generation: eos is the chain's 4th token, which the oracle proposes mid-block */
@@ -1209,18 +1209,18 @@ static void test_spec_stops(void **state) {
     em_tok *t = tok_with_eos(eos);
     tdraft *d = td_create(TD_ORACLE, g_tf, 7, true, 1);
     d->truth = truth, d->n_truth = 4 + ref.n;
-    em_spec *s;
-    OK(em_spec_create(&s, g_tf, &(em_spec_opts){ .tok = t, .drafter = &d->base }, E));
-    em_spec_params p = greedy(12);
+    em_decode *s;
+    OK(em_decode_create(&s, g_tf, &(em_decode_opts){ .tok = t, .drafter = &d->base }, E));
+    em_decode_params p = greedy(12);
     p.ignore_eog = false;
     collect c = { 0 };
-    em_spec_result r;
+    em_decode_result r;
     run_loop(s, prompt, 4, &p, &c, &r);
     assert_int_equal(c.n, 3);
-    assert_int_equal(r.finish, EM_SPEC_EOG);
+    assert_int_equal(r.finish, EM_DECODE_EOG);
     assert_int_equal(r.passes, 1); /* one block held the EOG token */
     assert_memory_equal(c.ids, ref.ids, 3 * sizeof *c.ids);
-    em_spec_free(s);
+    em_decode_free(s);
     em_tok_free(t);
     d->base.ops->close(&d->base);
     free(truth);
@@ -1234,7 +1234,7 @@ typedef struct proxy {
     double fixed, per_row; /* cost(n) = fixed + per_row * n */
     bool log;
     float *rows;           /* the last verify's logits [n][n_vocab] (the caller's, or own) */
-    float *own;            /* [EM_SPEC_MAX_WIDTH][n_vocab]: logits the log needs when the caller
+    float *own;            /* [EM_DECODE_MAX_WIDTH][n_vocab]: logits the log needs when the caller
                               asked only for argmaxes (a greedy loop) */
     int n_rows;
     float *committed;      /* [cap][n_vocab]: logits of committed verify rows, by position */
@@ -1252,8 +1252,8 @@ static int proxy_verify(em_target *t, const int32_t *tok, int n, const em_rows *
     proxy *p = (proxy *)t;
     em_rows in = *out; /* what the caller asked for, plus every row's logits for the log */
     if (p->log && !in.logits) {
-        assert_true(n <= EM_SPEC_MAX_WIDTH && !in.logit_rows);
-        if (!p->own) assert_non_null(p->own = malloc((size_t)EM_SPEC_MAX_WIDTH * (size_t)t->info.n_vocab * sizeof(float)));
+        assert_true(n <= EM_DECODE_MAX_WIDTH && !in.logit_rows);
+        if (!p->own) assert_non_null(p->own = malloc((size_t)EM_DECODE_MAX_WIDTH * (size_t)t->info.n_vocab * sizeof(float)));
         in.logits = p->own;
     }
     int rc = em_target_verify(p->in, tok, n, &in, err);
@@ -1312,12 +1312,12 @@ static void proxy_init(proxy *p, em_target *in, double fixed, double per_row) {
  * old per-slot callbacks (draft_oldpath.h): the same tokens, passes, widths, drafts and
  * acceptances. */
 static void expect_as_oldpath(em_target *t, em_drafter *d, em_drafter *d_old, int width, const int32_t *prompt,
-                              int n_prompt, const em_spec_params *p, const char *what) {
+                              int n_prompt, const em_decode_params *p, const char *what) {
     collect a = { 0 }, b = { 0 };
-    em_spec_result ra = gen_with(t, d, width, EM_TYPE_F32, prompt, n_prompt, p, &a);
+    em_decode_result ra = gen_with(t, d, width, EM_TYPE_F32, prompt, n_prompt, p, &a);
     oldpath op;
     oldpath_wrap(&op, d_old, t);
-    em_spec_result rb = gen_with(t, &op.base, width, EM_TYPE_F32, prompt, n_prompt, p, &b);
+    em_decode_result rb = gen_with(t, &op.base, width, EM_TYPE_F32, prompt, n_prompt, p, &b);
     if (a.n != b.n || memcmp(a.ids, b.ids, (size_t)a.n * sizeof a.ids[0]))
         fail_msg("%s: the in-drafter chain's tokens differ from the old callbacks'", what);
     assert_int_equal(ra.passes, rb.passes);
@@ -1329,7 +1329,7 @@ static void expect_as_oldpath(em_target *t, em_drafter *d, em_drafter *d_old, in
 
 /* test drafters (which leave the keep test to the loop's re-walk) on a proxy target whose
  * linear cost stops blocks at varied widths, greedy and seeded sampling, twins per run */
-static void test_spec_chain_as_oldpath(void **state) {
+static void test_decode_chain_as_oldpath(void **state) {
     (void)state;
     NEED_MODEL();
     for (int i = 0; i < 4; i++) {
@@ -1343,7 +1343,7 @@ static void test_spec_chain_as_oldpath(void **state) {
             plain_greedy(g_t, prompt, n_prompt, 40, &truth);
             int32_t *seq = concat(prompt, n_prompt, truth.ids, truth.n);
             d->truth = twin->truth = seq, d->n_truth = twin->n_truth = n_prompt + truth.n;
-            em_spec_params p = i % 2 ? greedy(30) : sampled(30, 40 + (uint64_t)i, 0);
+            em_decode_params p = i % 2 ? greedy(30) : sampled(30, 40 + (uint64_t)i, 0);
             expect_as_oldpath(&px.base, &d->base, &twin->base, 0, prompt, n_prompt, &p, "test drafter");
             d->base.ops->close(&d->base);
             twin->base.ops->close(&twin->base);
@@ -1356,7 +1356,7 @@ static void test_spec_chain_as_oldpath(void **state) {
 /* After any accept pattern, the logits of every committed row equal those of one fresh
  * full-sequence verify (so the committed KDA/MLA state is plain decoding's), and every commit
  * was fast. */
-static void test_spec_commit_state(void **state) {
+static void test_decode_commit_state(void **state) {
     (void)state;
     NEED_MODEL();
     int V = em_target_get_info(g_tf)->n_vocab;
@@ -1373,9 +1373,9 @@ static void test_spec_commit_state(void **state) {
             tdraft *d = td_create(mode, g_tf, 7, true, 31 + (uint64_t)i);
             d->n_prompt = n_prompt;
             d->noise = 0.5f; /* TD_NOISY without a table: mostly noise, some acceptance by chance */
-            em_spec_params p = i % 2 ? greedy(40) : sampled(40, 9 + (uint64_t)i, 0);
+            em_decode_params p = i % 2 ? greedy(40) : sampled(40, 9 + (uint64_t)i, 0);
             collect c = { 0 };
-            em_spec_result r = gen_with(&px.base, &d->base, 0, 0, prompt, n_prompt, &p, &c);
+            em_decode_result r = gen_with(&px.base, &d->base, 0, 0, prompt, n_prompt, &p, &c);
             assert_true(r.fast_commits > 0);
             assert_int_equal(r.full_replays, 0);
             /* committed rows: positions n_prompt .. n_prompt + n_logged - 1, tokens gen[0..) */
@@ -1481,14 +1481,14 @@ static void lossless_case(const char *name, em_target *target, const exact *x, c
     d->n_prompt = n_prompt;
     d->table = x->rows, d->n_table = x->n_rows;
     d->noise = 1.5f; /* the draft distribution differs from the target's */
-    em_spec *s;
-    OK(em_spec_create(&s, target, &(em_spec_opts){ .drafter = &d->base, .verify_width = width }, E));
+    em_decode *s;
+    OK(em_decode_create(&s, target, &(em_decode_opts){ .drafter = &d->base, .verify_width = width }, E));
     uint64_t drafted = 0, accepted = 0, widths[5] = { 0 }, outside = 0;
     for (int run = 0; run < LL_RUNS; run++) {
-        em_spec_params p = { .n_max = 4, .ignore_eog = true, .sampling = *sp };
+        em_decode_params p = { .n_max = 4, .ignore_eog = true, .sampling = *sp };
         p.sampling.seed = 1 + (uint64_t)run;
         collect c = { 0 };
-        em_spec_result r;
+        em_decode_result r;
         run_loop(s, prompt, n_prompt, &p, &c, &r);
         assert_int_equal(c.n, 4);
         drafted += r.drafted, accepted += r.accepted;
@@ -1510,12 +1510,12 @@ static void lossless_case(const char *name, em_target *target, const exact *x, c
     if (x2 > chi2_crit(df)) fail_msg("%s: chi-square %.1f over %d dof exceeds %.1f", name, x2, df, chi2_crit(df));
     assert_true(tv < 0.1); /* sampling noise alone gives about 0.04 at these counts */
     assert_true(accepted > drafted / 10 && accepted < drafted); /* both paths ran: acceptance and residual */
-    em_spec_free(s);
+    em_decode_free(s);
     d->base.ops->close(&d->base);
     free(count);
 }
 
-static void test_spec_lossless(void **state) {
+static void test_decode_lossless(void **state) {
     (void)state;
     NEED_MODEL();
     int32_t prompt[4] = { 72, 316, 111, 259 };
@@ -1539,53 +1539,53 @@ static void test_spec_lossless(void **state) {
 
 /* ---- bad input ------------------------------------------------------------------------------- */
 
-static void test_spec_bad_input(void **state) {
+static void test_decode_bad_input(void **state) {
     (void)state;
     NEED_MODEL();
     em_err err = { 0 };
-    em_spec *s = NULL;
+    em_decode *s = NULL;
     tdraft *d = td_create(TD_RANDOM, g_tf, 7, true, 1);
     /* the target captures no features */
-    assert_int_equal(em_spec_create(&s, g_t, &(em_spec_opts){ .drafter = &d->base }, &err), EM_EINVAL);
+    assert_int_equal(em_decode_create(&s, g_t, &(em_decode_opts){ .drafter = &d->base }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "captures no features"));
     /* features of another width (one tap instead of two) */
     d->base.info.n_feat = 96, d->base.info.n_taps = 1;
-    assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = &d->base }, &err), EM_EINVAL);
+    assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .drafter = &d->base }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "96 features"));
     assert_non_null(strstr(err.msg, "192"));
     d->base.info.n_feat = 192, d->base.info.n_taps = 2;
     /* another vocabulary */
     d->base.info.n_vocab = 1000;
-    assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = &d->base }, &err), EM_EINVAL);
+    assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .drafter = &d->base }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "vocabulary"));
     d->base.info.n_vocab = 512;
     /* widths out of range */
-    assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = &d->base, .verify_width = 9 }, &err),
+    assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .drafter = &d->base, .verify_width = 9 }, &err),
                      EM_EINVAL);
     assert_non_null(strstr(err.msg, "7 drafts"));
-    assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = &d->base, .verify_width = -2 }, &err),
+    assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .drafter = &d->base, .verify_width = -2 }, &err),
                      EM_EINVAL);
-    assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .verify_width = 2 }, &err), EM_EINVAL);
+    assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .verify_width = 2 }, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "drafter"));
     em_target *narrow;
     OK(em_model_open(&narrow, g_model, &(em_model_opts){ .n_threads = 1, .max_verify = 4, .feature_layers = g_taps,
                                                           .n_feature_layers = N_TAPS }, E));
-    assert_int_equal(em_spec_create(&s, narrow, &(em_spec_opts){ .drafter = &d->base, .verify_width = 6 }, &err),
+    assert_int_equal(em_decode_create(&s, narrow, &(em_decode_opts){ .drafter = &d->base, .verify_width = 6 }, &err),
                      EM_EINVAL);
     assert_non_null(strstr(err.msg, "4 rows"));
     /* automatic width on that target: at most its 4 fast rows, never a replay */
-    OK(em_spec_create(&s, narrow, &(em_spec_opts){ .drafter = &d->base }, E));
+    OK(em_decode_create(&s, narrow, &(em_decode_opts){ .drafter = &d->base }, E));
     int32_t prompt[3] = { 72, 316, 111 };
-    em_spec_params p = greedy(20);
+    em_decode_params p = greedy(20);
     collect c = { 0 };
-    em_spec_result r;
+    em_decode_result r;
     run_loop(s, prompt, 3, &p, &c, &r);
     assert_int_equal(r.full_replays, 0);
     assert_true(r.mean_verify_width <= 4);
-    em_spec_free(s);
+    em_decode_free(s);
     em_target_close(narrow);
     /* a feature type the ring does not store */
-    assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = &d->base, .feature_type = EM_TYPE_Q4_0 },
+    assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .drafter = &d->base, .feature_type = EM_TYPE_Q4_0 },
                                     &err), EM_EINVAL);
     assert_null(s);
     d->base.ops->close(&d->base);
@@ -1604,7 +1604,7 @@ static void open_pair(const char *path, em_target **t, em_drafter **d) {
     OK(em_draft_open(d, path, &shared, &(em_draft_opts){ .n_threads = 1 }, E));
 }
 
-static void test_spec_dspark_fixtures(void **state) {
+static void test_decode_dspark_fixtures(void **state) {
     (void)state;
     NEED_MODEL();
     static const char *const names[] = { "dspark_deepspec", "dspark_deepspec_gated", "dspark_specforge",
@@ -1628,9 +1628,9 @@ static void test_spec_dspark_fixtures(void **state) {
             const int types[4] = { EM_TYPE_F32, EM_TYPE_F16, EM_TYPE_BF16, EM_TYPE_Q8_0 };
             for (int w = 0; w <= di->n_drafts + 1; w++) {
                 if (w > 1 && w % 4 != i) continue;
-                em_spec_params p = greedy(GEN_N);
+                em_decode_params p = greedy(GEN_N);
                 collect c = { 0 };
-                em_spec_result r = gen_with(t, d, w, types[(w + i) % 4], prompt, n_prompt, &p, &c);
+                em_decode_result r = gen_with(t, d, w, types[(w + i) % 4], prompt, n_prompt, &p, &c);
                 if (memcmp(c.ids, ref.ids, sizeof c.ids))
                     fail_msg("%s prompt %d width %d: speculative output differs from plain", names[f], 2 * i, w);
                 drafted += r.drafted, accepted += r.accepted;
@@ -1640,7 +1640,7 @@ static void test_spec_dspark_fixtures(void **state) {
         }
         /* sampling runs, reproducibly per seed */
         int32_t prompt[4] = { 72, 316, 111, 259 };
-        em_spec_params p = sampled(20, 5, 0);
+        em_decode_params p = sampled(20, 5, 0);
         collect a = { 0 }, b = { 0 };
         gen_with(t, d, 0, EM_TYPE_F32, prompt, 4, &p, &a);
         gen_with(t, d, 0, EM_TYPE_F32, prompt, 4, &p, &b);
@@ -1648,7 +1648,7 @@ static void test_spec_dspark_fixtures(void **state) {
         assert_memory_equal(a.ids, b.ids, sizeof a.ids);
         /* the chain inside the drafter (keep test included) against the old callbacks */
         for (int i = 0; i < 3; i++) {
-            em_spec_params q = i == 1 ? greedy(GEN_N) : sampled(GEN_N, 60 + (uint64_t)i, i ? 8 : 0);
+            em_decode_params q = i == 1 ? greedy(GEN_N) : sampled(GEN_N, 60 + (uint64_t)i, i ? 8 : 0);
             int n_prompt;
             int32_t *pr = make_prompt(2 * i + 1, &n_prompt);
             expect_as_oldpath(t, d, d, 0, pr, n_prompt, &q, names[f]);
@@ -1661,8 +1661,8 @@ static void test_spec_dspark_fixtures(void **state) {
         /* a target capturing other layers does not fit this drafter */
         if (di->n_feat != em_target_get_info(g_tf)->n_feat) {
             em_err err = { 0 };
-            em_spec *s = NULL;
-            assert_int_equal(em_spec_create(&s, g_tf, &(em_spec_opts){ .drafter = d }, &err), EM_EINVAL);
+            em_decode *s = NULL;
+            assert_int_equal(em_decode_create(&s, g_tf, &(em_decode_opts){ .drafter = d }, &err), EM_EINVAL);
             assert_non_null(strstr(err.msg, "does not fit"));
         }
         em_draft_close(d);
@@ -1672,7 +1672,7 @@ static void test_spec_dspark_fixtures(void **state) {
 
 /* A prompt of several prefill chunks: the drafter catches up after each chunk (the ring holds
  * only one chunk), and the speculative output still equals plain decoding. */
-static void test_spec_long_prompt(void **state) {
+static void test_decode_long_prompt(void **state) {
     (void)state;
     NEED_MODEL();
     char path[600];
@@ -1687,8 +1687,8 @@ static void test_spec_long_prompt(void **state) {
     for (int j = 0; j < N_LONG; j++) prompt[j] = (int32_t)(em_test_rand(&rng) % 470);
     collect ref = { 0 }, c = { 0 };
     plain_greedy(g_t, prompt, N_LONG, GEN_N, &ref);
-    em_spec_params p = greedy(GEN_N);
-    em_spec_result r = gen_with(t, d, 0, EM_TYPE_Q8_0, prompt, N_LONG, &p, &c);
+    em_decode_params p = greedy(GEN_N);
+    em_decode_result r = gen_with(t, d, 0, EM_TYPE_Q8_0, prompt, N_LONG, &p, &c);
     assert_int_equal(r.n_prompt, N_LONG);
     assert_memory_equal(c.ids, ref.ids, sizeof c.ids);
     assert_true(r.drafted > 0);
@@ -1702,12 +1702,12 @@ int main(void) {
         cmocka_unit_test(test_stopping),      cmocka_unit_test(test_context_fills),
         cmocka_unit_test(test_streamed_text), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_ring),          cmocka_unit_test(test_schedule), cmocka_unit_test(test_schedule_incremental),
-        cmocka_unit_test(test_chain_rules),   cmocka_unit_test(test_spec_chain_as_oldpath),
+        cmocka_unit_test(test_chain_rules),   cmocka_unit_test(test_decode_chain_as_oldpath),
         cmocka_unit_test(test_accept_greedy), cmocka_unit_test(test_accept_sample_unit),
-        cmocka_unit_test(test_spec_greedy_identity), cmocka_unit_test(test_spec_widths_and_dtypes),
-        cmocka_unit_test(test_spec_stops),    cmocka_unit_test(test_spec_commit_state),
-        cmocka_unit_test(test_spec_lossless), cmocka_unit_test(test_spec_bad_input),
-        cmocka_unit_test(test_spec_dspark_fixtures), cmocka_unit_test(test_spec_long_prompt),
+        cmocka_unit_test(test_decode_greedy_identity), cmocka_unit_test(test_decode_widths_and_dtypes),
+        cmocka_unit_test(test_decode_stops),    cmocka_unit_test(test_decode_commit_state),
+        cmocka_unit_test(test_decode_lossless), cmocka_unit_test(test_decode_bad_input),
+        cmocka_unit_test(test_decode_dspark_fixtures), cmocka_unit_test(test_decode_long_prompt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,4 @@
-/* format/hfconfig: Hugging Face config.json files parsed into typed structs.
+/* convert/hfconfig: Hugging Face config.json files parsed into typed structs.
  *
  * Two kinds are understood:
  *   - target models: model_type "kimi_linear" (Moonshot remote code and transformers-5
@@ -15,8 +15,8 @@
  * are accepted; two spellings present with different values are an error naming both.
  * Duplicate JSON keys are an error. Field names in messages are as written in the file,
  * with "text_config." or "dflash_config." prefixes where they live there. */
-#ifndef EM_FORMAT_HFCONFIG_H
-#define EM_FORMAT_HFCONFIG_H
+#ifndef EM_CONVERT_HFCONFIG_H
+#define EM_CONVERT_HFCONFIG_H
 
 #include "base/base.h"
 #include "format/safetensors.h"

@@ -1,19 +1,19 @@
-/* spec/: the ONE decode loop (draft -> schedule -> verify -> accept -> commit) over any target
+/* decode/: the ONE decode loop (draft -> schedule -> verify -> accept -> commit) over any target
  * behind model/model.h and any drafter behind draft/draft.h. Plain decoding is the same loop
  * with no drafter (verify width 1). The feature ring (the target's captured features for the
  * drafter's context), confidence/cost scheduling, greedy acceptance and lossless speculative
- * rejection sampling live in spec/ (spec_impl.h); callers (ember run, ember serve) see only
+ * rejection sampling live in decode/ (decode_impl.h); callers (ember run, ember serve) see only
  * this header.
  *
  * A session owns one target's sequence (and borrows the drafter's context): each
- * em_spec_generate call starts from an empty sequence (target, drafter and ring reset), feeds
+ * em_decode_generate call starts from an empty sequence (target, drafter and ring reset), feeds
  * the prompt (prefill), then generates until an end-of-generation token, n_max tokens, a stop
  * request from the callback, a full context, or an error. A pass may commit several tokens;
  * the callback still sees them one by one and nothing past the token that ends the call.
  * Greedy speculative output is token-identical to plain greedy output; sampled output has
  * exactly the target's (filtered) distribution, reproducible per seed. */
-#ifndef EM_SPEC_H
-#define EM_SPEC_H
+#ifndef EM_DECODE_H
+#define EM_DECODE_H
 
 #include "base/base.h"
 #include "draft/draft.h"
@@ -21,9 +21,9 @@
 #include "sample/sample.h"
 #include "text/text.h"
 
-typedef struct em_spec em_spec;
+typedef struct em_decode em_decode;
 
-typedef struct em_spec_opts {
+typedef struct em_decode_opts {
     const em_tok *tok;    /* for end-of-generation ids and streamed text; may be NULL */
     em_drafter *drafter;  /* borrowed; NULL: plain decoding (verify width 1). Its vocabulary
                              and n_feat must equal the target's (the target opened with the
@@ -34,45 +34,45 @@ typedef struct em_spec_opts {
                              per pass (confidence scheduling with the target's cost; the whole
                              block without a confidence head); 1..n_drafts+1 (and at most the
                              target's max_verify) fixes it; > 1 needs a drafter */
-} em_spec_opts;
+} em_decode_opts;
 
 /* The feature type for a --feature-dtype name (f32, f16, bf16, q8_0); -1 when unknown. */
-int em_spec_feature_type(const char *name);
+int em_decode_feature_type(const char *name);
 
-typedef struct em_spec_params {
+typedef struct em_decode_params {
     em_sampler_params sampling;
     int n_max;            /* tokens to generate at most (>= 1) */
     bool ignore_eog;      /* keep going past end-of-generation tokens */
-} em_spec_params;
+} em_decode_params;
 
 /* Called for every committed token, in order. bytes/len: the text it completes (UTF-8, held
  * back across incomplete sequences; may be empty). Return nonzero to stop generating (a client
- * that went away): generation then ends within this step with finish EM_SPEC_STOPPED.
- * The end-of-generation token that ends a call (EM_SPEC_EOG) is not passed (nor counted in
+ * that went away): generation then ends within this step with finish EM_DECODE_STOPPED.
+ * The end-of-generation token that ends a call (EM_DECODE_EOG) is not passed (nor counted in
  * n_gen). Bytes still held back at the end (a UTF-8 sequence the tokens left unfinished) come
  * in one last call with token -1 (its return value is ignored). Text skips control tokens. */
-typedef int (*em_spec_on_token)(void *ud, int32_t token, const char *bytes, size_t len);
+typedef int (*em_decode_on_token)(void *ud, int32_t token, const char *bytes, size_t len);
 
-enum em_spec_finish { EM_SPEC_EOG = 0, EM_SPEC_LENGTH, EM_SPEC_STOPPED };
+enum em_decode_finish { EM_DECODE_EOG = 0, EM_DECODE_LENGTH, EM_DECODE_STOPPED };
 
-#define EM_SPEC_MAX_WIDTH (EM_DRAFT_MAX_BLOCK + 1) /* rows one verify may take */
+#define EM_DECODE_MAX_WIDTH (EM_DRAFT_MAX_BLOCK + 1) /* rows one verify may take */
 
-typedef struct em_spec_result {
+typedef struct em_decode_result {
     int n_prompt, n_gen;
-    enum em_spec_finish finish;
+    enum em_decode_finish finish;
     double prompt_seconds, gen_seconds;
     /* speculation counters (zero drafted while plain) */
     uint64_t passes, drafted, accepted;  /* target verifies; drafts verified; drafts accepted */
     uint64_t fast_commits, full_replays, failed_fallbacks;
-    uint64_t accept_hist[EM_SPEC_MAX_WIDTH]; /* [i]: passes that accepted i drafts */
+    uint64_t accept_hist[EM_DECODE_MAX_WIDTH]; /* [i]: passes that accepted i drafts */
     double mean_verify_width;  /* rows per verify (1 while plain; 0 without a pass) */
     double draft_seconds;      /* in the drafter (context extension + proposals), part of the
                                   prompt and generation times */
-} em_spec_result;
+} em_decode_result;
 
-int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, em_err *err);
-void em_spec_free(em_spec *s);
-int em_spec_generate(em_spec *s, const int32_t *prompt, int n_prompt, const em_spec_params *p,
-                     em_spec_on_token on_token, void *ud, em_spec_result *res, em_err *err);
+int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *opts, em_err *err);
+void em_decode_free(em_decode *s);
+int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const em_decode_params *p,
+                     em_decode_on_token on_token, void *ud, em_decode_result *res, em_err *err);
 
 #endif

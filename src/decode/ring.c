@@ -1,4 +1,4 @@
-/* spec/ring.c: the feature ring. Holds the target's captured features (its tap layers'
+/* decode/ring.c: the feature ring. Holds the target's captured features (its tap layers'
  * outputs, concatenated) for the most recent `cap` committed positions, in one storage type
  * chosen at create (F32, F16, BF16 or Q8_0), so the drafter's context can be extended from
  * rows the target computed during its own verify/prefill, never from an extra pass.
@@ -8,14 +8,14 @@
  * padding zero) quantized with quant/ (bit-identical to ggml's from_float), so reading it back
  * is em_dequantize of the slot. The two scratch rows are the only buffers besides storage:
  * nothing is allocated after create. Must not: know the drafter or the target. */
-#include "spec/spec_impl.h"
+#include "decode/decode_impl.h"
 
 #include "quant/quant.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-struct em_spec_ring {
+struct em_decode_ring {
     int type;
     int n_feat;
     int row_vals;      /* n_feat rounded up to the type's block size */
@@ -30,7 +30,7 @@ static bool type_allowed(int type) {
     return type == EM_TYPE_F32 || type == EM_TYPE_F16 || type == EM_TYPE_BF16 || type == EM_TYPE_Q8_0;
 }
 
-int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_err *err) {
+int em_decode_ring_create(em_decode_ring **out, int n_feat, int cap, int type, em_err *err) {
     *out = NULL;
     if (n_feat < 1 || cap < 1)
         return em_err_set(err, EM_EINVAL, "feature ring: %d floats per row, %d rows (both must be >= 1)", n_feat, cap);
@@ -43,7 +43,7 @@ int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_er
     if (rc) return em_err_prefix(err, "feature ring");
     if (em_mul_overflow(row_bytes, (uint64_t)cap, &total) || total > SIZE_MAX || vals > INT32_MAX)
         return em_err_set(err, EM_EOVERFLOW, "feature ring: %d rows of %d features do not fit in memory", cap, n_feat);
-    em_spec_ring *r = em_calloc(1, sizeof *r, "feature ring", err);
+    em_decode_ring *r = em_calloc(1, sizeof *r, "feature ring", err);
     if (!r) return EM_ENOMEM;
     r->type = type;
     r->n_feat = n_feat;
@@ -53,7 +53,7 @@ int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_er
     r->data = em_malloc((size_t)total, "feature ring rows", err);
     r->pad = r->data ? em_calloc((size_t)vals, sizeof *r->pad, "feature ring row", err) : NULL;
     if (!r->pad) {
-        em_spec_ring_free(r);
+        em_decode_ring_free(r);
         return EM_ENOMEM;
     }
     /* written once now: a decode loop writes every slot within its first cap positions, and
@@ -64,24 +64,24 @@ int em_spec_ring_create(em_spec_ring **out, int n_feat, int cap, int type, em_er
     return EM_OK;
 }
 
-void em_spec_ring_free(em_spec_ring *r) {
+void em_decode_ring_free(em_decode_ring *r) {
     if (!r) return;
     free(r->data);
     free(r->pad);
     free(r);
 }
 
-void em_spec_ring_reset(em_spec_ring *r) { r->end = 0; }
+void em_decode_ring_reset(em_decode_ring *r) { r->end = 0; }
 
-int64_t em_spec_ring_end(const em_spec_ring *r) { return r->end; }
+int64_t em_decode_ring_end(const em_decode_ring *r) { return r->end; }
 
-size_t em_spec_ring_row_bytes(const em_spec_ring *r) { return r->row_bytes; }
+size_t em_decode_ring_row_bytes(const em_decode_ring *r) { return r->row_bytes; }
 
-static uint8_t *slot(const em_spec_ring *r, int64_t pos) {
+static uint8_t *slot(const em_decode_ring *r, int64_t pos) {
     return r->data + (size_t)(pos % r->cap) * r->row_bytes;
 }
 
-static int store_row(em_spec_ring *r, int64_t pos, const float *row, em_err *err) {
+static int store_row(em_decode_ring *r, int64_t pos, const float *row, em_err *err) {
     if (r->type == EM_TYPE_F32) {
         memcpy(slot(r, pos), row, (size_t)r->n_feat * sizeof *row);
         return EM_OK;
@@ -90,7 +90,7 @@ static int store_row(em_spec_ring *r, int64_t pos, const float *row, em_err *err
     return em_quantize(r->type, r->pad, slot(r, pos), r->row_vals, err);
 }
 
-int em_spec_ring_push(em_spec_ring *r, int64_t pos, const float *rows, int n, em_err *err) {
+int em_decode_ring_push(em_decode_ring *r, int64_t pos, const float *rows, int n, em_err *err) {
     if (n < 0 || (n > 0 && !rows))
         return em_err_set(err, EM_EINVAL, "feature ring: push of %d rows%s", n, rows ? "" : " from NULL");
     if (pos != r->end)
@@ -106,7 +106,7 @@ int em_spec_ring_push(em_spec_ring *r, int64_t pos, const float *rows, int n, em
     return EM_OK;
 }
 
-int em_spec_ring_read(em_spec_ring *r, int64_t pos, int n, float *out, em_err *err) {
+int em_decode_ring_read(em_decode_ring *r, int64_t pos, int n, float *out, em_err *err) {
     int64_t held_from = r->end > r->cap ? r->end - r->cap : 0;
     if (n < 0 || (n > 0 && !out) || pos < held_from || pos > r->end - n)
         return em_err_set(err, EM_EINVAL, "feature ring: read of %d rows at position %lld, but it holds [%lld, %lld)", n,

@@ -1,4 +1,4 @@
-/* spec/loop.c: the ONE decode loop behind spec.h. A generate call resets the target (and the
+/* decode/loop.c: the ONE decode loop behind decode.h. A generate call resets the target (and the
  * drafter and feature ring), prefills the prompt in chunks (features of every prompt row into
  * the ring when there is a drafter), takes the first token from the last row, then runs steps
  *
@@ -38,8 +38,8 @@
  *
  * Must not: know any architecture (only model.h and draft.h), or keep state between generate
  * calls beyond its buffers. */
-#include "spec/spec.h"
-#include "spec/spec_impl.h"
+#include "decode/decode.h"
+#include "decode/decode_impl.h"
 
 #include "quant/quant.h"
 
@@ -49,7 +49,7 @@
 
 #define PREFILL_CHUNK 128 /* prompt rows per prefill call (and per drafter context extension) */
 
-struct em_spec {
+struct em_decode {
     em_target *target;
     em_drafter *drafter;   /* NULL: plain decoding */
     const em_tok *tok;     /* NULL: no end-of-generation ids, no text */
@@ -66,24 +66,24 @@ struct em_spec {
     int32_t *out;          /* [max_width]: the tokens a step emits (accepted drafts, then next) */
     float *conf;           /* [max_width - 1]: confidence logits of the proposed slots */
     em_sample_dist *dists; /* [max_width - 1]: the distribution each draft was drawn from */
-    em_spec_ring *ring;
-    em_spec_accept *accept;
+    em_decode_ring *ring;
+    em_decode_accept *accept;
 };
 
 /* One generate call's state. */
 typedef struct gen {
-    em_spec *s;
+    em_decode *s;
     em_sampler *sampler;
     bool greedy;
-    const em_spec_params *p;
-    em_spec_on_token on_token;
+    const em_decode_params *p;
+    em_decode_on_token on_token;
     void *ud;
-    em_spec_result *res;
+    em_decode_result *res;
     uint64_t rows_verified;
     bool done;
 } gen;
 
-int em_spec_feature_type(const char *name) {
+int em_decode_feature_type(const char *name) {
     static const struct { const char *name; int type; } types[] = {
         { "f32", EM_TYPE_F32 }, { "f16", EM_TYPE_F16 }, { "bf16", EM_TYPE_BF16 }, { "q8_0", EM_TYPE_Q8_0 },
     };
@@ -113,7 +113,7 @@ static int check_drafter(const em_target_info *ti, const em_draft_info *di, em_e
 }
 
 /* Rows per verify: the fixed width when given (checked), else the drafter's block. */
-static int resolve_width(const em_spec_opts *o, const em_target_info *ti, int *fixed, int *max_width, em_err *err) {
+static int resolve_width(const em_decode_opts *o, const em_target_info *ti, int *fixed, int *max_width, em_err *err) {
     int w = o->verify_width;
     if (w < 0) return em_err_set(err, EM_EINVAL, "spec: verify width %d is negative", w);
     if (!o->drafter) {
@@ -144,7 +144,7 @@ static int alloc_array(void **p, uint64_t count, size_t size, const char *what, 
     return *p ? EM_OK : EM_ENOMEM;
 }
 
-static int alloc_buffers(em_spec *s, const em_spec_opts *o, em_err *err) {
+static int alloc_buffers(em_decode *s, const em_decode_opts *o, em_err *err) {
     int n_slots = s->max_width - 1;
     int rc = alloc_array((void **)&s->logits, (uint64_t)s->max_width * (uint64_t)s->n_vocab, sizeof(float),
                          "decode loop logits", err);
@@ -162,15 +162,15 @@ static int alloc_buffers(em_spec *s, const em_spec_opts *o, em_err *err) {
     for (int k = 0; !rc && k < n_slots; k++) rc = em_sample_dist_init(&s->dists[k], s->n_vocab, err);
     /* the drafter catches up after every prefill chunk and every commit, so the ring needs to
      * hold only one of either (not the context: 190 MB of F32 for a real Kimi drafter) */
-    if (!rc) rc = em_spec_ring_create(&s->ring, s->n_feat, s->feat_rows, o->feature_type, err);
-    if (!rc) rc = em_spec_accept_create(&s->accept, s->n_vocab, err);
+    if (!rc) rc = em_decode_ring_create(&s->ring, s->n_feat, s->feat_rows, o->feature_type, err);
+    if (!rc) rc = em_decode_accept_create(&s->accept, s->n_vocab, err);
     return rc;
 }
 
-int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, em_err *err) {
+int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *opts, em_err *err) {
     *out = NULL;
     if (!target) return em_err_set(err, EM_EINVAL, "spec: no target");
-    em_spec_opts o = opts ? *opts : (em_spec_opts){ 0 };
+    em_decode_opts o = opts ? *opts : (em_decode_opts){ 0 };
     const em_target_info *info = em_target_get_info(target);
     if (info->n_vocab < 1) return em_err_set(err, EM_EINVAL, "spec: the target has no vocabulary");
     int t = o.feature_type;
@@ -181,7 +181,7 @@ int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, e
     if (!rc) rc = resolve_width(&o, info, &fixed, &max_width, err);
     if (rc) return rc;
 
-    em_spec *s = em_calloc(1, sizeof *s, "decode loop", err);
+    em_decode *s = em_calloc(1, sizeof *s, "decode loop", err);
     if (!s) return EM_ENOMEM;
     s->target = target;
     s->drafter = max_width > 1 ? o.drafter : NULL; /* width 1 never drafts */
@@ -193,20 +193,20 @@ int em_spec_create(em_spec **out, em_target *target, const em_spec_opts *opts, e
     rc = alloc_buffers(s, &o, err);
     if (!rc && s->tok) rc = em_tok_stream_create(&s->stream, s->tok, EM_TOK_STREAM_SKIP_SPECIAL, err);
     if (rc) {
-        em_spec_free(s);
+        em_decode_free(s);
         return rc;
     }
     *out = s;
     return EM_OK;
 }
 
-void em_spec_free(em_spec *s) {
+void em_decode_free(em_decode *s) {
     if (!s) return;
     em_tok_stream_free(s->stream);
     for (int k = 0; s->dists && k < s->max_width - 1; k++) em_sample_dist_free(&s->dists[k]);
     free(s->dists);
-    em_spec_ring_free(s->ring);
-    em_spec_accept_free(s->accept);
+    em_decode_ring_free(s->ring);
+    em_decode_accept_free(s->accept);
     free(s->logits);
     free(s->argmax);
     free(s->feats);
@@ -216,7 +216,7 @@ void em_spec_free(em_spec *s) {
     free(s);
 }
 
-static int check_call(const em_spec *s, const int32_t *prompt, int n_prompt, const em_spec_params *p,
+static int check_call(const em_decode *s, const int32_t *prompt, int n_prompt, const em_decode_params *p,
                       em_err *err) {
     if (!s || !p) return em_err_set(err, EM_EINVAL, "generate: no %s", s ? "parameters" : "session");
     if (p->n_max < 1) return em_err_set(err, EM_EINVAL, "generate: n_max is %d; it must be at least 1", p->n_max);
@@ -238,13 +238,13 @@ static int check_call(const em_spec *s, const int32_t *prompt, int n_prompt, con
 
 /* Extends the drafter's context with the ring's rows up to the target's position. */
 static int sync_drafter(gen *g, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     em_drafter *d = s->drafter;
     int64_t want = em_target_position(s->target);
     while (d->info.n_ctx < want) {
         int64_t have = d->info.n_ctx;
         int n = want - have < s->feat_rows ? (int)(want - have) : s->feat_rows;
-        int rc = em_spec_ring_read(s->ring, have, n, s->feats, err);
+        int rc = em_decode_ring_read(s->ring, have, n, s->feats, err);
         if (!rc) rc = em_draft_add_context(d, s->feats, n, err);
         if (rc) return em_err_prefix(err, "drafter context at position %lld", (long long)have);
         if (d->info.n_ctx != have + n)
@@ -281,7 +281,7 @@ static void sched_params(const pass_cost *c, int want, em_draft_sched_params *p)
 
 /* Drafts (into rows 1..) and chooses how many to verify (<= limit - 1); returns K. */
 static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     em_drafter *d = s->drafter;
     double t0 = em_time_now();
     int rc = sync_drafter(g, err);
@@ -309,15 +309,15 @@ static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
 
 /* How many drafts stand and the token after them (*next), from the verified rows. */
 static int accept_rows(gen *g, int K, int32_t *next, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     if (!g->greedy) {
         if (K == 0) {
             int rc = em_sampler_sample(g->sampler, s->logits, next, err);
             return rc ? rc : 0;
         }
-        return em_spec_accept_sample(s->accept, g->sampler, s->logits, s->rows + 1, s->dists, K, next, err);
+        return em_decode_accept_sample(s->accept, g->sampler, s->logits, s->rows + 1, s->dists, K, next, err);
     }
-    int acc = em_spec_accept_greedy(s->argmax, s->rows + 1, K, next);
+    int acc = em_decode_accept_greedy(s->argmax, s->rows + 1, K, next);
     if (*next < 0)
         return em_err_set(err, EM_EINVAL, "decode: verified row %d has no usable logit (all NaN or -inf)", acc);
     return acc;
@@ -325,9 +325,9 @@ static int accept_rows(gen *g, int K, int32_t *next, em_err *err) {
 
 /* Hands one token to the caller; ends the call on end of generation, n_max or a stop. */
 static int emit(gen *g, int32_t id, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     if (s->tok && !g->p->ignore_eog && em_tok_is_eog(s->tok, id)) {
-        g->res->finish = EM_SPEC_EOG;
+        g->res->finish = EM_DECODE_EOG;
         g->done = true;
         return EM_OK;
     }
@@ -339,10 +339,10 @@ static int emit(gen *g, int32_t id, em_err *err) {
     }
     g->res->n_gen++;
     if (g->on_token && g->on_token(g->ud, id, bytes, n)) {
-        g->res->finish = EM_SPEC_STOPPED;
+        g->res->finish = EM_DECODE_STOPPED;
         g->done = true;
     } else if (g->res->n_gen >= g->p->n_max) {
-        g->res->finish = EM_SPEC_LENGTH;
+        g->res->finish = EM_DECODE_LENGTH;
         g->done = true;
     }
     return EM_OK;
@@ -350,11 +350,11 @@ static int emit(gen *g, int32_t id, em_err *err) {
 
 /* One pass of the target: anchor (+ drafts) in, the accepted tokens and the next anchor out. */
 static int step(gen *g, int32_t *anchor, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     int64_t pos = em_target_position(s->target);
     int64_t limit = (int64_t)em_target_get_info(s->target)->n_ctx - pos; /* rows that fit */
     if (limit < 1) { /* the context is full: nothing more can be verified */
-        g->res->finish = EM_SPEC_LENGTH;
+        g->res->finish = EM_DECODE_LENGTH;
         g->done = true;
         return EM_OK;
     }
@@ -373,7 +373,7 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     int n_acc = accept_rows(g, K, &next, err);
     if (n_acc < 0) return n_acc;
     rc = em_target_commit(s->target, 1 + n_acc, err);
-    if (!rc && s->drafter) rc = em_spec_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
+    if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
     if (rc) return rc;
 
     g->rows_verified += (uint64_t)(K + 1);
@@ -393,14 +393,14 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
 /* The prompt in chunks: the last chunk's last row (its argmax when greedy, else its logits),
  * every row's features. */
 static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     for (int r0 = 0; r0 < n_prompt; r0 += PREFILL_CHUNK) {
         int m = n_prompt - r0 < PREFILL_CHUNK ? n_prompt - r0 : PREFILL_CHUNK;
         const bool last = r0 + m == n_prompt;
         em_rows rows = { .logits = last && !g->greedy ? s->logits : NULL, .argmax = last && g->greedy ? s->argmax : NULL,
                          .last_only = true, .features = s->drafter ? s->feats : NULL };
         int rc = em_target_prefill(s->target, prompt + r0, m, &rows, err);
-        if (!rc && s->drafter) rc = em_spec_ring_push(s->ring, r0, s->feats, m, err);
+        if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, r0, s->feats, m, err);
         if (!rc && s->drafter) {
             double t0 = em_time_now();
             rc = sync_drafter(g, err);
@@ -412,7 +412,7 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
 }
 
 static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
-    em_spec *s = g->s;
+    em_decode *s = g->s;
     double t0 = em_time_now();
     int rc = prefill(g, prompt, n_prompt, err);
     double t1 = em_time_now();
@@ -428,9 +428,9 @@ static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     return rc;
 }
 
-int em_spec_generate(em_spec *s, const int32_t *prompt, int n_prompt, const em_spec_params *p,
-                     em_spec_on_token on_token, void *ud, em_spec_result *res, em_err *err) {
-    em_spec_result local;
+int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const em_decode_params *p,
+                     em_decode_on_token on_token, void *ud, em_decode_result *res, em_err *err) {
+    em_decode_result local;
     if (!res) res = &local;
     memset(res, 0, sizeof *res);
     res->n_prompt = n_prompt;
@@ -446,7 +446,7 @@ int em_spec_generate(em_spec *s, const int32_t *prompt, int n_prompt, const em_s
     em_target_reset(s->target);
     if (s->drafter) {
         em_draft_reset(s->drafter);
-        em_spec_ring_reset(s->ring);
+        em_decode_ring_reset(s->ring);
     }
     em_target_stats before = s->target->stats;
 

@@ -1,4 +1,4 @@
-/* format/hftokenizer: Hugging Face tokenizer files read into the vocabulary that llama.cpp's
+/* convert/hftokenizer: Hugging Face tokenizer files read into the vocabulary that llama.cpp's
  * GGUF tokenizer keys need (`tokenizer.ggml.*`), as llama.cpp's converter would write them
  * (convert_hf_to_gguf.py: TextModel.get_vocab_base, KimiLinearModel.set_vocab,
  * KimiK3Model.set_vocab, gguf-py SpecialVocab). Two sources are understood, looked for in
@@ -64,9 +64,11 @@
  * token's text; tokenizer_class, when stated, must be TikTokenTokenizer.
  *
  * Every error names the file and what is wrong (line numbers for tiktoken.model, the JSON
- * path for the JSON files). */
-#ifndef EM_FORMAT_HFTOKENIZER_H
-#define EM_FORMAT_HFTOKENIZER_H
+ * path for the JSON files). Token text uses text/'s GPT-2 byte->unicode map
+ * (em_tok_byte_to_unicode, text.h). Sources: hftok_json.c, hftok_tiktoken.c; shared parts in
+ * hftokenizer.c. */
+#ifndef EM_CONVERT_HFTOKENIZER_H
+#define EM_CONVERT_HFTOKENIZER_H
 
 #include "base/base.h"
 
@@ -119,8 +121,5 @@ int em_hf_vocab_load(em_hf_vocab *v, const char *dir, int64_t vocab_size, const 
 void em_hf_vocab_free(em_hf_vocab *v);
 /* Whether dir holds tokenizer files (tokenizer.json or tiktoken.model). */
 bool em_hf_vocab_present(const char *dir);
-
-/* The GPT-2 byte->unicode map: the code point that stands for byte b in token text. */
-uint32_t em_hf_byte_to_unicode(uint8_t b);
 
 #endif

@@ -1,4 +1,4 @@
-/* format/hfconfig: config.json -> em_hf_kimi (kimi_linear, kimi_k3) or em_hf_draft (DFlash /
+/* convert/hfconfig: config.json -> em_hf_kimi (kimi_linear, kimi_k3) or em_hf_draft (DFlash /
  * DSpark drafters of four flavours).
  *
  * Invariants of a successful parse: every required field was present with the right JSON
@@ -6,7 +6,7 @@
  * layers; top-k <= experts; taps and token ids are in range. A default is applied only
  * where a comment cites the reference note that documents it. Messages name the file and
  * the field (with its "text_config." / "dflash_config." / "linear_attn_config." path). */
-#include "format/hfconfig.h"
+#include "convert/hfconfig.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* spec/accept.c: which drafts of a verified block stand, and the target's token after them.
+/* decode/accept.c: which drafts of a verified block stand, and the target's token after them.
  *
  * Greedy: the longest prefix of drafts equal to the target's argmax at their positions, then
  * the argmax of the row after it (token-identical to plain greedy decoding); the argmaxes
@@ -13,40 +13,40 @@
  * Invariants: `dense` is all zeros between calls (a rejection scatters p_d into it and clears
  * exactly those entries). Allocation only at create. Randomness only from the caller's
  * sampler (reproducible per seed). */
-#include "spec/spec_impl.h"
+#include "decode/decode_impl.h"
 
 #include <stdlib.h>
 
-struct em_spec_accept {
+struct em_decode_accept {
     int32_t n_vocab;
     em_sample_dist target; /* p_t of the row being checked */
     float *dense;          /* [n_vocab] p_d scattered by id during a residual draw; else zeros */
 };
 
-int em_spec_accept_greedy(const int32_t *argmax, const int32_t *drafts, int K, int32_t *next) {
+int em_decode_accept_greedy(const int32_t *argmax, const int32_t *drafts, int K, int32_t *next) {
     int acc = 0;
     while (acc < K && drafts[acc] == argmax[acc]) acc++;
     *next = argmax[acc];
     return acc;
 }
 
-int em_spec_accept_create(em_spec_accept **out, int32_t n_vocab, em_err *err) {
+int em_decode_accept_create(em_decode_accept **out, int32_t n_vocab, em_err *err) {
     *out = NULL;
     if (n_vocab < 1) return em_err_set(err, EM_EINVAL, "acceptance: vocabulary of %d ids", n_vocab);
-    em_spec_accept *a = em_calloc(1, sizeof *a, "acceptance", err);
+    em_decode_accept *a = em_calloc(1, sizeof *a, "acceptance", err);
     if (!a) return EM_ENOMEM;
     a->n_vocab = n_vocab;
     int rc = em_sample_dist_init(&a->target, n_vocab, err);
     if (!rc && !(a->dense = em_calloc((size_t)n_vocab, sizeof *a->dense, "acceptance scratch", err))) rc = EM_ENOMEM;
     if (rc) {
-        em_spec_accept_free(a);
+        em_decode_accept_free(a);
         return rc;
     }
     *out = a;
     return EM_OK;
 }
 
-void em_spec_accept_free(em_spec_accept *a) {
+void em_decode_accept_free(em_decode_accept *a) {
     if (!a) return;
     em_sample_dist_free(&a->target);
     free(a->dense);
@@ -54,7 +54,7 @@ void em_spec_accept_free(em_spec_accept *a) {
 }
 
 /* A draw from normalize(max(0, p_t - p_d)), p_t = a->target; p_t itself when that is empty. */
-static int32_t draw_residual(em_spec_accept *a, em_sampler *s, const em_sample_dist *pd) {
+static int32_t draw_residual(em_decode_accept *a, em_sampler *s, const em_sample_dist *pd) {
     for (int32_t i = 0; i < pd->n; i++) a->dense[pd->ids[i]] = pd->probs[i];
     const em_sample_dist *pt = &a->target;
     double total = 0;
@@ -78,7 +78,7 @@ static int32_t draw_residual(em_spec_accept *a, em_sampler *s, const em_sample_d
     return id >= 0 ? id : em_sampler_draw(s, pt);
 }
 
-int em_spec_accept_sample(em_spec_accept *a, em_sampler *s, const float *logits, const int32_t *drafts,
+int em_decode_accept_sample(em_decode_accept *a, em_sampler *s, const float *logits, const int32_t *drafts,
                           const em_sample_dist *draft_dist, int K, int32_t *next, em_err *err) {
     for (int k = 1; k <= K; k++) {
         const float *row = logits + (size_t)(k - 1) * (size_t)a->n_vocab;

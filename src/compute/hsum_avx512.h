@@ -4,7 +4,7 @@
  * much as the products. Here 16 accumulators are summed together by a transposition tree:
  * each level adds the same lane pairs, with the same operand first, as one level of the
  * single-vector sum used across compute/ and quant/ (lanes i + i+8, then i + i+4, i + i+2,
- * i + i+1, the lower lane first: hsum512_ps of quant/dot_avx512.c, dot_lanes of ops.c), so
+ * i + i+1, the lower lane first: em_hsum512_ps of quant/simd.h, dot_lanes of ops.c), so
  * every sum is bit for bit that sum (NaN payloads included), at about three vector
  * operations per output instead of eight. */
 #ifndef EM_COMPUTE_HSUM_AVX512_H

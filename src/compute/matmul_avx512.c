@@ -26,6 +26,7 @@
 
 #include "compute/hsum_avx512.h"
 #include "quant/blocks.h"
+#include "quant/simd.h"
 
 #define TILE_R 2
 #define TILE_J 4
@@ -48,18 +49,6 @@ static inline __m512 spread_pair(__m128 s, int first) {
     const __m512i idx = _mm512_set_epi32(first + 1, first + 1, first + 1, first + 1, first + 1, first + 1, first + 1,
                                          first + 1, first, first, first, first, first, first, first, first);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
-}
-
-/* The horizontal sums of quant/dot_avx512.c, in its order. */
-static inline float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hsum512_ps(__m512 v) {
-    return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
 /* One tile of R weight rows x J activation rows (R <= TILE_R, J <= TILE_J, constants at
@@ -99,7 +88,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, uint64_
     }
     UNROLL for (int r = 0; r < R; r++)
         UNROLL for (int j = 0; j < J; j++) {
-            float sum = hsum512_ps(_mm512_add_ps(acc0[r][j], acc1[r][j]));
+            float sum = em_hsum512_ps(_mm512_add_ps(acc0[r][j], acc1[r][j]));
             if (b < nb)
                 sum += tail(w + (uint64_t)r * row_bytes + (uint64_t)b * sizeof(em_block_q8_0),
                             act + (uint64_t)j * stride + (uint64_t)b * sizeof(em_block_q8_0), (nb - b) * 32);
@@ -180,7 +169,7 @@ static inline __m512i weight_pair(const em_block_q8_0 *b, __m512i *negc) {
  * A product of a few hundred columns is only a few steps of the loops above per output, so
  * the horizontal sum of each output would cost about as much as its products. Instead the
  * accumulators of RED_R outputs are kept and summed together by em_hsum512_x16 (hsum_avx512.h),
- * bit for bit hsum512_ps's sums. */
+ * bit for bit em_hsum512_ps's sums. */
 #define RED_R 16
 
 /* One weight row against J activation rows (J <= PRE_J, a constant at every call): the
@@ -319,7 +308,7 @@ static void acts_major(const uint8_t *w, uint64_t row_bytes, int64_t nr, const u
  * dpbusd(0, |x|, sign(y, x)): the same byte products summed in 32 bits, and maddubs never
  * saturates on them (|x| <= 128 and sign(y, x) >= -128 make every pair sum >= -32768 and
  * <= 32512), so they are the same integers. The horizontal sums of eight weight rows' pairs
- * are formed together (em_hsum_tree_from_halves: hsum256_ps's tree on each half). */
+ * are formed together (em_hsum_tree_from_halves: em_hsum256_ps's tree on each half). */
 static inline __m512i quants_2x(const em_block_q8_0 *a, const em_block_q8_0 *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->qs)),
                               _mm256_loadu_si256((const __m256i *)b->qs), 1);

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "compute/hsum_avx512.h"
+#include "quant/simd.h"
 
 /* Loops over a fixed set of accumulators must be unrolled, or -O2 keeps the accumulators in
  * memory and every fma waits on a store (measured 4-5x slower). */
@@ -212,14 +213,7 @@ void em_exp_shift_avx512(float *x, int64_t n, float mx) {
         const __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmx);
         const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 r = _mm512_fnmadd_ps(k, ln2lo, _mm512_fnmadd_ps(k, ln2hi, v));
-        __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        const __m512 p = EM_EXP_TAYLOR7(_mm512_fmadd_ps, _mm512_set1_ps, r);
         __m512 e = _mm512_scalef_ps(p, k);
         e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), _mm512_setzero_ps());
         e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), _mm512_set1_ps(__builtin_inff()));

@@ -22,6 +22,13 @@
 #define L "layers.{L}."
 #define A "layers.{L}.self_attn."
 #define B "blk.{L}."
+/* An attention projection [OUT x n_embd] and its bias [OUT] (optional: Qwen3 drafters have
+ * attention biases only when attention_bias is set). */
+#define PROJ_WITH_BIAS(hf, gg, OUT)                                                                \
+    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, 0, A hf ".weight", NULL, B gg ".weight",      \
+      D2(OUT, EMBD), D2(EMBD, OUT) },                                                              \
+    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_BIAS, A hf ".bias", NULL, B gg ".bias",     \
+      D1(OUT), D1(OUT) }
 
 /* Source names without the optional "model." prefix (cv_arch.optional_prefix). */
 static const cv_rule dflash_rules[] = {
@@ -34,18 +41,9 @@ static const cv_rule dflash_rules[] = {
 
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, 0, L "input_layernorm.weight", NULL,
       B "attn_norm.weight", D1(EMBD), D1(EMBD) },
-    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, 0, A "q_proj.weight", NULL,
-      B "attn_q.weight", D2(QH_OUT, EMBD), D2(EMBD, QH_OUT) },
-    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_BIAS, A "q_proj.bias", NULL,
-      B "attn_q.bias", D1(QH_OUT), D1(QH_OUT) },
-    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, 0, A "k_proj.weight", NULL,
-      B "attn_k.weight", D2(KV_OUT, EMBD), D2(EMBD, KV_OUT) },
-    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_BIAS, A "k_proj.bias", NULL,
-      B "attn_k.bias", D1(KV_OUT), D1(KV_OUT) },
-    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, 0, A "v_proj.weight", NULL,
-      B "attn_v.weight", D2(KV_OUT, EMBD), D2(EMBD, KV_OUT) },
-    { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_F32, CV_C_BIAS, A "v_proj.bias", NULL,
-      B "attn_v.bias", D1(KV_OUT), D1(KV_OUT) },
+    PROJ_WITH_BIAS("q_proj", "attn_q", QH_OUT),
+    PROJ_WITH_BIAS("k_proj", "attn_k", KV_OUT),
+    PROJ_WITH_BIAS("v_proj", "attn_v", KV_OUT),
     { CV_LAYER, CV_REQUIRED, CV_X_COPY, CV_K_MATRIX, 0, A "o_proj.weight", NULL,
       B "attn_output.weight", D2(EMBD, QH_OUT), D2(QH_OUT, EMBD) },
     /* q/k norms are stored raw: no +1 shift (the DFlash converter subclasses Qwen3) */
@@ -94,6 +92,7 @@ static const cv_rule dflash_rules[] = {
 #undef L
 #undef A
 #undef B
+#undef PROJ_WITH_BIAS
 
 static const cv_key dflash_keys[] = {
     { "{A}.context_length", CV_T_U32, CV_V_CTX },

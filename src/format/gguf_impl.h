@@ -16,6 +16,21 @@ static inline uint16_t em_gguf_ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p
 static inline uint32_t em_gguf_ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint64_t em_gguf_ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
+/* The fixed-size value types as (suffix, C type, GGUF type, em_gguf_value field): one list
+ * for the reader's typed getters and the writer's setters, so the two cannot drift apart. */
+#define EM_GGUF_FIXED_TYPES(X)              \
+    X(u8, uint8_t, EM_GGUF_U8, u)          \
+    X(i8, int8_t, EM_GGUF_I8, i)           \
+    X(u16, uint16_t, EM_GGUF_U16, u)       \
+    X(i16, int16_t, EM_GGUF_I16, i)        \
+    X(u32, uint32_t, EM_GGUF_U32, u)       \
+    X(i32, int32_t, EM_GGUF_I32, i)        \
+    X(u64, uint64_t, EM_GGUF_U64, u)       \
+    X(i64, int64_t, EM_GGUF_I64, i)        \
+    X(f32, float, EM_GGUF_F32, f32)        \
+    X(f64, double, EM_GGUF_F64, f64)       \
+    X(bool, bool, EM_GGUF_BOOL, b)
+
 /* Bytes of the file header before the first key: magic, version, n_tensors, n_kv. */
 #define EM_GGUF_HEADER_BYTES 24
 

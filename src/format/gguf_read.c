@@ -920,17 +920,7 @@ static int lookup(const em_gguf *g, const char *key, int want, em_gguf_value *v,
         return rc;                                                                                \
     }
 
-DEFINE_GETTER(u8, uint8_t, EM_GGUF_U8, u)
-DEFINE_GETTER(i8, int8_t, EM_GGUF_I8, i)
-DEFINE_GETTER(u16, uint16_t, EM_GGUF_U16, u)
-DEFINE_GETTER(i16, int16_t, EM_GGUF_I16, i)
-DEFINE_GETTER(u32, uint32_t, EM_GGUF_U32, u)
-DEFINE_GETTER(i32, int32_t, EM_GGUF_I32, i)
-DEFINE_GETTER(u64, uint64_t, EM_GGUF_U64, u)
-DEFINE_GETTER(i64, int64_t, EM_GGUF_I64, i)
-DEFINE_GETTER(f32, float, EM_GGUF_F32, f32)
-DEFINE_GETTER(f64, double, EM_GGUF_F64, f64)
-DEFINE_GETTER(bool, bool, EM_GGUF_BOOL, b)
+EM_GGUF_FIXED_TYPES(DEFINE_GETTER)
 DEFINE_GETTER(str, em_gguf_str, EM_GGUF_STR, str)
 DEFINE_GETTER(arr, const em_gguf_arr *, EM_GGUF_ARRAY, arr)
 

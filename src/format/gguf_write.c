@@ -305,44 +305,35 @@ static int add_kv(em_gguf_writer *w, const char *key, bytebuf *val, em_err *err)
     return EM_OK;
 }
 
+/* Adds the value built in b under key, or frees it when building it failed (rc). */
+static int add_built(em_gguf_writer *w, const char *key, bytebuf *b, int rc, em_err *err) {
+    if (rc) {
+        free(b->p);
+        return rc;
+    }
+    return add_kv(w, key, b, err);
+}
+
 static int set_fixed(em_gguf_writer *w, const char *key, int type, const void *v, em_err *err) {
     bytebuf b = { 0 };
     int rc = bb_u32(&b, (uint32_t)type, err);
     if (!rc) rc = bb_fixed(&b, type, v, err);
-    if (rc) {
-        free(b.p);
-        return rc;
-    }
-    return add_kv(w, key, &b, err);
+    return add_built(w, key, &b, rc, err);
 }
 
-#define DEFINE_SETTER(suffix, ctype, TYPE)                                                         \
+#define DEFINE_SETTER(suffix, ctype, TYPE, field)                                                  \
     int em_gguf_writer_set_##suffix(em_gguf_writer *w, const char *key, ctype v, em_err *err) {    \
         return set_fixed(w, key, TYPE, &v, err);                                                   \
     }
 
-DEFINE_SETTER(u8, uint8_t, EM_GGUF_U8)
-DEFINE_SETTER(i8, int8_t, EM_GGUF_I8)
-DEFINE_SETTER(u16, uint16_t, EM_GGUF_U16)
-DEFINE_SETTER(i16, int16_t, EM_GGUF_I16)
-DEFINE_SETTER(u32, uint32_t, EM_GGUF_U32)
-DEFINE_SETTER(i32, int32_t, EM_GGUF_I32)
-DEFINE_SETTER(u64, uint64_t, EM_GGUF_U64)
-DEFINE_SETTER(i64, int64_t, EM_GGUF_I64)
-DEFINE_SETTER(f32, float, EM_GGUF_F32)
-DEFINE_SETTER(f64, double, EM_GGUF_F64)
-DEFINE_SETTER(bool, bool, EM_GGUF_BOOL)
+EM_GGUF_FIXED_TYPES(DEFINE_SETTER)
 
 int em_gguf_writer_set_strn(em_gguf_writer *w, const char *key, const char *s, uint64_t len,
                             em_err *err) {
     bytebuf b = { 0 };
     int rc = bb_u32(&b, EM_GGUF_STR, err);
     if (!rc) rc = bb_str(&b, s, len, err);
-    if (rc) {
-        free(b.p);
-        return rc;
-    }
-    return add_kv(w, key, &b, err);
+    return add_built(w, key, &b, rc, err);
 }
 
 int em_gguf_writer_set_str(em_gguf_writer *w, const char *key, const char *s, em_err *err) {
@@ -373,11 +364,7 @@ int em_gguf_writer_set_arr(em_gguf_writer *w, const char *key, int elem_type, co
     } else if (!rc) {
         rc = bb_put(&b, elems, bytes, err);
     }
-    if (rc) {
-        free(b.p);
-        return rc;
-    }
-    return add_kv(w, key, &b, err);
+    return add_built(w, key, &b, rc, err);
 }
 
 int em_gguf_writer_set_arr_str(em_gguf_writer *w, const char *key, const char *const *strs,
@@ -385,11 +372,7 @@ int em_gguf_writer_set_arr_str(em_gguf_writer *w, const char *key, const char *c
     bytebuf b = { 0 };
     int rc = bb_array_head(&b, EM_GGUF_STR, n, err);
     for (uint64_t i = 0; i < n && !rc; i++) rc = bb_str(&b, strs[i], strlen(strs[i]), err);
-    if (rc) {
-        free(b.p);
-        return rc;
-    }
-    return add_kv(w, key, &b, err);
+    return add_built(w, key, &b, rc, err);
 }
 
 int em_gguf_writer_set_abuf(em_gguf_writer *w, const char *key, const em_gguf_abuf *a,
@@ -397,38 +380,23 @@ int em_gguf_writer_set_abuf(em_gguf_writer *w, const char *key, const em_gguf_ab
     bytebuf b = { 0 };
     int rc = bb_array_head(&b, a->elem_type, a->count, err);
     if (!rc) rc = bb_put(&b, a->elems.p, a->elems.len, err);
-    if (rc) {
-        free(b.p);
-        return rc;
-    }
-    return add_kv(w, key, &b, err);
+    return add_built(w, key, &b, rc, err);
 }
 
 int em_gguf_writer_set_value(em_gguf_writer *w, const char *key, const em_gguf_value *v,
                              em_err *err) {
     switch (v->type) {
-    case EM_GGUF_U8: { uint8_t x = (uint8_t)v->u; return set_fixed(w, key, v->type, &x, err); }
-    case EM_GGUF_I8: { int8_t x = (int8_t)v->i; return set_fixed(w, key, v->type, &x, err); }
-    case EM_GGUF_U16: { uint16_t x = (uint16_t)v->u; return set_fixed(w, key, v->type, &x, err); }
-    case EM_GGUF_I16: { int16_t x = (int16_t)v->i; return set_fixed(w, key, v->type, &x, err); }
-    case EM_GGUF_U32: { uint32_t x = (uint32_t)v->u; return set_fixed(w, key, v->type, &x, err); }
-    case EM_GGUF_I32: { int32_t x = (int32_t)v->i; return set_fixed(w, key, v->type, &x, err); }
-    case EM_GGUF_U64: return set_fixed(w, key, v->type, &v->u, err);
-    case EM_GGUF_I64: return set_fixed(w, key, v->type, &v->i, err);
-    case EM_GGUF_F32: return set_fixed(w, key, v->type, &v->f32, err);
-    case EM_GGUF_F64: return set_fixed(w, key, v->type, &v->f64, err);
-    case EM_GGUF_BOOL: return set_fixed(w, key, v->type, &v->b, err);
+#define SET_CASE(suffix, ctype, TYPE, field) \
+    case TYPE: return em_gguf_writer_set_##suffix(w, key, (ctype)v->field, err);
+    EM_GGUF_FIXED_TYPES(SET_CASE)
+#undef SET_CASE
     case EM_GGUF_STR: return em_gguf_writer_set_strn(w, key, v->str.ptr, v->str.len, err);
     case EM_GGUF_ARRAY: {
         /* the reader kept the array's bytes (element type onwards): copy them as they are */
         bytebuf b = { 0 };
         int rc = bb_u32(&b, EM_GGUF_ARRAY, err);
         if (!rc) rc = bb_put(&b, v->arr->raw, v->arr->raw_len, err);
-        if (rc) {
-            free(b.p);
-            return rc;
-        }
-        return add_kv(w, key, &b, err);
+        return add_built(w, key, &b, rc, err);
     }
     default:
         return em_err_set(err, EM_EINVAL, "%s: key '%s': unknown value type %d", w->path, key,
@@ -758,10 +726,11 @@ static int start_writing(em_gguf_writer *w, em_err *err) {
                       w->state == W_FINISHED ? "finished" : "failed");
 }
 
-int em_gguf_writer_write_data(em_gguf_writer *w, const void *data, uint64_t n, em_err *err) {
+/* The next n bytes of tensor data, in declaration order across tensor boundaries: written
+ * from data, or (skip) left as a hole (sparse files of shape-only tensors). */
+static int feed_data(em_gguf_writer *w, const uint8_t *data, bool skip, uint64_t n, em_err *err) {
     int rc = start_writing(w, err);
     if (rc) return w->state == W_FINISHED ? rc : fail_state(w, rc);
-    const uint8_t *p = data;
     while (n && !rc) {
         if (w->cur >= w->n_tensors) {
             rc = em_err_set(err, EM_EINVAL, "%s: %llu bytes of data beyond the declared tensors",
@@ -771,8 +740,12 @@ int em_gguf_writer_write_data(em_gguf_writer *w, const void *data, uint64_t n, e
         const wtensor *t = &w->tensors[w->cur];
         uint64_t k = t->bytes - w->cur_done;
         if (k > n) k = n;
-        rc = out_write(w, p, k, err);
-        p += k;
+        if (skip) {
+            rc = out_skip(w, k, err);
+        } else {
+            rc = out_write(w, data, k, err);
+            data += k;
+        }
         n -= k;
         w->cur_done += k;
         if (!rc && w->cur_done == t->bytes) rc = complete_tensor(w, err);
@@ -780,24 +753,12 @@ int em_gguf_writer_write_data(em_gguf_writer *w, const void *data, uint64_t n, e
     return rc ? fail_state(w, rc) : EM_OK;
 }
 
+int em_gguf_writer_write_data(em_gguf_writer *w, const void *data, uint64_t n, em_err *err) {
+    return feed_data(w, data, false, n, err);
+}
+
 int em_gguf_writer_skip_data(em_gguf_writer *w, uint64_t n, em_err *err) {
-    int rc = start_writing(w, err);
-    if (rc) return w->state == W_FINISHED ? rc : fail_state(w, rc);
-    while (n && !rc) {
-        if (w->cur >= w->n_tensors) {
-            rc = em_err_set(err, EM_EINVAL, "%s: %llu bytes of data beyond the declared tensors",
-                            w->path, (unsigned long long)n);
-            break;
-        }
-        const wtensor *t = &w->tensors[w->cur];
-        uint64_t k = t->bytes - w->cur_done;
-        if (k > n) k = n;
-        rc = out_skip(w, k, err);
-        n -= k;
-        w->cur_done += k;
-        if (!rc && w->cur_done == t->bytes) rc = complete_tensor(w, err);
-    }
-    return rc ? fail_state(w, rc) : EM_OK;
+    return feed_data(w, NULL, true, n, err);
 }
 
 int em_gguf_writer_write_tensor(em_gguf_writer *w, const char *name, const void *data,

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "model/kda_kern.h"
+#include "quant/simd.h"
 
 /* exp(x), 8 lanes. x < -87.3365 gives 0 (true value is subnormal), x > 88.7228 gives inf,
  * x in (88.37, 88.7228] gives exp(88.37) (never used by KDA), NaN stays NaN. */
@@ -21,14 +22,7 @@ static inline __m256 exp8(__m256 x) {
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 p = EM_EXP_TAYLOR7(_mm256_fmadd_ps, _mm256_set1_ps, r);
     __m256i e = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
@@ -144,13 +138,6 @@ static void norm_gate_avx2(float *y, const float *w, const float *o, float rs, c
     }
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 static void dot2_avx2(const float *a, const float *b, const float *c, int n, float *r1,
                       float *r2) {
     __m256 s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();
@@ -160,7 +147,7 @@ static void dot2_avx2(const float *a, const float *b, const float *c, int n, flo
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), vc, s1);
         if (b) s2 = _mm256_fmadd_ps(_mm256_loadu_ps(b + i), vc, s2);
     }
-    float t1 = hsum8(s1), t2 = hsum8(s2);
+    float t1 = em_hsum256_ps(s1), t2 = em_hsum256_ps(s2);
     for (; i < n; i++) {
         t1 = fmaf(a[i], c[i], t1);
         if (b) t2 = fmaf(b[i], c[i], t2);
@@ -183,6 +170,14 @@ static void dot2_avx2(const float *a, const float *b, const float *c, int n, flo
         if (RY) w##V = _mm256_fmadd_ps(yr, s_, w##V);                                        \
     } while (0)
 
+/* Row r of the sweep at c0: its state and source pointers and the per-row scalars broadcast
+ * (the operands SWEEP_VEC reads), the same for the 4-vector and the 1-vector blocks. */
+#define SWEEP_ROW(r)                                                                         \
+    float *row = S + (size_t)(r) * D + c0;                                                   \
+    const float *srow = src + (size_t)(r) * D + c0;                                          \
+    const __m256 ar = UPD ? _mm256_set1_ps(a[r]) : z, kr = UPD ? _mm256_set1_ps(k[r]) : z;   \
+    const __m256 xr = RX ? _mm256_set1_ps(x[r]) : z, yr = RY ? _mm256_set1_ps(y[r]) : z
+
 static inline __attribute__((always_inline)) void
 sweep_body(float *S, const float *src, int D, const float *a, const float *k, const float *delta,
            const float *x, const float *y, float *u, float *w, const int UPD, const int RX,
@@ -197,10 +192,7 @@ sweep_body(float *S, const float *src, int D, const float *a, const float *k, co
             d2 = _mm256_loadu_ps(delta + c0 + 16), d3 = _mm256_loadu_ps(delta + c0 + 24);
         }
         for (int r = 0; r < D; r++) {
-            float *row = S + (size_t)r * D + c0;
-            const float *srow = src + (size_t)r * D + c0;
-            const __m256 ar = UPD ? _mm256_set1_ps(a[r]) : z, kr = UPD ? _mm256_set1_ps(k[r]) : z;
-            const __m256 xr = RX ? _mm256_set1_ps(x[r]) : z, yr = RY ? _mm256_set1_ps(y[r]) : z;
+            SWEEP_ROW(r);
             SWEEP_VEC(0, 0);
             SWEEP_VEC(1, 8);
             SWEEP_VEC(2, 16);
@@ -218,10 +210,7 @@ sweep_body(float *S, const float *src, int D, const float *a, const float *k, co
     for (; c0 + 8 <= D; c0 += 8) {
         __m256 d0 = UPD ? _mm256_loadu_ps(delta + c0) : z, u0 = z, w0 = z;
         for (int r = 0; r < D; r++) {
-            float *row = S + (size_t)r * D + c0;
-            const float *srow = src + (size_t)r * D + c0;
-            const __m256 ar = UPD ? _mm256_set1_ps(a[r]) : z, kr = UPD ? _mm256_set1_ps(k[r]) : z;
-            const __m256 xr = RX ? _mm256_set1_ps(x[r]) : z, yr = RY ? _mm256_set1_ps(y[r]) : z;
+            SWEEP_ROW(r);
             SWEEP_VEC(0, 0);
         }
         if (RX) _mm256_storeu_ps(u + c0, u0);

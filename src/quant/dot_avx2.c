@@ -7,6 +7,7 @@
  * Q4_0 are applied either in the int8 values or through the activation block sums (Q8_K
  * bsums), which is the same integer. Only float rounding differs from the scalar kernels. */
 #include "quant/dot_kernels.h"
+#include "quant/simd.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -16,16 +17,6 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline __m128i load128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
 
 /* Sums of adjacent int16 pairs as int32. */
@@ -75,7 +66,7 @@ static float dot_f32_avx2(const void *vw, const void *va, int64_t n) {
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(a + i), acc[0]);
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    float sum = em_hsum256_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += w[i] * a[i];
     return sum;
 }
@@ -96,8 +87,8 @@ static float dot_f16_avx2(const void *vw, const void *va, int64_t n) {
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_fmadd_ps(load_f16x8(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_f16x8(w + i), _mm256_loadu_ps(a + i), acc[0]);
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < n; i++) sum += h2f(w[i]) * a[i];
+    float sum = em_hsum256_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) sum += em_h2f(w[i]) * a[i];
     return sum;
 }
 
@@ -111,7 +102,7 @@ static float dot_bf16_avx2(const void *vw, const void *va, int64_t n) {
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_fmadd_ps(load_bf16x8(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
     for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(a + i), acc[0]);
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    float sum = em_hsum256_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < n; i++) sum += em_bf16_to_fp32(w[i]) * a[i];
     return sum;
 }
@@ -120,7 +111,7 @@ static float dot_bf16_avx2(const void *vw, const void *va, int64_t n) {
 
 /* The symmetric types differ only in how a block becomes 32 signed int8 and its scale; the
  * loop (two blocks per step, two accumulators) is shared through these inline decoders. */
-static inline __m256i q8_0_quants(const em_block_q8_0 *b) { return load256(b->qs); }
+static inline __m256i q8_0_quants(const em_block_q8_0 *b) { return em_load256(b->qs); }
 
 static inline __m256i q4_0_quants(const em_block_q4_0 *b) {
     return _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8));
@@ -145,22 +136,22 @@ static inline __m256i mxfp4_quants(const em_block_mxfp4 *b) {
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                               \
         int64_t b = 0;                                                                               \
         for (; b + 2 <= nb; b += 2) {                                                                \
-            const __m256i p0 = dot_i8(quants(&w[b]), load256(a[b].qs));                              \
-            const __m256i p1 = dot_i8(quants(&w[b + 1]), load256(a[b + 1].qs));                      \
-            const __m256 d0 = _mm256_set1_ps(wscale(w[b]) * h2f(a[b].d));                           \
-            const __m256 d1 = _mm256_set1_ps(wscale(w[b + 1]) * h2f(a[b + 1].d));                   \
+            const __m256i p0 = dot_i8(quants(&w[b]), em_load256(a[b].qs));                              \
+            const __m256i p1 = dot_i8(quants(&w[b + 1]), em_load256(a[b + 1].qs));                      \
+            const __m256 d0 = _mm256_set1_ps(wscale(w[b]) * em_h2f(a[b].d));                           \
+            const __m256 d1 = _mm256_set1_ps(wscale(w[b + 1]) * em_h2f(a[b + 1].d));                   \
             acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(p0), acc0);                               \
             acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(p1), acc1);                               \
         }                                                                                            \
         if (b < nb) {                                                                                \
-            const __m256i p0 = dot_i8(quants(&w[b]), load256(a[b].qs));                              \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(wscale(w[b]) * h2f(a[b].d)),                      \
+            const __m256i p0 = dot_i8(quants(&w[b]), em_load256(a[b].qs));                              \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(wscale(w[b]) * em_h2f(a[b].d)),                      \
                                    _mm256_cvtepi32_ps(p0), acc0);                                    \
         }                                                                                            \
-        return hsum_ps(_mm256_add_ps(acc0, acc1));                                                   \
+        return em_hsum256_ps(_mm256_add_ps(acc0, acc1));                                                   \
     }
 
-#define FP16_SCALE(blk) h2f((blk).d)
+#define FP16_SCALE(blk) em_h2f((blk).d)
 #define E8M0_SCALE(blk) em_dot_e8m0_half((blk).e)
 
 DEFINE_SYMMETRIC_DOT(dot_q8_0_avx2, em_block_q8_0, q8_0_quants, FP16_SCALE)
@@ -182,14 +173,14 @@ static inline __m256i q5_1_quants(const em_block_q5_1 *b) {
         const em_block_q8_0 *a = va;                                                                 \
         __m256 acc_d = _mm256_setzero_ps(), acc_m = _mm256_setzero_ps();                             \
         for (int64_t b = 0; b < n / 32; b++) {                                                       \
-            const __m256i y = load256(a[b].qs);                                                      \
-            const float da = h2f(a[b].d);                                                            \
-            acc_d = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * da),                               \
+            const __m256i y = em_load256(a[b].qs);                                                      \
+            const float da = em_h2f(a[b].d);                                                            \
+            acc_d = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * da),                               \
                                     _mm256_cvtepi32_ps(dot_u8(quants(&w[b]), y)), acc_d);           \
-            acc_m = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].m) * da),                               \
+            acc_m = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].m) * da),                               \
                                     _mm256_cvtepi32_ps(sum_i8(y)), acc_m);                          \
         }                                                                                            \
-        return hsum_ps(_mm256_add_ps(acc_d, acc_m));                                                 \
+        return em_hsum256_ps(_mm256_add_ps(acc_d, acc_m));                                                 \
     }
 
 DEFINE_AFFINE_DOT(dot_q4_1_avx2, em_block_q4_1, q4_1_quants)
@@ -238,7 +229,7 @@ static inline __m256i broadcast_word(__m256i sc16, int j) {
 
 /* sum over the 16 groups of bsums[g] * c[g], as 8 int32 partial sums (c int8). */
 static inline __m256i bsums_dot(const int16_t bsums[16], __m128i c8) {
-    return _mm256_madd_epi16(load256(bsums), _mm256_cvtepi8_epi16(c8));
+    return _mm256_madd_epi16(em_load256(bsums), _mm256_cvtepi8_epi16(c8));
 }
 
 static float dot_q2_K_avx2(const void *vw, const void *va, int64_t n) {
@@ -253,21 +244,21 @@ static float dot_q2_K_avx2(const void *vw, const void *va, int64_t n) {
         __m256i isum = _mm256_setzero_si256();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m256i q = load256(w[b].qs + 32 * h);
+            const __m256i q = em_load256(w[b].qs + 32 * h);
             UNROLL
             for (int j = 0; j < 4; j++) {
                 const __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
-                const __m256i p = _mm256_maddubs_epi16(v, load256(a[b].qs + 128 * h + 32 * j));
+                const __m256i p = _mm256_maddubs_epi16(v, em_load256(a[b].qs + 128 * h + 32 * j));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(&sc, h, j)));
             }
         }
         const __m256i msum = bsums_dot(a[b].bsums, mn);
-        const __m256 dd = _mm256_set1_ps(a[b].d * h2f(w[b].d));
-        const __m256 dm = _mm256_set1_ps(-a[b].d * h2f(w[b].dmin));
+        const __m256 dd = _mm256_set1_ps(a[b].d * em_h2f(w[b].d));
+        const __m256 dm = _mm256_set1_ps(-a[b].d * em_h2f(w[b].dmin));
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
         acc = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(msum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* Q3_K: quants are crumb + 4*highbit (0..7) here; the -4 comes back as 4 * bsums. */
@@ -282,25 +273,25 @@ static float dot_q3_K_avx2(const void *vw, const void *va, int64_t n) {
         const __m128i sc8 = _mm_sub_epi8(_mm_setr_epi32((int)sw[0], (int)sw[1], (int)sw[2], (int)sw[3]),
                                          _mm_set1_epi8(32));
         const group_scales sc = spread_group_scales(sc8);
-        __m256i hbits = load256(w[b].hmask); /* bit i/32 of byte i%32: high bit of value i */
+        __m256i hbits = em_load256(w[b].hmask); /* bit i/32 of byte i%32: high bit of value i */
         __m256i isum = _mm256_setzero_si256();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m256i q = load256(w[b].qs + 32 * h);
+            const __m256i q = em_load256(w[b].qs + 32 * h);
             UNROLL
             for (int j = 0; j < 4; j++) {
                 const __m256i crumbs = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
                 const __m256i high = _mm256_slli_epi16(_mm256_and_si256(hbits, one), 2);
                 hbits = _mm256_srli_epi16(hbits, 1);
                 const __m256i v = _mm256_or_si256(crumbs, high);
-                const __m256i p = _mm256_maddubs_epi16(v, load256(a[b].qs + 128 * h + 32 * j));
+                const __m256i p = _mm256_maddubs_epi16(v, em_load256(a[b].qs + 128 * h + 32 * j));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(&sc, h, j)));
             }
         }
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsums_dot(a[b].bsums, sc8), 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[b].d * h2f(w[b].d)), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[b].d * em_h2f(w[b].d)), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* Q4_K / Q5_K: 8 sub-blocks of 32 with a 6-bit scale and a 6-bit min each. The mins meet
@@ -308,7 +299,7 @@ static float dot_q3_K_avx2(const void *vw, const void *va, int64_t n) {
 static inline __m256i k4_min_sum(const int16_t bsums[16], uint64_t mn) {
     const __m128i m8 = _mm_cvtsi64_si128((long long)mn);
     const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... */
-    return _mm256_madd_epi16(load256(bsums), m16);
+    return _mm256_madd_epi16(em_load256(bsums), m16);
 }
 
 /* The 8 sub-block scales as int16 in both 128-bit lanes. */
@@ -328,20 +319,20 @@ static float dot_q4_K_avx2(const void *vw, const void *va, int64_t n) {
         __m256i isum = _mm256_setzero_si256();
         UNROLL
         for (int c = 0; c < 4; c++) {
-            const __m256i q = load256(w[b].qs + 32 * c);
+            const __m256i q = em_load256(w[b].qs + 32 * c);
             const __m256i lo = _mm256_and_si256(q, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i plo = _mm256_maddubs_epi16(lo, load256(a[b].qs + 64 * c));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load256(a[b].qs + 64 * c + 32));
+            const __m256i plo = _mm256_maddubs_epi16(lo, em_load256(a[b].qs + 64 * c));
+            const __m256i phi = _mm256_maddubs_epi16(hi, em_load256(a[b].qs + 64 * c + 32));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, broadcast_word(sc16, 2 * c)));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, broadcast_word(sc16, 2 * c + 1)));
         }
-        const __m256 dd = _mm256_set1_ps(a[b].d * h2f(w[b].d));
-        const __m256 dm = _mm256_set1_ps(-a[b].d * h2f(w[b].dmin));
+        const __m256 dd = _mm256_set1_ps(a[b].d * em_h2f(w[b].d));
+        const __m256 dm = _mm256_set1_ps(-a[b].d * em_h2f(w[b].dmin));
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
         acc = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(k4_min_sum(a[b].bsums, mn)), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 static float dot_q5_K_avx2(const void *vw, const void *va, int64_t n) {
@@ -353,27 +344,27 @@ static float dot_q5_K_avx2(const void *vw, const void *va, int64_t n) {
         uint64_t sc, mn;
         em_dot_k4_scales_packed(w[b].scales, &sc, &mn);
         const __m256i sc16 = k4_scales16(sc);
-        __m256i hbits = load256(w[b].qh); /* bit s of byte l: fifth bit of sub-block s */
+        __m256i hbits = em_load256(w[b].qh); /* bit s of byte l: fifth bit of sub-block s */
         __m256i isum = _mm256_setzero_si256();
         UNROLL
         for (int c = 0; c < 4; c++) {
-            const __m256i q = load256(w[b].qs + 32 * c);
+            const __m256i q = em_load256(w[b].qs + 32 * c);
             const __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4);
             const __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4);
             hbits = _mm256_srli_epi16(hbits, 2);
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), hlo);
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hhi);
-            const __m256i plo = _mm256_maddubs_epi16(lo, load256(a[b].qs + 64 * c));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load256(a[b].qs + 64 * c + 32));
+            const __m256i plo = _mm256_maddubs_epi16(lo, em_load256(a[b].qs + 64 * c));
+            const __m256i phi = _mm256_maddubs_epi16(hi, em_load256(a[b].qs + 64 * c + 32));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, broadcast_word(sc16, 2 * c)));
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(phi, broadcast_word(sc16, 2 * c + 1)));
         }
-        const __m256 dd = _mm256_set1_ps(a[b].d * h2f(w[b].d));
-        const __m256 dm = _mm256_set1_ps(-a[b].d * h2f(w[b].dmin));
+        const __m256 dd = _mm256_set1_ps(a[b].d * em_h2f(w[b].d));
+        const __m256 dm = _mm256_set1_ps(-a[b].d * em_h2f(w[b].dmin));
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
         acc = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(k4_min_sum(a[b].bsums, mn)), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* Q6_K: quants are 0..63 here; the -32 comes back as 32 * sum of scale * bsums. */
@@ -388,9 +379,9 @@ static float dot_q6_K_avx2(const void *vw, const void *va, int64_t n) {
         __m256i isum = _mm256_setzero_si256();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m256i l0 = load256(w[b].ql + 64 * h);
-            const __m256i l1 = load256(w[b].ql + 64 * h + 32);
-            const __m256i qh = load256(w[b].qh + 32 * h);
+            const __m256i l0 = em_load256(w[b].ql + 64 * h);
+            const __m256i l1 = em_load256(w[b].ql + 64 * h + 32);
+            const __m256i qh = em_load256(w[b].qh + 32 * h);
             __m256i q[4];
             q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
                                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4));
@@ -402,14 +393,14 @@ static float dot_q6_K_avx2(const void *vw, const void *va, int64_t n) {
                                    _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8((char)0xC0)), 2));
             UNROLL
             for (int k = 0; k < 4; k++) {
-                const __m256i p = _mm256_maddubs_epi16(q[k], load256(a[b].qs + 128 * h + 32 * k));
+                const __m256i p = _mm256_maddubs_epi16(q[k], em_load256(a[b].qs + 128 * h + 32 * k));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(&sc, h, k)));
             }
         }
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsums_dot(a[b].bsums, sc8), 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[b].d * h2f(w[b].d)), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[b].d * em_h2f(w[b].d)), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 const em_dot_fn em_dot_kernels_avx2[EM_TYPE_COUNT] = {

@@ -9,6 +9,7 @@
  * four products into int32, no intermediate saturation) or maddubs + dpwssd (int16 pairs
  * times int16 scales into int32). Only float rounding differs. */
 #include "quant/dot_kernels.h"
+#include "quant/simd.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -17,27 +18,12 @@
 /* Fully unroll the short fixed loops below: gcc -O2 leaves them rolled and spills. */
 #define UNROLL _Pragma("GCC unroll 8")
 
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-static inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
-
-static inline float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hsum512_ps(__m512 v) {
-    return hsum256_ps(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
 
 /* ---- float weights: 64 values per step in four accumulators, masked tail ------------------ */
 
-static inline __m512 load_f16x16(const uint16_t *p) { return _mm512_cvtph_ps(load256(p)); }
+static inline __m512 load_f16x16(const uint16_t *p) { return _mm512_cvtph_ps(em_load256(p)); }
 static inline __m512 load_bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load256(p)), 16));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(em_load256(p)), 16));
 }
 static inline __m512 load_f16x16_tail(const uint16_t *p, int k) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << k) - 1), p));
@@ -66,7 +52,7 @@ static inline __m512 load_bf16x16_tail(const uint16_t *p, int k) {
             const __m512 av = _mm512_maskz_loadu_ps((__mmask16)((1u << k) - 1), a + i);              \
             acc[1] = _mm512_fmadd_ps(load16_tail(w + i, k), av, acc[1]);                             \
         }                                                                                            \
-        return hsum512_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))); \
+        return em_hsum512_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))); \
     }
 
 static inline __m512 load_f32x16(const float *p) { return _mm512_loadu_ps(p); }
@@ -91,7 +77,7 @@ static inline __m512i join256(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-static inline __m512i act_pair(const em_block_q8_0 *a) { return join256(load256(a[0].qs), load256(a[1].qs)); }
+static inline __m512i act_pair(const em_block_q8_0 *a) { return join256(em_load256(a[0].qs), em_load256(a[1].qs)); }
 
 /* The packed nibbles of two blocks -> 64 bytes: each block's low nibbles (quants 0..15) then
  * its high nibbles (quants 16..31). */
@@ -112,7 +98,7 @@ static inline __m512i fifth_bits_pair(const uint8_t qh0[4], const uint8_t qh1[4]
 }
 
 static inline __m512i u_q8_0(const em_block_q8_0 *w) {
-    return _mm512_xor_si512(join256(load256(w[0].qs), load256(w[1].qs)), _mm512_set1_epi8((char)0x80));
+    return _mm512_xor_si512(join256(em_load256(w[0].qs), em_load256(w[1].qs)), _mm512_set1_epi8((char)0x80));
 }
 static inline __m512i u_q4_0(const em_block_q4_0 *w) { return nibbles_pair(w[0].qs, w[1].qs); }
 static inline __m512i u_q4_1(const em_block_q4_1 *w) { return nibbles_pair(w[0].qs, w[1].qs); }
@@ -143,7 +129,7 @@ static inline __m512i u_mxfp4(const em_block_mxfp4 *w) {
  * registers, at a third of the speed. */
 static inline __m512i load512_opaque(const void *p) {
     __asm__("" : "+r"(p));
-    return load512(p);
+    return em_load512(p);
 }
 
 static inline int high_window(int bs, int off) { return 2 * bs + off < 4 * bs - 64 ? 2 * bs + off : 4 * bs - 64; }
@@ -223,7 +209,7 @@ static inline __m512i offset_dot(__m512i u, __m512i y, __m512i off) {
             acc0 = _mm512_fmadd_ps(spread_pair(s, 0), _mm512_cvtepi32_ps(p0), acc0);              \
             acc1 = _mm512_fmadd_ps(spread_pair(s, 2), _mm512_cvtepi32_ps(p1), acc1);              \
         }                                                                                         \
-        float sum = hsum512_ps(_mm512_add_ps(acc0, acc1));                                        \
+        float sum = em_hsum512_ps(_mm512_add_ps(acc0, acc1));                                        \
         if (b < nb) sum += em_dot_kernels_avx2[tail_type](w + b, a + b, (nb - b) * 32);           \
         return sum;                                                                               \
     }
@@ -254,7 +240,7 @@ DEFINE_OFFSET_DOT(dot_mxfp4_avx512, em_block_mxfp4, u_mxfp4, 12, E8M0_4, EM_TYPE
                 acc_m = _mm512_fmadd_ps(spread_pair(sm, k), _mm512_cvtepi32_ps(sy), acc_m);       \
             }                                                                                     \
         }                                                                                         \
-        float sum = hsum512_ps(_mm512_add_ps(acc_d, acc_m));                                      \
+        float sum = em_hsum512_ps(_mm512_add_ps(acc_d, acc_m));                                      \
         if (b < nb) sum += em_dot_kernels_avx2[tail_type](w + b, a + b, (nb - b) * 32);           \
         return sum;                                                                               \
     }
@@ -291,25 +277,25 @@ static float dot_q4_K_avx512(const void *vw, const void *va, int64_t n) {
         UNROLL
         for (int p = 0; p < 2; p++) {
             /* 64 bytes = chunks 2p, 2p+1; low nibbles are sub-blocks 4p, 4p+2, high 4p+1, 4p+3 */
-            const __m512i q = load512(w[b].qs + 64 * p);
+            const __m512i q = em_load512(w[b].qs + 64 * p);
             const __m512i lo = _mm512_and_si512(q, m4);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
             const __m512i first = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));  /* 4p, 4p+1 */
             const __m512i second = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)); /* 4p+2, 4p+3 */
-            const __m512i p0 = _mm512_maddubs_epi16(first, load512(a[b].qs + 128 * p));
+            const __m512i p0 = _mm512_maddubs_epi16(first, em_load512(a[b].qs + 128 * p));
             isum = _mm512_dpwssd_epi32(isum, p0, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, two);
-            const __m512i p1 = _mm512_maddubs_epi16(second, load512(a[b].qs + 128 * p + 64));
+            const __m512i p1 = _mm512_maddubs_epi16(second, em_load512(a[b].qs + 128 * p + 64));
             isum = _mm512_dpwssd_epi32(isum, p1, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, two);
         }
         const __m128i m8 = _mm_cvtsi64_si128((long long)mn);
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-        const __m256i msum = _mm256_madd_epi16(load256(a[b].bsums), m16);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * h2f(w[b].d)), _mm512_cvtepi32_ps(isum), acc);
-        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(-a[b].d * h2f(w[b].dmin)), _mm256_cvtepi32_ps(msum), acc_min);
+        const __m256i msum = _mm256_madd_epi16(em_load256(a[b].bsums), m16);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * em_h2f(w[b].d)), _mm512_cvtepi32_ps(isum), acc);
+        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(-a[b].d * em_h2f(w[b].dmin)), _mm256_cvtepi32_ps(msum), acc_min);
     }
-    return hsum512_ps(acc) + hsum256_ps(acc_min);
+    return em_hsum512_ps(acc) + em_hsum256_ps(acc_min);
 }
 
 static float dot_q6_K_avx512(const void *vw, const void *va, int64_t n) {
@@ -337,25 +323,25 @@ static float dot_q6_K_avx512(const void *vw, const void *va, int64_t n) {
         __m512i isum = _mm512_setzero_si512();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m512i l = load512(w[b].ql + 64 * h);
-            const __m512i qh = _mm512_broadcast_i64x4(load256(w[b].qh + 32 * h));
+            const __m512i l = em_load512(w[b].ql + 64 * h);
+            const __m512i qh = _mm512_broadcast_i64x4(em_load256(w[b].qh + 32 * h));
             const __m512i hlo = _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
             const __m512i hhi = _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30);
             const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), hlo);
             const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), hhi);
-            const __m512i p01 = _mm512_maddubs_epi16(q01, load512(a[b].qs + 128 * h));
+            const __m512i p01 = _mm512_maddubs_epi16(q01, em_load512(a[b].qs + 128 * h));
             isum = _mm512_dpwssd_epi32(isum, p01, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, four);
-            const __m512i p23 = _mm512_maddubs_epi16(q23, load512(a[b].qs + 128 * h + 64));
+            const __m512i p23 = _mm512_maddubs_epi16(q23, em_load512(a[b].qs + 128 * h + 64));
             isum = _mm512_dpwssd_epi32(isum, p23, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, four);
         }
         /* the -32 offset of every quant: 32 * sum_g scale_g * bsums_g */
-        const __m256i offs = _mm256_slli_epi32(_mm256_madd_epi16(load256(a[b].bsums), sc16_256), 5);
+        const __m256i offs = _mm256_slli_epi32(_mm256_madd_epi16(em_load256(a[b].bsums), sc16_256), 5);
         const __m512i total = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(offs));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * h2f(w[b].d)), _mm512_cvtepi32_ps(total), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * em_h2f(w[b].d)), _mm512_cvtepi32_ps(total), acc);
     }
-    return hsum512_ps(acc);
+    return em_hsum512_ps(acc);
 }
 
 /* Q2_K: per half of 128 values, the 32 bytes of 2-bit quants go to [q, q] and are shifted by
@@ -380,21 +366,21 @@ static float dot_q2_K_avx512(const void *vw, const void *va, int64_t n) {
         __m512i isum = _mm512_setzero_si512();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m512i q = _mm512_broadcast_i64x4(load256(w[b].qs + 32 * h));
+            const __m512i q = _mm512_broadcast_i64x4(em_load256(w[b].qs + 32 * h));
             const __m512i v01 = _mm512_and_si512(_mm512_srlv_epi16(q, shift01), m3);
             const __m512i v23 = _mm512_and_si512(_mm512_srlv_epi16(q, shift23), m3);
-            const __m512i p01 = _mm512_maddubs_epi16(v01, load512(a[b].qs + 128 * h));
+            const __m512i p01 = _mm512_maddubs_epi16(v01, em_load512(a[b].qs + 128 * h));
             isum = _mm512_dpwssd_epi32(isum, p01, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, four);
-            const __m512i p23 = _mm512_maddubs_epi16(v23, load512(a[b].qs + 128 * h + 64));
+            const __m512i p23 = _mm512_maddubs_epi16(v23, em_load512(a[b].qs + 128 * h + 64));
             isum = _mm512_dpwssd_epi32(isum, p23, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, four);
         }
-        const __m256i msum = _mm256_madd_epi16(load256(a[b].bsums), mn16);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * h2f(w[b].d)), _mm512_cvtepi32_ps(isum), acc);
-        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(-a[b].d * h2f(w[b].dmin)), _mm256_cvtepi32_ps(msum), acc_min);
+        const __m256i msum = _mm256_madd_epi16(em_load256(a[b].bsums), mn16);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * em_h2f(w[b].d)), _mm512_cvtepi32_ps(isum), acc);
+        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(-a[b].d * em_h2f(w[b].dmin)), _mm256_cvtepi32_ps(msum), acc_min);
     }
-    return hsum512_ps(acc) + hsum256_ps(acc_min);
+    return em_hsum512_ps(acc) + em_hsum256_ps(acc_min);
 }
 
 /* Q3_K: as Q2_K, with the high bit (hmask bit i/32 of byte i%32) adding 4 to the crumb; the
@@ -420,30 +406,30 @@ static float dot_q3_K_avx512(const void *vw, const void *va, int64_t n) {
                                          _mm_set1_epi8(32));
         const __m256i sc16_256 = _mm256_cvtepi8_epi16(sc8);
         const __m512i sc16 = _mm512_castsi256_si512(sc16_256);
-        const __m512i hm = _mm512_broadcast_i64x4(load256(w[b].hmask));
+        const __m512i hm = _mm512_broadcast_i64x4(em_load256(w[b].hmask));
         __m512i idx = idx0, bits = bit01;
         __m512i isum = _mm512_setzero_si512();
         UNROLL
         for (int h = 0; h < 2; h++) {
-            const __m512i q = _mm512_broadcast_i64x4(load256(w[b].qs + 32 * h));
+            const __m512i q = _mm512_broadcast_i64x4(em_load256(w[b].qs + 32 * h));
             __m512i v01 = _mm512_and_si512(_mm512_srlv_epi16(q, shift01), m3);
             v01 = _mm512_mask_add_epi8(v01, _mm512_test_epi8_mask(hm, bits), v01, add4);
             bits = _mm512_slli_epi16(bits, 2);
             __m512i v23 = _mm512_and_si512(_mm512_srlv_epi16(q, shift23), m3);
             v23 = _mm512_mask_add_epi8(v23, _mm512_test_epi8_mask(hm, bits), v23, add4);
             bits = _mm512_slli_epi16(bits, 2);
-            const __m512i p01 = _mm512_maddubs_epi16(v01, load512(a[b].qs + 128 * h));
+            const __m512i p01 = _mm512_maddubs_epi16(v01, em_load512(a[b].qs + 128 * h));
             isum = _mm512_dpwssd_epi32(isum, p01, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, four);
-            const __m512i p23 = _mm512_maddubs_epi16(v23, load512(a[b].qs + 128 * h + 64));
+            const __m512i p23 = _mm512_maddubs_epi16(v23, em_load512(a[b].qs + 128 * h + 64));
             isum = _mm512_dpwssd_epi32(isum, p23, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, four);
         }
-        const __m256i offs = _mm256_slli_epi32(_mm256_madd_epi16(load256(a[b].bsums), sc16_256), 2);
+        const __m256i offs = _mm256_slli_epi32(_mm256_madd_epi16(em_load256(a[b].bsums), sc16_256), 2);
         const __m512i total = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(offs));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * h2f(w[b].d)), _mm512_cvtepi32_ps(total), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * em_h2f(w[b].d)), _mm512_cvtepi32_ps(total), acc);
     }
-    return hsum512_ps(acc);
+    return em_hsum512_ps(acc);
 }
 
 /* Q5_K: Q4_K plus the fifth bit of sub-block s (qh bit s of byte l) adding 16. */
@@ -464,12 +450,12 @@ static float dot_q5_K_avx512(const void *vw, const void *va, int64_t n) {
         uint64_t sc, mn;
         em_dot_k4_scales_packed(w[b].scales, &sc, &mn);
         const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
-        const __m512i qh = _mm512_broadcast_i64x4(load256(w[b].qh));
+        const __m512i qh = _mm512_broadcast_i64x4(em_load256(w[b].qh));
         __m512i idx = idx0, bits = bit01;
         __m512i isum = _mm512_setzero_si512();
         UNROLL
         for (int p = 0; p < 2; p++) {
-            const __m512i q = load512(w[b].qs + 64 * p);
+            const __m512i q = em_load512(w[b].qs + 64 * p);
             const __m512i lo = _mm512_and_si512(q, m4);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
             __m512i first = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));  /* 4p, 4p+1 */
@@ -478,20 +464,20 @@ static float dot_q5_K_avx512(const void *vw, const void *va, int64_t n) {
             bits = _mm512_slli_epi16(bits, 2);
             second = _mm512_mask_add_epi8(second, _mm512_test_epi8_mask(qh, bits), second, add16);
             bits = _mm512_slli_epi16(bits, 2);
-            const __m512i p0 = _mm512_maddubs_epi16(first, load512(a[b].qs + 128 * p));
+            const __m512i p0 = _mm512_maddubs_epi16(first, em_load512(a[b].qs + 128 * p));
             isum = _mm512_dpwssd_epi32(isum, p0, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, two);
-            const __m512i p1 = _mm512_maddubs_epi16(second, load512(a[b].qs + 128 * p + 64));
+            const __m512i p1 = _mm512_maddubs_epi16(second, em_load512(a[b].qs + 128 * p + 64));
             isum = _mm512_dpwssd_epi32(isum, p1, spread_scales(sc16, idx));
             idx = _mm512_add_epi16(idx, two);
         }
         const __m128i m8 = _mm_cvtsi64_si128((long long)mn);
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-        const __m256i msum = _mm256_madd_epi16(load256(a[b].bsums), m16);
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * h2f(w[b].d)), _mm512_cvtepi32_ps(isum), acc);
-        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(-a[b].d * h2f(w[b].dmin)), _mm256_cvtepi32_ps(msum), acc_min);
+        const __m256i msum = _mm256_madd_epi16(em_load256(a[b].bsums), m16);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(a[b].d * em_h2f(w[b].d)), _mm512_cvtepi32_ps(isum), acc);
+        acc_min = _mm256_fmadd_ps(_mm256_set1_ps(-a[b].d * em_h2f(w[b].dmin)), _mm256_cvtepi32_ps(msum), acc_min);
     }
-    return hsum512_ps(acc) + hsum256_ps(acc_min);
+    return em_hsum512_ps(acc) + em_hsum256_ps(acc_min);
 }
 
 const em_dot_fn em_dot_kernels_avx512[EM_TYPE_COUNT] = {

@@ -11,20 +11,12 @@
  * activation quants are within [-127, 127]). Only float rounding differs. */
 #include "quant/dot_kernels.h"
 #include "quant/iq_grids.h"
+#include "quant/simd.h"
 
 #include <immintrin.h>
 
 #define UNROLL _Pragma("GCC unroll 8")
 
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* 32 bits -> 32 bytes, byte k = 0xFF when bit k is set (bit 8l+j: value j of group l). */
 static inline __m256i sign_mask(uint32_t bits) {
@@ -38,13 +30,13 @@ static inline __m256i sign_mask(uint32_t bits) {
 /* Unsigned magnitudes (< 64) times activations negated by the sign bits: 16 int16 pair sums. */
 static inline __m256i signed_pairs(__m256i mag, const int8_t *y, uint32_t signbits) {
     const __m256i m = sign_mask(signbits);
-    const __m256i sy = _mm256_sub_epi8(_mm256_xor_si256(load256(y), m), m);
+    const __m256i sy = _mm256_sub_epi8(_mm256_xor_si256(em_load256(y), m), m);
     return _mm256_maddubs_epi16(mag, sy);
 }
 
 /* Signed int8 weights (|w| <= 127) times activations: 16 int16 pair sums (sign trick). */
 static inline __m256i i8_pairs(__m256i w, const int8_t *y) {
-    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(load256(y), w));
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(em_load256(y), w));
 }
 
 /* int16 pair sums times a per-half scale (values 0..15: lo, 16..31: hi) -> 8 int32. */
@@ -86,9 +78,9 @@ float em_dot_iq2_xxs_avx2(const void *vw, const void *va, int64_t n) {
             const __m256i p = signed_pairs(g, a[b].qs + 32 * s, ksign_bits(aux[1]));
             isum = _mm256_add_epi32(isum, scale_all(p, (int)(2 * (aux[1] >> 28) + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 float em_dot_iq2_xs_avx2(const void *vw, const void *va, int64_t n) {
@@ -107,9 +99,9 @@ float em_dot_iq2_xs_avx2(const void *vw, const void *va, int64_t n) {
             const int sc = w[b].scales[s];
             isum = _mm256_add_epi32(isum, scale_halves(p, 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 float em_dot_iq2_s_avx2(const void *vw, const void *va, int64_t n) {
@@ -130,9 +122,9 @@ float em_dot_iq2_s_avx2(const void *vw, const void *va, int64_t n) {
             const int sc = w[b].scales[s];
             isum = _mm256_add_epi32(isum, scale_halves(p, 2 * (sc & 15) + 1, 2 * (sc >> 4) + 1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* ---- IQ3 ---------------------------------------------------------------------------------- */
@@ -152,9 +144,9 @@ float em_dot_iq3_xxs_avx2(const void *vw, const void *va, int64_t n) {
             const __m256i p = signed_pairs(grid32x8(em_iq3xxs_grid, idx), a[b].qs + 32 * s, ksign_bits(aux));
             isum = _mm256_add_epi32(isum, scale_all(p, (int)(2 * (aux >> 28) + 1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d * 0.25f), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d * 0.25f), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 float em_dot_iq3_s_avx2(const void *vw, const void *va, int64_t n) {
@@ -174,9 +166,9 @@ float em_dot_iq3_s_avx2(const void *vw, const void *va, int64_t n) {
             const __m256i p = signed_pairs(grid32x8(em_iq3s_grid, idx), a[b].qs + 32 * s, sb);
             isum = _mm256_add_epi32(isum, scale_all(p, 2 * ((w[b].scales[s / 2] >> (4 * (s % 2))) & 15) + 1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* ---- IQ1: weights 8g + delta ---------------------------------------------------------------- */
@@ -202,9 +194,9 @@ float em_dot_iq1_s_avx2(const void *vw, const void *va, int64_t n) {
                                            q[2] | ((qh >> 6) & 7) << 8, q[3] | ((qh >> 9) & 7) << 8, delta);
             isum = _mm256_add_epi32(isum, scale_all(i8_pairs(wt, a[b].qs + 32 * s), 2 * ((qh >> 12) & 7) + 1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* -1 or +1 in each byte of a group: the sign of IQ1_M's delta (bit 3 of the group's nibble). */
@@ -232,9 +224,9 @@ float em_dot_iq1_m_avx2(const void *vw, const void *va, int64_t n) {
             isum = _mm256_add_epi32(isum, scale_halves(i8_pairs(wt, a[b].qs + 32 * s), 2 * (ss & 7) + 1,
                                                        2 * ((ss >> 3) & 7) + 1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(dbits) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(dbits) * a[b].d * 0.125f), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }
 
 /* ---- IQ4 ---------------------------------------------------------------------------------- */
@@ -255,14 +247,14 @@ float em_dot_iq4_nl_avx2(const void *vw, const void *va, int64_t n) {
     for (; b + 2 <= nb; b += 2) {
         const __m256i p0 = _mm256_madd_epi16(i8_pairs(iq4_values(w[b].qs), a[b].qs), _mm256_set1_epi16(1));
         const __m256i p1 = _mm256_madd_epi16(i8_pairs(iq4_values(w[b + 1].qs), a[b + 1].qs), _mm256_set1_epi16(1));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b + 1].d) * h2f(a[b + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * em_h2f(a[b].d)), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b + 1].d) * em_h2f(a[b + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
     }
     if (b < nb) {
         const __m256i p0 = _mm256_madd_epi16(i8_pairs(iq4_values(w[b].qs), a[b].qs), _mm256_set1_epi16(1));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * h2f(a[b].d)), _mm256_cvtepi32_ps(p0), acc0);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * em_h2f(a[b].d)), _mm256_cvtepi32_ps(p0), acc0);
     }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    return em_hsum256_ps(_mm256_add_ps(acc0, acc1));
 }
 
 float em_dot_iq4_xs_avx2(const void *vw, const void *va, int64_t n) {
@@ -277,7 +269,7 @@ float em_dot_iq4_xs_avx2(const void *vw, const void *va, int64_t n) {
             const __m256i p = i8_pairs(iq4_values(w[b].qs + 16 * s), a[b].qs + 32 * s);
             isum = _mm256_add_epi32(isum, scale_all(p, ls - 32));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(em_h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum_ps(acc);
+    return em_hsum256_ps(acc);
 }

@@ -13,20 +13,11 @@
  * differs. */
 #include "quant/dot_kernels.h"
 #include "quant/iq_grids.h"
+#include "quant/simd.h"
 
 #include <immintrin.h>
 
 #define UNROLL _Pragma("GCC unroll 4")
-
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-static inline float hsum512_ps(__m512 v) {
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* int16 scales per 128-bit lane (values 16k..16k+15 of the 64 get scale k) from four int16
  * packed in a word. */
@@ -100,9 +91,9 @@ float em_dot_iq1_m_avx512(const void *vw, const void *va, int64_t n) {
                                                  pack4(2 * (s0 & 7) + 1, 2 * ((s0 >> 3) & 7) + 1, 2 * (s1 & 7) + 1,
                                                        2 * ((s1 >> 3) & 7) + 1)));
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(dbits) * a[b].d * 0.125f), _mm512_cvtepi32_ps(isum), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(em_h2f(dbits) * a[b].d * 0.125f), _mm512_cvtepi32_ps(isum), acc);
     }
-    return hsum512_ps(acc);
+    return em_hsum512_ps(acc);
 }
 
 /* ---- IQ4_XS ----------------------------------------------------------------------------------- */
@@ -126,7 +117,7 @@ float em_dot_iq4_xs_avx512(const void *vw, const void *va, int64_t n) {
             const int l0 = ((sl & 15) | (sh & 3) << 4) - 32, l1 = ((sl >> 4) | ((sh >> 2) & 3) << 4) - 32;
             isum = _mm512_add_epi32(isum, i8_dot(wt, a[b].qs + 32 * s, pack4(l0, l0, l1, l1)));
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(w[b].d) * a[b].d), _mm512_cvtepi32_ps(isum), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(em_h2f(w[b].d) * a[b].d), _mm512_cvtepi32_ps(isum), acc);
     }
-    return hsum512_ps(acc);
+    return em_hsum512_ps(acc);
 }

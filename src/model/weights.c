@@ -61,7 +61,7 @@ int em_wload_float(const em_wload *L, const char *key, bool required, double def
 }
 
 int em_wload_f32(const em_wload *L, const char *key, bool required, double def, float *out, em_err *err) {
-    double v;
+    double v = 0.0; /* set on success; the initializer quiets -O3's maybe-uninitialized */
     int rc = em_wload_float(L, key, required, def, &v, err);
     if (!rc) *out = (float)v;
     return rc;

@@ -87,11 +87,41 @@ static void test_open(void **state) {
     em_gpu_close(g);
 }
 
+/* The KDA / MLA sequence-state ops' host-side checks and sizes (no device needed): a CUDA build
+ * sizes Kimi-Linear's state and log and refuses a head_dim its kernels lack, naming it; a build
+ * without CUDA says so. */
+static void test_seq_sizes(void **state) {
+    (void)state;
+    em_err err = { 0 };
+    em_gpu_kda_dims d = { .n_head = 32, .head_dim = 128, .d_conv = 4, .norm_eps = 1e-5f, .l2_eps = 1e-6f };
+    if (!em_gpu_built()) {
+        assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_EUNSUPPORTED);
+        assert_non_null(strstr(err.msg, "without CUDA"));
+        assert_int_equal(em_gpu_kda_state_floats(&d), 0);
+        return;
+    }
+    assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_OK);
+    assert_int_equal(em_gpu_kda_state_floats(&d), 3 * 3 * 4096 + 32 * 128 * 128);
+    assert_true(em_gpu_kda_log_bytes(&d, 16) >= 16ull * (7 * 4096 + 2 * 32) * 4);
+    assert_int_equal(em_gpu_kda_log_bytes(&d, 17), 0); /* past EM_GPU_MAX_ROWS */
+    d.head_dim = 96;
+    assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "head_dim 96"));
+    d.head_dim = 128;
+    d.d_conv = 17;
+    assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "d_conv 17"));
+    const em_gpu_mla_dims m = { .n_head = 32, .kv_lora = 512, .rope = 64, .nope = 128, .capacity = 4096 };
+    assert_int_equal(em_gpu_mla_scratch_floats(&m, 16), 16ull * 32 * 4096);
+    assert_int_equal(em_gpu_mla_scratch_floats(&m, 0), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_open),
+        cmocka_unit_test(test_seq_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -214,6 +214,93 @@ uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, in
 int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
                const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err);
 
+/* ==== sequence state: KDA and MLA (kda.cu, mla.cu) ===================================== */
+
+/* ---- KDA (model/kda.c's twin; docs/cuda.md "Sequence state on the device") --------------
+ * A KDA layer's recurrent core on rows already projected, as model/kda.h describes: short
+ * causal conv + SiLU over q/k/v with its window, q/k L2 norms, decay gate (softplus or
+ * bounded), beta = sigmoid(b), the delta rule per head in fp32, the gated RMSNorm of the
+ * output. ReplaySSM: em_gpu_kda_forward runs n rows on top of the committed state without
+ * writing it and logs each row's transition; em_gpu_kda_commit folds the first k logged rows
+ * into the committed state with the same per-column arithmetic, so verify(n) + commit(k)
+ * leaves the bits k one-row forward + commit(1) calls leave. head_dim is 32, 64 or 128 (a
+ * thread keeps one column of a head's state in registers). */
+typedef struct em_gpu_kda_dims {
+    int n_head, head_dim, d_conv; /* d_conv 1..16 */
+    float norm_eps, l2_eps;       /* as em_kda_dims */
+    bool bounded_gate;            /* K3's form; else Kimi-Linear's softplus form */
+    float gate_lower_bound;
+} em_gpu_kda_dims;
+
+/* Device f32 weights, layouts as em_kda_params. */
+typedef struct em_gpu_kda_params {
+    const float *conv_q, *conv_k, *conv_v; /* [d_inner][d_conv], tap d_conv-1 = current row */
+    const float *ssm_a;                    /* [n_head] */
+    const float *dt_bias;                  /* [d_inner] */
+    const float *o_norm;                   /* [head_dim] */
+} em_gpu_kda_params;
+
+/* Device state: conv [3][d_conv-1][d_inner] (oldest first, as em_kda_state) and S
+ * [n_head][head_dim][head_dim] fp32, caller memory (em_gpu_kda_state_floats in all). */
+typedef struct em_gpu_kda_state {
+    float *conv, *S;
+} em_gpu_kda_state;
+
+/* The device transition log of the last forward: per row post-conv normed k, v, decay g
+ * ([rows][d_inner] each), beta ([rows][n_head]), the pre-conv q|k|v rows ([rows][3 d_inner]);
+ * and the forward's scratch (normed q, k.q, pre-norm outputs). Laid out by em_gpu_kda_log_init
+ * in caller device memory of em_gpu_kda_log_bytes. n and consumed are host-side bookkeeping. */
+typedef struct em_gpu_kda_log {
+    int max_rows, n;
+    bool consumed;
+    float *k, *v, *g, *beta, *pre, *q, *kq, *o;
+} em_gpu_kda_log;
+
+/* EM_EINVAL naming the field (EM_EUNSUPPORTED for a head_dim the kernels lack). */
+int em_gpu_kda_dims_check(const em_gpu_kda_dims *d, em_err *err);
+uint64_t em_gpu_kda_state_floats(const em_gpu_kda_dims *d); /* 0 when dims are bad */
+uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows); /* 0 when bad */
+/* Lays the log out in d_mem (em_gpu_kda_log_bytes, 256-byte aligned: em_gpu_alloc's). */
+int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void *d_mem, em_gpu_kda_log *out, em_err *err);
+/* n rows (0..log->max_rows): qkv [n][3 d_inner] pre-conv, f [n][d_inner] before dt_bias, b
+ * [n][n_head] before sigmoid, g2 [n][d_inner] before sigmoid; out [n][d_inner] (device, all
+ * contiguous). committed is read, never written. Row j does not depend on n. */
+int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
+                       const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
+                       const float *d_b, const float *d_g2, float *d_out, em_gpu_kda_log *log, em_err *err);
+/* Folds the first k (0..log->n) logged rows into st (the forward's committed state,
+ * unchanged since): conv window advanced, S replayed in place. The log is consumed: a second
+ * commit before the next forward is EM_EINVAL. */
+int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log, int k,
+                      em_err *err);
+
+/* ---- MLA absorbed attention over the latent cache (model/mla.c's twin) ------------------
+ * The cache holds per position [c | k_pe] (kv_lora + rope floats): c = RMSNorm(latent)
+ * (weight, eps), k_pe as is. Rollback is by position: the caller's length moves back, later
+ * appends overwrite the rows past it. Positions are read on the device (d_pos: one int32, the
+ * first row's position), so a captured graph serves every position. */
+typedef struct em_gpu_mla_dims {
+    int n_head, kv_lora, rope; /* cache row = kv_lora + rope floats */
+    int nope;                  /* the score scale is 1 / sqrt(nope + rope) */
+    int64_t capacity;          /* cache rows allocated */
+} em_gpu_mla_dims;
+
+/* Cache rows [*d_pos, *d_pos + n) = [RMSNorm(lat[j][0:kv_lora]) * w | lat[j][kv_lora:]], from
+ * n rows of lat (d_lat + j * ldl); em_rmsnorm's arithmetic. Rows past capacity are not written. */
+int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_cache, const int32_t *d_pos, int n,
+                      const float *d_lat, int64_t ldl, const float *d_norm_w, float eps, em_err *err);
+/* Scratch floats em_gpu_mla_attend needs for n rows (scores of every head and row over the
+ * whole capacity). */
+uint64_t em_gpu_mla_scratch_floats(const em_gpu_mla_dims *d, int n);
+/* For query row t < n at position *d_pos + t and head h: qa = d_qa + t * ldq + h * (kv_lora +
+ * rope) (the absorbed query); s(u) = (cache[u] . qa) / sqrt(nope + rope) for u <= pos + t in
+ * em_dot_rows' lane order, softmax as em_softmax_poly (exp by em_expf_poly; the sum in
+ * double, a fixed tree), ctx = sum_u p(u) c_u (fma, u ascending, as em_weighted_rows) into
+ * d_ctx + t * ldc + h * kv_lora. A position past capacity gives NaN rows. Row t does not
+ * depend on n. */
+int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache, const int32_t *d_pos, int n,
+                      const float *d_qa, int64_t ldq, float *d_scratch, float *d_ctx, int64_t ldc, em_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -134,3 +134,48 @@ int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx
     (void)g, (void)x, (void)d_x, (void)ldx, (void)n, (void)d_ids, (void)d_wts, (void)k, (void)d_scratch, (void)d_y, (void)ldy;
     return NONE(err);
 }
+
+/* ==== sequence state: KDA and MLA ========================================================= */
+
+int em_gpu_kda_dims_check(const em_gpu_kda_dims *d, em_err *err) {
+    (void)d;
+    return NONE(err);
+}
+uint64_t em_gpu_kda_state_floats(const em_gpu_kda_dims *d) {
+    (void)d;
+    return 0;
+}
+uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows) {
+    (void)d, (void)max_rows;
+    return 0;
+}
+int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void *d_mem, em_gpu_kda_log *out, em_err *err) {
+    (void)d, (void)max_rows, (void)d_mem;
+    if (out) memset(out, 0, sizeof *out);
+    return NONE(err);
+}
+int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
+                       const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
+                       const float *d_b, const float *d_g2, float *d_out, em_gpu_kda_log *log, em_err *err) {
+    (void)g, (void)d, (void)p, (void)committed, (void)n, (void)d_qkv, (void)d_f, (void)d_b, (void)d_g2, (void)d_out, (void)log;
+    return NONE(err);
+}
+int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log, int k,
+                      em_err *err) {
+    (void)g, (void)d, (void)st, (void)log, (void)k;
+    return NONE(err);
+}
+int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_cache, const int32_t *d_pos, int n,
+                      const float *d_lat, int64_t ldl, const float *d_norm_w, float eps, em_err *err) {
+    (void)g, (void)d, (void)d_cache, (void)d_pos, (void)n, (void)d_lat, (void)ldl, (void)d_norm_w, (void)eps;
+    return NONE(err);
+}
+uint64_t em_gpu_mla_scratch_floats(const em_gpu_mla_dims *d, int n) {
+    (void)d, (void)n;
+    return 0;
+}
+int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache, const int32_t *d_pos, int n,
+                      const float *d_qa, int64_t ldq, float *d_scratch, float *d_ctx, int64_t ldc, em_err *err) {
+    (void)g, (void)d, (void)d_cache, (void)d_pos, (void)n, (void)d_qa, (void)ldq, (void)d_scratch, (void)d_ctx, (void)ldc;
+    return NONE(err);
+}

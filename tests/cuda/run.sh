@@ -26,6 +26,8 @@ if command -v cuobjdump >/dev/null 2>&1 && [ -x "$dir/bin/test_gpu_ops" ]; then
 fi
 [ -x "$dir/bin/test_gpu" ] && step test_gpu "$dir/bin/test_gpu"
 step test_gpu_ops "$dir/bin/test_gpu_ops" ${EMBER_GPU_TEST_FLAGS:-}
+# sequence state (KDA forward/commit, MLA cache and attention): tests/cuda/test_gpu_seq.c
+[ -x "$dir/bin/test_gpu_seq" ] && step test_gpu_seq "$dir/bin/test_gpu_seq"
 if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}" ]; then
   # memcheck over every check (no benchmarks), bounded: exit 124 means it ran out of time. API
   # errors are not reported: the error-path checks provoke some on purpose (a 1 PiB cudaMalloc)
@@ -35,8 +37,8 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}
   grep -h "ERROR SUMMARY" "$out/sanitizer.log" 2>/dev/null
 fi
 echo
-grep -h "^bench\|^info" "$out/test_gpu_ops.log" 2>/dev/null
-grep -h "^FAIL" "$out/test_gpu_ops.log" 2>/dev/null
+grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
+grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
 echo "== device run summary =="
 fail=0
 for i in "${!names[@]}"; do

@@ -1,0 +1,259 @@
+/* backend/cuda/kda.cu: the KDA recurrent core on the device (gpu.h, "KDA"), model/kda.c's
+ * twin: conv + SiLU + L2 norms + gates per (row, head) block; the delta rule with one thread
+ * per value column of a head's state, the column's D floats in registers; the gated RMSNorm
+ * per (row, head); the ReplaySSM commit (window advance, replay in place).
+ *
+ * Invariants:
+ * - The forward never writes the committed state (S is read into registers, not written back).
+ * - The per-column recurrence is one device function (kda_rows) used by the forward and the
+ *   commit: for row t, x = a k and y = a q (a = expf(g)); u = sum_r x[r] S[r][c] and w = sum_r
+ *   y[r] S[r][c], r ascending, one multiply then one add (--fmad=false); delta = beta (v - u);
+ *   o = w + (k.q) delta; S[r][c] = a[r] S[r][c] + k[r] delta. The scalar CPU kernel's order.
+ *   So commit(k) after a forward of n rows leaves the bits of k one-row forwards + commits.
+ * - Everything a row computes reads only the committed window, earlier rows' pre-conv inputs
+ *   and its own inputs: row j of an n-row forward does not depend on n.
+ * - Reductions over a head (L2 norms, k.q, the output norm) use one fixed tree (warp
+ *   butterfly, then warps in order), so every block computes them the same way. */
+#include "backend/cuda/cuda_impl.cuh"
+
+#include <math.h>
+
+#define KDA_MAX_CONV 16
+
+/* Sum of one value per thread over a block of D (32, 64, 128) threads, the same tree
+ * everywhere; every thread gets the sum. red: D / 32 floats of shared memory. */
+template <int D> __device__ __forceinline__ float kda_block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o);
+    if (D == 32) return v;
+    const int warp = threadIdx.x / 32;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    float s = red[0];
+    for (int i = 1; i < D / 32; i++) s = s + red[i];
+    return s;
+}
+
+/* Block (row t, head h), thread c = channel h*D + c: conv + SiLU of q, k, v; L2 norms; gate,
+ * beta, k.q; everything into the log (pre-conv rows too). */
+template <int D>
+__global__ void k_kda_prep(em_gpu_kda_dims d, em_gpu_kda_params p, const float *win, const float *qkv, const float *f,
+                           const float *b, em_gpu_kda_log lg) {
+    __shared__ float red[D / 32];
+    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+    const int64_t di = (int64_t)d.n_head * D, ch = (int64_t)h * D + c;
+    const int dc = d.d_conv, W = dc - 1;
+    const float *conv_w[3] = { p.conv_q, p.conv_k, p.conv_v };
+    float val[3];
+    for (int m = 0; m < 3; m++) {
+        float acc = 0.0f;
+        for (int i = 0; i < dc; i++) { /* taps oldest first; tap dc-1 is row t */
+            const int tau = t - W + i;
+            const float z = tau < 0 ? win[((int64_t)m * W + (tau + W)) * di + ch] : qkv[(int64_t)tau * 3 * di + m * di + ch];
+            acc = acc + conv_w[m][ch * dc + i] * z;
+        }
+        val[m] = acc / (1.0f + expf(-acc)); /* SiLU */
+        lg.pre[(int64_t)t * 3 * di + m * di + ch] = qkv[(int64_t)t * 3 * di + m * di + ch];
+    }
+    const float ssq = kda_block_sum<D>(val[0] * val[0], red);
+    const float ssk = kda_block_sum<D>(val[1] * val[1], red);
+    const float q = val[0] * ((1.0f / sqrtf(ssq + d.l2_eps)) * (1.0f / sqrtf((float)D)));
+    const float k = val[1] * (1.0f / sqrtf(ssk + d.l2_eps));
+    const float kq = kda_block_sum<D>(k * q, red);
+    float g = f[(int64_t)t * di + ch] + p.dt_bias[ch];
+    const float a = p.ssm_a[h];
+    if (d.bounded_gate) g = d.gate_lower_bound / (1.0f + expf(a * g));
+    else g = a * (g > 20.0f ? g : log1pf(expf(g)));
+    const int64_t at = (int64_t)t * di + ch;
+    lg.q[at] = q;
+    lg.k[at] = k;
+    lg.v[at] = val[2];
+    lg.g[at] = g;
+    if (c == 0) {
+        lg.beta[(int64_t)t * d.n_head + h] = 1.0f / (1.0f + expf(-b[(int64_t)t * d.n_head + h]));
+        lg.kq[(int64_t)t * d.n_head + h] = kq;
+    }
+}
+
+/* Rows [0, L) through one column c of head h's state s[D] (registers). With out, writes the
+ * pre-norm output of each row (o = S_new^T q) into lg.o. */
+template <int D>
+__device__ __forceinline__ void kda_rows(float (&s)[D], const em_gpu_kda_log &lg, int n_head, int h, int c, int L,
+                                         bool out) {
+    __shared__ float sa[D], sk[D], sx[D], sy[D];
+    const int64_t di = (int64_t)n_head * D;
+    for (int t = 0; t < L; t++) {
+        const int64_t row = (int64_t)t * di + (int64_t)h * D;
+        __syncwarp();
+        for (int r = threadIdx.x; r < D; r += 32) {
+            const float a = expf(lg.g[row + r]), k = lg.k[row + r];
+            sa[r] = a;
+            sk[r] = k;
+            sx[r] = a * k;
+            sy[r] = out ? a * lg.q[row + r] : 0.0f;
+        }
+        __syncwarp();
+        float u = 0.0f, w = 0.0f;
+#pragma unroll
+        for (int r = 0; r < D; r++) {
+            u = u + sx[r] * s[r];
+            if (out) w = w + sy[r] * s[r];
+        }
+        const float delta = lg.beta[(int64_t)t * n_head + h] * (lg.v[row + c] - u);
+        if (out) lg.o[row + c] = w + lg.kq[(int64_t)t * n_head + h] * delta;
+#pragma unroll
+        for (int r = 0; r < D; r++) s[r] = sa[r] * s[r] + sk[r] * delta;
+    }
+}
+
+/* Block (head h, 32-column slice), one warp: the state's columns in registers. The forward
+ * (write_back false) leaves S as it is; the commit replays in place. */
+template <int D> __global__ void __launch_bounds__(32) k_kda_recur(float *S, em_gpu_kda_log lg, int n_head, int L, bool out,
+                                                                    bool write_back) {
+    const int h = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
+    float *Sh = S + (int64_t)h * D * D;
+    float s[D];
+#pragma unroll
+    for (int r = 0; r < D; r++) s[r] = Sh[(int64_t)r * D + c];
+    kda_rows<D>(s, lg, n_head, h, c, L, out);
+    if (write_back) {
+#pragma unroll
+        for (int r = 0; r < D; r++) Sh[(int64_t)r * D + c] = s[r];
+    }
+}
+
+/* Block (row t, head h): out = o_norm * (o * rs) / (1 + exp(-g2)), rs = 1/sqrt(mean(o^2) + eps). */
+template <int D> __global__ void k_kda_finish(em_gpu_kda_dims d, const float *o_norm, em_gpu_kda_log lg, const float *g2,
+                                              float *out) {
+    __shared__ float red[D / 32];
+    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+    const int64_t at = (int64_t)t * d.n_head * D + (int64_t)h * D + c;
+    const float o = lg.o[at];
+    const float ss = kda_block_sum<D>(o * o, red);
+    const float rs = 1.0f / sqrtf(ss / (float)D + d.norm_eps);
+    out[at] = o_norm[c] * (o * rs) / (1.0f + expf(-g2[at]));
+}
+
+/* One thread per (m, channel), slots ascending: a slot's source is a later slot or a row. */
+__global__ void k_kda_window(float *win, const float *pre, int64_t di, int W, int k) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 3 * di) return;
+    const int64_t m = i / di, ch = i % di;
+    for (int j = 0; j < W; j++) {
+        const int tau = k - W + j;
+        const float v = tau < 0 ? win[(m * W + (tau + W)) * di + ch] : pre[(int64_t)tau * 3 * di + m * di + ch];
+        win[(m * W + j) * di + ch] = v;
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------------- */
+
+static uint64_t kda_di(const em_gpu_kda_dims *d) { return (uint64_t)d->n_head * (uint64_t)d->head_dim; }
+
+extern "C" int em_gpu_kda_dims_check(const em_gpu_kda_dims *d, em_err *err) {
+    if (!d) return em_err_set(err, EM_EINVAL, "GPU kda: dims is NULL");
+    if (d->n_head < 1 || d->n_head > 65535)
+        return em_err_set(err, EM_EINVAL, "GPU kda: n_head %d out of range [1, 65535]", d->n_head);
+    if (d->head_dim != 32 && d->head_dim != 64 && d->head_dim != 128)
+        return em_err_set(err, EM_EUNSUPPORTED, "GPU kda: head_dim %d (the kernels take 32, 64 or 128)", d->head_dim);
+    if (d->d_conv < 1 || d->d_conv > KDA_MAX_CONV)
+        return em_err_set(err, EM_EINVAL, "GPU kda: d_conv %d out of range [1, %d]", d->d_conv, KDA_MAX_CONV);
+    if (!isfinite(d->norm_eps) || d->norm_eps < 0.0f || !isfinite(d->l2_eps) || d->l2_eps < 0.0f)
+        return em_err_set(err, EM_EINVAL, "GPU kda: norm_eps %g / l2_eps %g must be finite and >= 0", (double)d->norm_eps,
+                          (double)d->l2_eps);
+    if (d->bounded_gate && !(isfinite(d->gate_lower_bound) && d->gate_lower_bound < 0.0f))
+        return em_err_set(err, EM_EINVAL, "GPU kda: gate_lower_bound %g must be finite and < 0", (double)d->gate_lower_bound);
+    return EM_OK;
+}
+
+extern "C" uint64_t em_gpu_kda_state_floats(const em_gpu_kda_dims *d) {
+    if (em_gpu_kda_dims_check(d, NULL)) return 0;
+    return 3 * (uint64_t)(d->d_conv - 1) * kda_di(d) + (uint64_t)d->n_head * d->head_dim * d->head_dim;
+}
+
+/* Log pieces in floats, each rounded up to 64 floats (256 bytes). */
+static uint64_t kda_piece(uint64_t f) { return (f + 63) / 64 * 64; }
+
+static uint64_t kda_log_floats(const em_gpu_kda_dims *d, int rows, em_gpu_kda_log *lg, float *base) {
+    const uint64_t di = kda_di(d), r = (uint64_t)rows, H = (uint64_t)d->n_head;
+    const uint64_t sizes[8] = { r * di, r * di, r * di, r * H, r * 3 * di, r * di, r * H, r * di };
+    float **dst[8] = { &lg->k, &lg->v, &lg->g, &lg->beta, &lg->pre, &lg->q, &lg->kq, &lg->o };
+    uint64_t off = 0;
+    for (int i = 0; i < 8; i++) {
+        if (base) *dst[i] = base + off;
+        off += kda_piece(sizes[i]);
+    }
+    return off;
+}
+
+extern "C" uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows) {
+    if (em_gpu_kda_dims_check(d, NULL) || max_rows < 1 || max_rows > EM_GPU_MAX_ROWS) return 0;
+    em_gpu_kda_log lg;
+    return kda_log_floats(d, max_rows, &lg, NULL) * sizeof(float);
+}
+
+extern "C" int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void *d_mem, em_gpu_kda_log *out, em_err *err) {
+    int rc = em_gpu_kda_dims_check(d, err);
+    if (rc) return rc;
+    EMC_CHECK(out && d_mem && ((uintptr_t)d_mem & 255) == 0, "GPU kda log: no output, or memory not 256-byte aligned");
+    EMC_CHECK(max_rows >= 1 && max_rows <= EM_GPU_MAX_ROWS, "GPU kda log: max_rows %d outside [1, %d]", max_rows,
+              EM_GPU_MAX_ROWS);
+    *out = em_gpu_kda_log{};
+    out->max_rows = max_rows;
+    out->consumed = true; /* nothing to commit before a forward */
+    kda_log_floats(d, max_rows, out, (float *)d_mem);
+    return EM_OK;
+}
+
+template <int D>
+static void kda_launch_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p, const em_gpu_kda_state *st,
+                               int n, const float *qkv, const float *f, const float *b, const float *g2, float *out,
+                               const em_gpu_kda_log *lg) {
+    const dim3 rows((unsigned)n, (unsigned)d->n_head), cols((unsigned)d->n_head, D / 32);
+    k_kda_prep<D><<<rows, D, 0, g->stream>>>(*d, *p, st->conv, qkv, f, b, *lg);
+    k_kda_recur<D><<<cols, 32, 0, g->stream>>>(st->S, *lg, d->n_head, n, true, false);
+    k_kda_finish<D><<<rows, D, 0, g->stream>>>(*d, p->o_norm, *lg, g2, out);
+}
+
+extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
+                                  const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
+                                  const float *d_b, const float *d_g2, float *d_out, em_gpu_kda_log *log, em_err *err) {
+    int rc = em_gpu_kda_dims_check(d, err);
+    if (rc) return rc;
+    EMC_CHECK(p && p->conv_q && p->conv_k && p->conv_v && p->ssm_a && p->dt_bias && p->o_norm,
+              "GPU kda forward: a weight pointer is NULL");
+    EMC_CHECK(committed && committed->S && (d->d_conv == 1 || committed->conv), "GPU kda forward: no committed state");
+    EMC_CHECK(log && log->k, "GPU kda forward: no log");
+    EMC_CHECK(n >= 0 && n <= log->max_rows, "GPU kda forward: %d rows outside [0, %d] (the log's max_rows)", n, log->max_rows);
+    EMC_CHECK(n == 0 || (d_qkv && d_f && d_b && d_g2 && d_out), "GPU kda forward: an input or output pointer is NULL");
+    log->n = n;
+    log->consumed = false;
+    if ((rc = emc_use(g, err)) || n == 0) return rc;
+    switch (d->head_dim) {
+    case 32: kda_launch_forward<32>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, log); break;
+    case 64: kda_launch_forward<64>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, log); break;
+    default: kda_launch_forward<128>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, log); break;
+    }
+    return emc_launched(err, "k_kda_prep / k_kda_recur / k_kda_finish");
+}
+
+extern "C" int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log, int k,
+                                 em_err *err) {
+    int rc = em_gpu_kda_dims_check(d, err);
+    if (rc) return rc;
+    EMC_CHECK(st && st->S && (d->d_conv == 1 || st->conv), "GPU kda commit: no state");
+    EMC_CHECK(log && log->k, "GPU kda commit: no log");
+    EMC_CHECK(!log->consumed, "GPU kda commit: this log was already committed (or no forward ran)");
+    EMC_CHECK(k >= 0 && k <= log->n, "GPU kda commit: k = %d outside [0, %d] logged rows", k, log->n);
+    log->consumed = true;
+    if ((rc = emc_use(g, err)) || k == 0) return rc;
+    const int64_t di = (int64_t)kda_di(d);
+    if (d->d_conv > 1) k_kda_window<<<emc_blocks(3 * di, 256), 256, 0, g->stream>>>(st->conv, log->pre, di, d->d_conv - 1, k);
+    const dim3 cols((unsigned)d->n_head, (unsigned)(d->head_dim / 32));
+    switch (d->head_dim) {
+    case 32: k_kda_recur<32><<<cols, 32, 0, g->stream>>>(st->S, *log, d->n_head, k, false, true); break;
+    case 64: k_kda_recur<64><<<cols, 32, 0, g->stream>>>(st->S, *log, d->n_head, k, false, true); break;
+    default: k_kda_recur<128><<<cols, 32, 0, g->stream>>>(st->S, *log, d->n_head, k, false, true); break;
+    }
+    return emc_launched(err, "k_kda_window / k_kda_recur");
+}

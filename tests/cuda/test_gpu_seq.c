@@ -1,0 +1,458 @@
+/* tests/cuda/test_gpu_seq.c: the sequence-state ops of backend/gpu.h (KDA forward / commit, the
+ * MLA latent cache and absorbed attention) against their CPU twins (model/kda.c's
+ * em_kda_forward / em_kda_commit; compute/'s em_dot_rows, em_softmax_poly, em_weighted_rows as
+ * model/mla.c calls them), at Kimi-Linear-48B-A3B's shapes (32 KDA heads of 128, conv 4; MLA 32
+ * heads, kv_lora 512 + rope 64, nope 128), with stated tolerances; width invariance (rows of an
+ * n-row call memcmp-equal to one-row steps, n = 1..16); verify(n) + commit(k) memcmp-equal to k
+ * single steps for every 0 <= k <= n <= 16; the committed state untouched by verify; rollback by
+ * position; poisoned outputs; error paths; a few timings. Needs a GPU (tests/cuda/run.sh runs it
+ * on the device machine; not registered with ctest). Prints one line per check; exit 1 when
+ * any check failed, 2 when no GPU could be opened. Usage: test_gpu_seq [--device cuda:N] */
+#include "backend/gpu.h"
+#include "compute/compute.h"
+#include "model/kda.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define R EM_GPU_MAX_ROWS
+#define KH 32   /* KDA heads */
+#define KD 128  /* KDA head dim */
+#define KDI (KH * KD)
+#define KCONV 4
+#define MH 32   /* MLA heads */
+#define LORA 512
+#define ROPE 64
+#define NOPE 128
+#define MC (LORA + ROPE)
+
+static em_gpu *G;
+static em_err E;
+static int n_fail, n_ok;
+
+static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void record(const char *name, int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char d[200];
+    vsnprintf(d, sizeof d, fmt, ap);
+    va_end(ap);
+    printf("%-4s %-40s %s\n", ok ? "ok" : "FAIL", name, d);
+    fflush(stdout);
+    if (ok) n_ok++;
+    else n_fail++;
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void) {
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return rng * 2685821657736338717ull;
+}
+static float rndf(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+static void fill(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = lo + (rndf() + 1.0f) * 0.5f * (hi - lo);
+}
+static void *xmalloc(size_t n) {
+    void *p = calloc(1, n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+static void die(const char *what) {
+    fprintf(stderr, "%s: %s\n", what, E.msg);
+    exit(1);
+}
+static void *dalloc(uint64_t bytes) {
+    void *p = NULL;
+    if (em_gpu_alloc(G, bytes, "test buffer", &p, &E)) die("device allocation");
+    return p;
+}
+static void up(void *d, const void *h, uint64_t n) {
+    if (em_gpu_upload(G, d, h, n, &E)) die("upload");
+}
+static void down(void *h, const void *d, uint64_t n) {
+    if (em_gpu_download(G, h, d, n, &E)) die("download");
+}
+static void dcopy(void *d, const void *s, uint64_t n) {
+    if (em_gpu_copy(G, d, s, n, &E)) die("copy");
+}
+static void poison(void *d, uint64_t n) {
+    if (em_gpu_memset(G, d, 0xff, n, &E)) die("memset");
+}
+static int64_t unwritten(const float *h, int64_t n) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += isnan(h[i]);
+    return c;
+}
+/* rel L2 <= tol_l2 and max |diff| <= tol_max * max |ref|; NaN anywhere fails. */
+static void record_cmp(const char *name, const float *got, const float *ref, int64_t n, double tol_l2, double tol_max) {
+    double num = 0, den = 0, mx = 0, mr = 0;
+    int64_t nan = 0, same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(got[i]) || isnan(ref[i])) {
+            nan++;
+            continue;
+        }
+        same += memcmp(&got[i], &ref[i], 4) == 0;
+        const double d = (double)got[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+        if (fabs(d) > mx) mx = fabs(d);
+        if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    record(name, nan == 0 && rel <= tol_l2 && mx <= tol_max * (mr > 0 ? mr : 1),
+           "relL2 %.2e (<= %.0e) maxabs %.2e (<= %.0e x %.3g) identical %lld/%lld nan %lld", rel, tol_l2, mx, tol_max, mr,
+           (long long)same, (long long)n, (long long)nan);
+}
+
+/* ==== KDA ====================================================================================== */
+
+typedef struct kda_fix {
+    em_kda_dims cd;
+    em_gpu_kda_dims gd;
+    float *conv_q, *conv_k, *conv_v, *ssm_a, *dt_bias, *o_norm; /* host */
+    em_kda_params cp;
+    em_gpu_kda_params gp;
+    float *qkv, *f, *b, *g2; /* host inputs of R rows */
+    float *d_qkv, *d_f, *d_b, *d_g2, *d_out;
+    em_kda_state cs;         /* the committed state on the CPU */
+    uint64_t st_floats, conv_floats;
+    float *d_st0;            /* the committed state on the device: conv then S */
+    em_gpu_kda_log lg;
+} kda_fix;
+
+static em_gpu_kda_state dstate(const kda_fix *x, float *base) {
+    return (em_gpu_kda_state){ .conv = base, .S = base + x->conv_floats };
+}
+
+static void kda_open(kda_fix *x, bool bounded) {
+    memset(x, 0, sizeof *x);
+    x->cd = (em_kda_dims){ .n_head = KH, .head_dim = KD, .d_conv = KCONV, .norm_eps = 1e-5f, .l2_eps = 1e-6f,
+                           .bounded_gate = bounded, .gate_lower_bound = -5.0f };
+    x->gd = (em_gpu_kda_dims){ .n_head = KH, .head_dim = KD, .d_conv = KCONV, .norm_eps = 1e-5f, .l2_eps = 1e-6f,
+                               .bounded_gate = bounded, .gate_lower_bound = -5.0f };
+    float **hw[6] = { &x->conv_q, &x->conv_k, &x->conv_v, &x->ssm_a, &x->dt_bias, &x->o_norm };
+    const int64_t nw[6] = { KDI * KCONV, KDI * KCONV, KDI * KCONV, KH, KDI, KD };
+    const float lo[6] = { -0.6f, -0.6f, -0.6f, 0, -0.5f, 0.8f }, hi[6] = { 0.6f, 0.6f, 0.6f, 0, 0.5f, 1.2f };
+    float *dw[6];
+    for (int i = 0; i < 6; i++) {
+        *hw[i] = xmalloc((size_t)nw[i] * 4);
+        fill(*hw[i], nw[i], lo[i], hi[i]);
+        if (i == 3)
+            for (int h = 0; h < KH; h++) x->ssm_a[h] = -expf(rndf()); /* -exp(A_log) */
+        dw[i] = dalloc((uint64_t)nw[i] * 4);
+        up(dw[i], *hw[i], (uint64_t)nw[i] * 4);
+    }
+    x->cp = (em_kda_params){ x->conv_q, x->conv_k, x->conv_v, x->ssm_a, x->dt_bias, x->o_norm };
+    x->gp = (em_gpu_kda_params){ dw[0], dw[1], dw[2], dw[3], dw[4], dw[5] };
+    x->qkv = xmalloc(R * 3 * KDI * 4), x->f = xmalloc(R * KDI * 4), x->b = xmalloc(R * KH * 4), x->g2 = xmalloc(R * KDI * 4);
+    fill(x->qkv, R * 3 * KDI, -1, 1), fill(x->f, R * KDI, -4, 1), fill(x->b, R * KH, -2, 2), fill(x->g2, R * KDI, -2, 2);
+    x->d_qkv = dalloc(R * 3 * KDI * 4), x->d_f = dalloc(R * KDI * 4), x->d_b = dalloc(R * KH * 4);
+    x->d_g2 = dalloc(R * KDI * 4), x->d_out = dalloc(R * KDI * 4);
+    up(x->d_qkv, x->qkv, R * 3 * KDI * 4), up(x->d_f, x->f, R * KDI * 4), up(x->d_b, x->b, R * KH * 4);
+    up(x->d_g2, x->g2, R * KDI * 4);
+    /* a committed state mid-sequence: random window and S */
+    if (em_kda_state_init(&x->cs, &x->cd, &E)) die("kda state");
+    x->conv_floats = 3 * (KCONV - 1) * KDI;
+    x->st_floats = em_gpu_kda_state_floats(&x->gd);
+    fill(x->cs.conv, (int64_t)x->conv_floats, -1, 1);
+    fill(x->cs.S, KH * KD * KD, -0.2f, 0.2f);
+    x->d_st0 = dalloc(x->st_floats * 4);
+    up(x->d_st0, x->cs.conv, x->conv_floats * 4);
+    up(x->d_st0 + x->conv_floats, x->cs.S, (uint64_t)KH * KD * KD * 4);
+    void *lm = dalloc(em_gpu_kda_log_bytes(&x->gd, R));
+    if (em_gpu_kda_log_init(&x->gd, R, lm, &x->lg, &E)) die("kda log");
+}
+
+/* Host copy of a device state: conv then S. */
+static float *state_down(const kda_fix *x, const float *d) {
+    float *h = xmalloc(x->st_floats * 4);
+    down(h, d, x->st_floats * 4);
+    return h;
+}
+
+static void test_kda(bool bounded) {
+    kda_fix x;
+    kda_open(&x, bounded);
+    const char *tag = bounded ? "kda (K3 gate)" : "kda";
+    char name[64];
+    const uint64_t SB = x.st_floats * 4;
+    /* CPU: 16 rows, recurrent form */
+    float *out_cpu = xmalloc(R * KDI * 4), *out = xmalloc(R * KDI * 4);
+    em_kda_log *clog = NULL;
+    if (em_kda_log_create(&clog, &x.cd, R, false, &E)) die("cpu kda log");
+    if (em_kda_forward(&x.cd, &x.cp, &x.cs, R, x.qkv, x.f, x.b, x.g2, out_cpu, clog, NULL, NULL, &E)) die("cpu kda forward");
+    /* GPU: 16 rows on the committed state, outputs poisoned */
+    em_gpu_kda_state st0 = dstate(&x, x.d_st0);
+    poison(x.d_out, R * KDI * 4);
+    int rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, R, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+    if (rc) {
+        record(tag, 0, "forward: %s", E.msg);
+        return;
+    }
+    down(out, x.d_out, R * KDI * 4);
+    snprintf(name, sizeof name, "%s forward 16 rows vs CPU", tag);
+    record_cmp(name, out, out_cpu, R * KDI, 1e-5, 1e-4);
+    snprintf(name, sizeof name, "%s forward writes every output", tag);
+    const int64_t un = unwritten(out, R * KDI);
+    record(name, un == 0, "%lld of %d values unwritten", (long long)un, R * KDI);
+    float *st_h = state_down(&x, x.d_st0);
+    snprintf(name, sizeof name, "%s forward leaves committed state", tag);
+    record(name, !memcmp(st_h, x.cs.conv, x.conv_floats * 4) && !memcmp(st_h + x.conv_floats, x.cs.S, (size_t)KH * KD * KD * 4),
+           "conv window and S memcmp-equal to the upload");
+    /* GPU commit(7) vs the CPU's */
+    float *d_w = dalloc(SB);
+    em_gpu_kda_state sw = dstate(&x, d_w);
+    dcopy(d_w, x.d_st0, SB);
+    rc = em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 7, &E);
+    em_kda_state cw;
+    em_kda_state_init(&cw, &x.cd, &E);
+    em_kda_state_copy(&cw, &x.cs, &x.cd);
+    if (em_kda_commit(&x.cd, &cw, clog, 7, NULL, &E)) die("cpu kda commit");
+    float *got = state_down(&x, d_w);
+    snprintf(name, sizeof name, "%s commit(7) window vs CPU", tag);
+    record(name, rc == 0 && !memcmp(got, cw.conv, x.conv_floats * 4), "%s", rc ? E.msg : "memcmp-equal");
+    snprintf(name, sizeof name, "%s commit(7) state vs CPU", tag);
+    record_cmp(name, got + x.conv_floats, cw.S, KH * KD * KD, 1e-5, 1e-4);
+    free(got);
+    /* error paths: a second commit; k past the logged rows */
+    rc = em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 1, &E);
+    snprintf(name, sizeof name, "%s error: second commit", tag);
+    record(name, rc == EM_EINVAL && strstr(E.msg, "already"), "%s", E.msg);
+    em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, 3, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+    rc = em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 4, &E);
+    snprintf(name, sizeof name, "%s error: commit(4) after 3 rows", tag);
+    record(name, rc == EM_EINVAL && strstr(E.msg, "k = 4"), "%s", E.msg);
+    em_gpu_kda_dims bad = x.gd;
+    bad.head_dim = 96;
+    rc = em_gpu_kda_forward(G, &bad, &x.gp, &st0, 1, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+    snprintf(name, sizeof name, "%s error: head_dim 96", tag);
+    record(name, rc == EM_EUNSUPPORTED && strstr(E.msg, "96"), "%s", E.msg);
+
+    /* single steps: forward(1 row) + commit(1), 16 times; every state kept */
+    float *single = xmalloc(R * KDI * 4), **states = xmalloc((R + 1) * sizeof(float *));
+    dcopy(d_w, x.d_st0, SB);
+    states[0] = state_down(&x, d_w);
+    int step_rc = 0;
+    for (int t = 0; t < R && !step_rc; t++) {
+        step_rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &sw, 1, x.d_qkv + (int64_t)t * 3 * KDI, x.d_f + (int64_t)t * KDI,
+                                     x.d_b + t * KH, x.d_g2 + (int64_t)t * KDI, x.d_out, &x.lg, &E) ||
+                  em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 1, &E);
+        down(single + (int64_t)t * KDI, x.d_out, KDI * 4);
+        states[t + 1] = state_down(&x, d_w);
+    }
+    snprintf(name, sizeof name, "%s 16 single steps vs CPU forward", tag);
+    if (step_rc) record(name, 0, "%s", E.msg);
+    else record_cmp(name, single, out_cpu, R * KDI, 1e-5, 1e-4);
+    /* width invariance and verify(n) + commit(k) == k single steps, every 0 <= k <= n <= 16 */
+    int rows_bad = 0, states_bad = 0, pairs = 0, first_bad_n = 0, first_bad_k = -1;
+    for (int n = 1; n <= R; n++) {
+        for (int k = 0; k <= n; k++) {
+            dcopy(d_w, x.d_st0, SB);
+            poison(x.d_out, R * KDI * 4);
+            if (em_gpu_kda_forward(G, &x.gd, &x.gp, &sw, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E) ||
+                em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, k, &E)) {
+                record("kda verify/commit", 0, "n %d k %d: %s", n, k, E.msg);
+                return;
+            }
+            if (k == 0) {
+                down(out, x.d_out, (uint64_t)n * KDI * 4);
+                rows_bad += memcmp(out, single, (size_t)n * KDI * 4) != 0;
+            }
+            float *s = state_down(&x, d_w);
+            if (memcmp(s, states[k], SB)) {
+                states_bad++;
+                if (first_bad_k < 0) first_bad_n = n, first_bad_k = k;
+            }
+            free(s);
+            pairs++;
+        }
+    }
+    snprintf(name, sizeof name, "%s width invariance n=1..16", tag);
+    record(name, rows_bad == 0, "%d of 16 widths differ from single steps (memcmp)", rows_bad);
+    snprintf(name, sizeof name, "%s verify(n)+commit(k) == k steps", tag);
+    record(name, states_bad == 0, "%d of %d (n, k) pairs differ (memcmp of window + S; first n %d k %d)", states_bad, pairs,
+           first_bad_n, first_bad_k);
+    /* timing: forward of n rows, commit of n rows */
+    if (!bounded) {
+        for (int n = 1; n <= R; n *= 4) {
+            float fms = 0, cms = 0;
+            em_gpu_mark(G, 0, &E);
+            for (int i = 0; i < 20; i++)
+                em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+            em_gpu_mark(G, 1, &E);
+            em_gpu_elapsed_ms(G, &fms, &E);
+            em_gpu_mark(G, 0, &E);
+            for (int i = 0; i < 20; i++) {
+                x.lg.consumed = false; /* replays the same rows: timing only */
+                em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, n, &E);
+            }
+            em_gpu_mark(G, 1, &E);
+            em_gpu_elapsed_ms(G, &cms, &E);
+            printf("bench kda layer (32x128x128): n=%2d forward %.1f us, commit %.1f us\n", n, fms * 50, cms * 50);
+        }
+    }
+    for (int t = 0; t <= R; t++) free(states[t]);
+    free(states), free(single), free(out), free(out_cpu), free(st_h);
+    em_kda_log_free(clog);
+    em_kda_state_free(&cw);
+    em_gpu_sync(G, &E);
+}
+
+/* ==== MLA ====================================================================================== */
+
+#define CAP (4096 + 2 * R)
+
+/* The CPU's attention for row t at position p, head h (mla.c's head_task, one row). */
+static void mla_cpu(const float *cache, const float *qa, int64_t p, float *scores, float *ctx) {
+    const float scale = (float)(1.0 / sqrt((double)(NOPE + ROPE)));
+    em_dot_rows(cache, MC, p + 1, qa, MC, scale, scores);
+    em_softmax_poly(scores, p + 1);
+    em_weighted_rows(scores, cache, MC, p + 1, LORA, ctx);
+}
+
+static void set_pos(int32_t *d_pos, int32_t p) { up(d_pos, &p, 4); }
+
+static void test_mla(void) {
+    const em_gpu_mla_dims md = { .n_head = MH, .kv_lora = LORA, .rope = ROPE, .nope = NOPE, .capacity = CAP };
+    const uint64_t CB = (uint64_t)CAP * MC * 4;
+    float *lat = xmalloc((size_t)CAP * MC * 4), *w = xmalloc(LORA * 4), *cache = xmalloc(CB);
+    fill(lat, (int64_t)CAP * MC, -1, 1);
+    fill(w, LORA, 0.5f, 1.5f);
+    for (int64_t u = 0; u < CAP; u++) { /* the CPU's cache rows, as kimi_mla_forward writes them */
+        em_rmsnorm(lat + u * MC, w, 1e-6f, LORA, cache + u * MC);
+        memcpy(cache + u * MC + LORA, lat + u * MC + LORA, ROPE * 4);
+    }
+    float *d_lat = dalloc(CB), *d_w = dalloc(LORA * 4), *d_cache = dalloc(CB), *d_cache2 = dalloc(CB);
+    int32_t *d_pos = dalloc(4);
+    up(d_lat, lat, CB), up(d_w, w, LORA * 4);
+    /* append: all rows, 16 at a time */
+    poison(d_cache, CB);
+    int rc = 0;
+    for (int64_t p = 0; p < CAP && !rc; p += R) {
+        set_pos(d_pos, (int32_t)p);
+        rc = em_gpu_mla_append(G, &md, d_cache, d_pos, R, d_lat + p * MC, MC, d_w, 1e-6f, &E);
+    }
+    float *got = xmalloc(CB);
+    down(got, d_cache, CB);
+    if (rc) record("mla append", 0, "%s", E.msg);
+    else record_cmp("mla append (4128 rows) vs em_rmsnorm", got, cache, (int64_t)CAP * MC, 1e-7, 1e-6);
+    up(d_cache, cache, CB); /* attention checks read the CPU's cache */
+
+    const uint64_t QF = (uint64_t)R * MH * MC, CF = (uint64_t)R * MH * LORA;
+    float *qa = xmalloc(QF * 4), *ctx = xmalloc(CF * 4), *ref = xmalloc(CF * 4), *one = xmalloc(CF * 4);
+    float *scores = xmalloc((size_t)CAP * 4);
+    fill(qa, (int64_t)QF, -1, 1);
+    float *d_qa = dalloc(QF * 4), *d_ctx = dalloc(CF * 4);
+    float *d_sc = dalloc(em_gpu_mla_scratch_floats(&md, R) * 4);
+    up(d_qa, qa, QF * 4);
+    const int64_t lens[] = { 1, 100, 4096 };
+    for (int li = 0; li < 3; li++) {
+        const int64_t pos = lens[li] - 1; /* row 0 sees lens[li] positions */
+        char name[80];
+        for (int t = 0; t < R; t++)
+            for (int h = 0; h < MH; h++)
+                mla_cpu(cache, qa + ((int64_t)t * MH + h) * MC, pos + t, scores, ref + ((int64_t)t * MH + h) * LORA);
+        set_pos(d_pos, (int32_t)pos);
+        poison(d_ctx, CF * 4);
+        rc = em_gpu_mla_attend(G, &md, d_cache, d_pos, R, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        down(ctx, d_ctx, CF * 4);
+        snprintf(name, sizeof name, "mla attend ctx %lld, 16 rows vs CPU", (long long)lens[li]);
+        if (rc) record(name, 0, "%s", E.msg);
+        else record_cmp(name, ctx, ref, (int64_t)CF, 1e-6, 1e-5);
+        /* width invariance: n-row calls against one-row calls at pos + t */
+        for (int t = 0; t < R; t++) {
+            set_pos(d_pos, (int32_t)(pos + t));
+            em_gpu_mla_attend(G, &md, d_cache, d_pos, 1, d_qa + (int64_t)t * MH * MC, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+            down(one + (int64_t)t * MH * LORA, d_ctx, (uint64_t)MH * LORA * 4);
+        }
+        int bad = 0;
+        set_pos(d_pos, (int32_t)pos);
+        for (int n = 1; n <= R; n++) {
+            poison(d_ctx, CF * 4);
+            em_gpu_mla_attend(G, &md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+            down(ctx, d_ctx, (uint64_t)n * MH * LORA * 4);
+            bad += memcmp(ctx, one, (size_t)n * MH * LORA * 4) != 0;
+        }
+        snprintf(name, sizeof name, "mla width invariance ctx %lld", (long long)lens[li]);
+        record(name, bad == 0, "%d of 16 widths differ from one-row calls (memcmp)", bad);
+    }
+    /* rollback: rows past the commit point hold a rejected draft's latents; a row attending at
+     * or before the commit point must not see them, and re-appending overwrites them */
+    {
+        const int64_t P = 1000;
+        float *junk = xmalloc((size_t)R * MC * 4);
+        fill(junk, R * MC, -3, 3);
+        float *d_junk = dalloc((uint64_t)R * MC * 4);
+        up(d_junk, junk, (uint64_t)R * MC * 4);
+        dcopy(d_cache2, d_cache, CB);
+        set_pos(d_pos, (int32_t)(P + 3));
+        em_gpu_mla_append(G, &md, d_cache2, d_pos, R, d_junk, MC, d_w, 1e-6f, &E); /* the rejected rows */
+        set_pos(d_pos, (int32_t)P);
+        em_gpu_mla_attend(G, &md, d_cache2, d_pos, 3, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        down(ctx, d_ctx, 3ull * MH * LORA * 4);
+        em_gpu_mla_attend(G, &md, d_cache, d_pos, 3, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        down(one, d_ctx, 3ull * MH * LORA * 4);
+        const int blind = !memcmp(ctx, one, 3ull * MH * LORA * 4);
+        set_pos(d_pos, (int32_t)(P + 3)); /* the accepted continuation overwrites them */
+        em_gpu_mla_append(G, &md, d_cache2, d_pos, R, d_lat + (P + 3) * MC, MC, d_w, 1e-6f, &E);
+        float *c2 = xmalloc((size_t)R * MC * 4);
+        down(c2, d_cache2 + (P + 3) * MC, (uint64_t)R * MC * 4);
+        down(got, d_cache + (P + 3) * MC, (uint64_t)R * MC * 4); /* the CPU's rows (uploaded) */
+        float *g2 = xmalloc((size_t)R * MC * 4);
+        memcpy(g2, got, (size_t)R * MC * 4);
+        set_pos(d_pos, (int32_t)P);
+        em_gpu_mla_attend(G, &md, d_cache2, d_pos, R, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        down(ctx, d_ctx, CF * 4);
+        for (int t = 0; t < R; t++)
+            for (int h = 0; h < MH; h++)
+                mla_cpu(cache, qa + ((int64_t)t * MH + h) * MC, P + t, scores, ref + ((int64_t)t * MH + h) * LORA);
+        record("mla rollback: later rows unseen", blind, "3 rows at 1000..1002 with junk at 1003.. memcmp-equal to a clean cache");
+        record_cmp("mla rollback: re-appended rows vs CPU", c2, g2, R * MC, 1e-7, 1e-6);
+        record_cmp("mla rollback: attend after overwrite", ctx, ref, (int64_t)CF, 1e-6, 1e-5);
+        free(junk), free(c2), free(g2);
+    }
+    /* a position past the capacity: NaN rows, no stray read */
+    set_pos(d_pos, (int32_t)CAP);
+    rc = em_gpu_mla_attend(G, &md, d_cache, d_pos, 1, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+    down(ctx, d_ctx, (uint64_t)MH * LORA * 4);
+    record("mla position past capacity", rc == 0 && unwritten(ctx, MH * LORA) == MH * LORA, "row of %d NaN", MH * LORA);
+    em_gpu_mla_dims bad = md;
+    bad.kv_lora = 2048;
+    rc = em_gpu_mla_attend(G, &bad, d_cache, d_pos, 1, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+    record("mla error: kv_lora 2048", rc == EM_EINVAL && strstr(E.msg, "2048"), "%s", E.msg);
+    /* timing at 4096 */
+    for (int n = 1; n <= R; n *= 4) {
+        float ms = 0;
+        set_pos(d_pos, 4095);
+        em_gpu_mark(G, 0, &E);
+        for (int i = 0; i < 20; i++) em_gpu_mla_attend(G, &md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        em_gpu_mark(G, 1, &E);
+        em_gpu_elapsed_ms(G, &ms, &E);
+        printf("bench mla attend (32 heads, ctx 4096): n=%2d %.1f us\n", n, ms * 50);
+    }
+    free(lat), free(w), free(cache), free(got), free(qa), free(ctx), free(ref), free(one), free(scores);
+    em_gpu_sync(G, &E);
+}
+
+int main(int argc, char **argv) {
+    const char *dev = argc > 2 && !strcmp(argv[1], "--device") ? argv[2] : "cuda:0";
+    int idx = 0;
+    if (em_gpu_parse_device(dev, &idx, &E) || em_gpu_open(idx, &G, &E)) {
+        fprintf(stderr, "test_gpu_seq: %s\n", E.msg);
+        return 2;
+    }
+    test_kda(false);
+    test_kda(true);
+    test_mla();
+    int rc = em_gpu_sync(G, &E);
+    if (rc) record("context after the tests", 0, "%s", E.msg);
+    printf("== test_gpu_seq: %d checks, %d passed, %d failed ==\n", n_ok + n_fail, n_ok, n_fail);
+    em_gpu_close(G);
+    return n_fail ? 1 : 0;
+}

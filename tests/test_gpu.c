@@ -35,11 +35,29 @@ static void test_sizes(void **state) {
     assert_int_equal(b, 1024ull * 2304 / 32 * 34); /* the GGUF's bytes, repacked */
     OK(em_gpu_mat_bytes(EM_TYPE_BF16, 3, 8, &b, E));
     assert_int_equal(b, 48);
+    /* Q4_K, Q6_K, MXFP4 keep the GGUF's bytes; types without a kernel become F32 */
+    OK(em_gpu_mat_bytes(EM_TYPE_Q4_K, 2, 512, &b, E));
+    assert_int_equal(b, 2 * 2 * 144);
+    OK(em_gpu_mat_bytes(EM_TYPE_Q6_K, 1, 256, &b, E));
+    assert_int_equal(b, 210);
+    OK(em_gpu_mat_bytes(EM_TYPE_MXFP4, 1, 64, &b, E));
+    assert_int_equal(b, 34);
+    OK(em_gpu_mat_bytes(EM_TYPE_Q5_K, 3, 256, &b, E));
+    assert_int_equal(b, 3 * 256 * 4);
+    assert_int_equal(em_gpu_mat_dev_type(EM_TYPE_Q5_K), EM_TYPE_F32);
+    assert_int_equal(em_gpu_mat_dev_type(EM_TYPE_IQ2_XXS), EM_TYPE_F32);
+    assert_int_equal(em_gpu_mat_dev_type(EM_TYPE_Q6_K), EM_TYPE_Q6_K);
+    assert_int_equal(em_gpu_mat_dev_type(EM_TYPE_TQ1_0), -1);
+    assert_int_equal(em_gpu_act_type(EM_TYPE_MXFP4), EM_TYPE_Q8_0);
+    assert_int_equal(em_gpu_act_type(EM_TYPE_BF16), EM_TYPE_F32);
+    assert_int_equal(em_gpu_act_type(EM_TYPE_Q5_K), -1);
     em_err e = { 0 };
-    assert_int_equal(em_gpu_mat_bytes(EM_TYPE_Q4_K, 1, 256, &b, &e), EM_EUNSUPPORTED);
-    assert_non_null(strstr(e.msg, "q4_K"));
+    assert_int_equal(em_gpu_mat_bytes(EM_TYPE_TQ1_0, 1, 256, &b, &e), EM_EUNSUPPORTED);
+    assert_non_null(strstr(e.msg, "tq1_0"));
+    assert_int_equal(em_gpu_mat_bytes(EM_TYPE_Q4_K, 1, 255, &b, &e), EM_EFORMAT);
     assert_int_equal(em_gpu_mat_bytes(EM_TYPE_Q8_0, 1, 33, &b, &e), EM_EFORMAT);
-    assert_true(em_gpu_mat_type_ok(EM_TYPE_F16) && !em_gpu_mat_type_ok(EM_TYPE_MXFP4));
+    assert_true(em_gpu_mat_type_ok(EM_TYPE_F16) && em_gpu_mat_type_ok(EM_TYPE_MXFP4) && !em_gpu_mat_type_ok(EM_TYPE_Q5_K));
+    assert_int_equal(em_gpu_act_bytes(EM_TYPE_Q4_K, 2304, 3), 6912 + 3 * 72 * 4);
     /* Q8_0 activations: quants padded to 16 bytes, then a float per 32 values */
     assert_int_equal(em_gpu_act_bytes(EM_TYPE_Q8_0, 2304, 3), 6912 + 3 * 72 * 4);
     assert_int_equal(em_gpu_act_bytes(EM_TYPE_Q8_0, 32, 1), 16 + 16 + 4);

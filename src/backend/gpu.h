@@ -94,35 +94,62 @@ int em_gpu_elapsed_ms(em_gpu *g, float *ms, em_err *err);
 
 /* ---- weight matrices in device layouts -------------------------------------------------- */
 
+/* ---- weight types (wt-cuda3: Q4_K, Q6_K, MXFP4 products; every other type as F32) ------- */
+
 /* A weight matrix of rows x cols values (a torch Linear [out, in]: rows = out) as the
- * kernels read it. F32, F16, BF16: the GGUF rows as they are. Q8_0, repacked at upload: the
- * int8 quants of row r at qs + r * cols (so a thread reads 16-byte pieces of whole blocks) and
- * the fp16 block scales of row r at d + r * (cols / 32); the same bytes as the GGUF's
- * (34 per 32 values), the same numbers. */
+ * kernels read it, repacked at upload into device layouts that keep the GGUF's bytes and
+ * numbers (docs/cuda.md, "Weight upload"):
+ * - F32, F16, BF16: the GGUF rows as they are (data).
+ * - Q8_0: int8 quants of row r at data + r * cols; fp16 block scales at scales + r * (cols/32).
+ * - Q4_K: the 128 quant bytes of each 256-value super-block, row r at data + r * cols/2
+ *   (64-value chunk c at + 32 c: byte i holds value 64c + i low, 64c + 32 + i high); each
+ *   super-block's first 16 GGUF bytes (fp16 d, fp16 dmin, 12 packed 6-bit scales and mins)
+ *   at scales + (r * cols/256 + s) * 16.
+ * - Q6_K: low nibbles at data + r * cols/2 (chunk c at + 32 c: byte i holds value 64c + i low,
+ *   64c + 32 + i high); in scales: the high 2-bit pieces [rows][cols/4] (chunk c at + 16 c:
+ *   bits 2t..2t+1 of byte i belong to value 64c + i + 16t), then the int8 scales of 16 values
+ *   [rows][cols/16], then the fp16 d [rows][cols/256].
+ * - MXFP4: the 16 quant bytes of each 32-value block at data + (r * cols/32 + b) * 16 (byte i:
+ *   value i low, value 16 + i high), the e8m0 exponents at scales + r * cols/32 + b.
+ * Every other type Ember reads (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q8_K, the IQ types,
+ * F64, I8..I64) is dequantized on the host with quant/'s em_dequantize at upload and held as
+ * F32 (exact: the same floats the CPU computes with; 32 bits a value on the device), with a
+ * log line naming the tensor and its type. */
 typedef struct em_gpu_mat {
-    int type;              /* EM_TYPE_F32, F16, BF16, Q8_0 */
+    int type;              /* the device layout: EM_TYPE_F32, F16, BF16, Q8_0, Q4_K, Q6_K, MXFP4 */
+    int src_type;          /* the GGUF type uploaded (differs from type when converted to F32) */
     int64_t rows, cols;
-    void *data;            /* device: the values (Q8_0: the quants) */
-    void *scales;          /* device: Q8_0 block scales (fp16); NULL for other types */
+    void *data;            /* device: the values (quantized types: the quants) */
+    void *scales;          /* device: the block scales (above); NULL for float types */
     uint64_t bytes;        /* device bytes held */
 } em_gpu_mat;
 
-/* Whether the matrix ops take weights of this type. */
+/* Whether the matrix ops have kernels for a device layout of this type. */
 bool em_gpu_mat_type_ok(int type);
-/* Device bytes a rows x cols matrix of type takes. EM_EUNSUPPORTED names the type when the
- * GPU has no kernel for it; EM_EFORMAT when cols is not a multiple of its block. */
+/* The device layout a GGUF tensor of type gets at upload: type itself when the GPU runs it,
+ * EM_TYPE_F32 when it is converted, -1 when Ember cannot read the type at all. */
+int em_gpu_mat_dev_type(int type);
+/* The activation type em_gpu_act_prepare makes for weights of device type wtype: EM_TYPE_Q8_0
+ * for Q8_0, Q4_K, Q6_K, MXFP4 (integer kernels), EM_TYPE_F32 for float weights; -1 otherwise. */
+int em_gpu_act_type(int wtype);
+/* Device bytes a rows x cols matrix of GGUF type takes once uploaded (the GGUF bytes for the
+ * types the GPU runs, rows * cols * 4 for converted ones). EM_EUNSUPPORTED names the type when
+ * Ember cannot read it; EM_EFORMAT when cols is not a multiple of its block. */
 int em_gpu_mat_bytes(int type, int64_t rows, int64_t cols, uint64_t *bytes, em_err *err);
 /* Uploads a matrix from its GGUF bytes (host: rows rows of em_type_row_bytes each, as mapped),
- * repacking into the device layout on the device (through a staging buffer). name labels
- * errors (the tensor's name). Allocates out->data / out->scales. */
+ * repacking into the device layout on the device (through a staging buffer), or converting
+ * it to F32 on the host (logged at INFO, naming the tensor). name labels errors and the log
+ * (the tensor's name). Allocates out->data / out->scales. */
 int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols, const void *host, const char *name,
                       em_gpu_mat *out, em_err *err);
 void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m);
 
+/* ---- end of weight types ---------------------------------------------------------------- */
+
 /* ---- activations ------------------------------------------------------------------------ */
 
 /* Activation rows prepared for one kind of weight: F32 (for F32/F16/BF16 weights: the rows as
- * they are, x + j * ldx) or Q8_0 (for Q8_0 weights: every 32 values quantized exactly as
+ * they are, x + j * ldx) or Q8_0 (for Q8_0, Q4_K, Q6_K, MXFP4 weights: every 32 values quantized exactly as
  * quant/'s em_quant_q8_0 does, quants of row j at qs + j * cols, scales at d + j * cols/32,
  * as floats holding the fp16-rounded scale). */
 typedef struct em_gpu_act {
@@ -139,7 +166,8 @@ typedef struct em_gpu_act {
  * wtype (0 for float weights). */
 uint64_t em_gpu_act_bytes(int wtype, int64_t cols, int n);
 /* Prepares n rows of cols floats (device, row j at d_x + j * ldx) for weights of type wtype,
- * quantizing into d_scratch (em_gpu_act_bytes, 16-byte aligned) when wtype is Q8_0. */
+ * quantizing into d_scratch (em_gpu_act_bytes, 16-byte aligned) when em_gpu_act_type(wtype)
+ * is Q8_0. */
 int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
                        void *d_scratch, em_gpu_act *out, em_err *err);
 

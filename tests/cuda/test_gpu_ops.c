@@ -38,7 +38,7 @@ static em_err E;
 
 /* ---- results ----------------------------------------------------------------------------- */
 
-#define MAX_RESULTS 128
+#define MAX_RESULTS 256
 static struct {
     char name[64];
     int ok;
@@ -181,8 +181,9 @@ static void test_errors(void) {
     record("error: alloc 1 PiB", rc == EM_ENOMEM && strstr(E.msg, "needs") && strstr(E.msg, "free") && !p, "%s", E.msg);
     em_gpu_mat m;
     float dummy[256] = { 0 };
-    rc = em_gpu_mat_upload(G, EM_TYPE_Q4_K, 1, 256, dummy, "blk.0.ffn_down.weight", &m, &E);
-    record("error: Q4_K upload", rc == EM_EUNSUPPORTED && strstr(E.msg, "blk.0.ffn_down.weight"), "%s", E.msg);
+    rc = em_gpu_mat_upload(G, EM_TYPE_TQ1_0, 1, 256, dummy, "blk.0.ffn_down.weight", &m, &E);
+    record("error: tq1_0 upload", rc == EM_EUNSUPPORTED && strstr(E.msg, "blk.0.ffn_down.weight") && strstr(E.msg, "tq1_0"),
+           "%s", E.msg);
     em_gpu_act a = { .type = EM_TYPE_F32, .n = 17, .cols = 256, .x = (const float *)dummy, .ldx = 256 };
     rc = em_gpu_matmul(G, &m, &a, (float *)dummy, 256, &E);
     record("error: matmul without matrix", rc == EM_EINVAL, "%s", E.msg);
@@ -270,6 +271,181 @@ static void test_matmul(int type, int64_t rows, int64_t cols) {
     em_gpu_mat_free(G, &gm);
     free(hw), free(x), free(ref), free(got);
 }
+
+/* ---- quantized weight types (wt-cuda3): Q4_K, Q6_K, MXFP4 products; converted types ------- */
+
+/* Random GGUF bytes of a block type (every quant bit pattern), with its scale fields set to
+ * small positive values so that products stay finite: fp16 d (and dmin) for the K and IQ
+ * types, an e8m0 exponent near 2^-5 for MXFP4. */
+static void *random_qbytes(int type, int64_t rows, int64_t cols, uint64_t *bytes) {
+    em_type_row_bytes(type, (uint64_t)cols, bytes, NULL);
+    *bytes *= (uint64_t)rows;
+    uint8_t *w = xmalloc(*bytes);
+    for (uint64_t i = 0; i + 8 <= *bytes; i += 8) {
+        const uint64_t v = rnd();
+        memcpy(w + i, &v, 8);
+    }
+    for (uint64_t i = *bytes & ~(uint64_t)7; i < *bytes; i++) w[i] = (uint8_t)rnd();
+    const em_type_info *ti = em_type_get(type);
+    const uint64_t nb = *bytes / (uint64_t)ti->block_bytes;
+    int d_at = 0, dmin_at = -1; /* byte offsets of the fp16 fields in a block */
+    switch (type) {
+    case EM_TYPE_Q4_K: case EM_TYPE_Q5_K: dmin_at = 2; break;
+    case EM_TYPE_Q6_K: d_at = 208; break;
+    case EM_TYPE_Q2_K: d_at = 80, dmin_at = 82; break;
+    case EM_TYPE_Q3_K: d_at = 108; break;
+    default: break;
+    }
+    for (uint64_t b = 0; b < nb; b++) {
+        uint8_t *blk = w + b * (uint64_t)ti->block_bytes;
+        if (type == EM_TYPE_MXFP4) {
+            blk[0] = (uint8_t)(120 + rnd() % 6);
+            continue;
+        }
+        const uint16_t d = em_fp32_to_fp16(0.0002f + 0.002f * (float)(rnd() % 1000) / 1000.0f);
+        memcpy(blk + d_at, &d, 2);
+        if (dmin_at >= 0) {
+            const uint16_t m = em_fp32_to_fp16(0.0002f + 0.002f * (float)(rnd() % 1000) / 1000.0f);
+            memcpy(blk + dmin_at, &m, 2);
+        }
+    }
+    return w;
+}
+
+/* The exact reference of a GPU product with Q8_0 activations: double sums of quant/'s
+ * dequantized weights times the dequantized Q8_0 activations (act = NULL: the floats x as
+ * they are, for converted types). Every stride-th output row (the LM head's double sums are
+ * many); skipped rows are left NaN. */
+static void ref_f64(int type, const void *hw, int64_t rows, int64_t cols, const float *xa, int64_t stride, float *ref) {
+    uint64_t rb = 0;
+    em_type_row_bytes(type, (uint64_t)cols, &rb, NULL);
+    float *wf = xmalloc((size_t)cols * 4);
+    for (int64_t i = 0; i < (int64_t)R * rows; i++) ref[i] = NAN;
+    for (int64_t r = 0; r < rows; r += stride) {
+        em_dequantize(type, (const uint8_t *)hw + (uint64_t)r * rb, wf, cols, NULL);
+        for (int j = 0; j < R; j++) {
+            double s = 0;
+            const float *x = xa + (int64_t)j * cols;
+            for (int64_t i = 0; i < cols; i++) s += (double)wf[i] * x[i];
+            ref[(int64_t)j * rows + r] = (float)s;
+        }
+    }
+    free(wf);
+}
+
+/* got restricted to the rows ref has (the others NaN in ref) for compare(). */
+static void mask_like(float *got, const float *ref, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (isnan(ref[i])) got[i] = NAN;
+}
+
+/* One quantized type at one shape, from random GGUF bytes: 16 rows against the exact
+ * reference (ref_f64) and against quant/'s em_matmul (Q8_K activations for the K types: a
+ * different activation rounding, hence the looser bound), then width invariance. */
+static void test_matmul_q(int type, int64_t rows, int64_t cols) {
+    char name[64];
+    snprintf(name, sizeof name, "matmul %s %lldx%lld", em_type_name(type), (long long)rows, (long long)cols);
+    uint64_t bytes = 0;
+    void *hw = random_qbytes(type, rows, cols, &bytes);
+    const int dev = em_gpu_mat_dev_type(type), conv = dev != type;
+    float *x = xmalloc((size_t)R * cols * 4), *xa = xmalloc((size_t)R * cols * 4);
+    fill(x, (int64_t)R * cols, 1.0f);
+    if (!conv) { /* the activations as the GPU quantizes them (bit-identical to em_quant_q8_0) */
+        uint8_t *q = xmalloc((size_t)cols / 32 * 34);
+        for (int j = 0; j < R; j++) {
+            em_quantize(EM_TYPE_Q8_0, x + (int64_t)j * cols, q, cols, NULL);
+            em_dequantize(EM_TYPE_Q8_0, q, xa + (int64_t)j * cols, cols, NULL);
+        }
+        free(q);
+    } else {
+        memcpy(xa, x, (size_t)R * cols * 4);
+    }
+    const int64_t stride = rows > 65536 ? 16 : 1;
+    float *ref = xmalloc((size_t)R * rows * 4), *cpu = xmalloc((size_t)R * rows * 4), *got = xmalloc((size_t)R * rows * 4);
+    ref_f64(type, hw, rows, cols, xa, stride, ref);
+    em_mat mat;
+    TRY(name, em_mat_init(&mat, type, rows, cols, hw, &E));
+    uint64_t ab = 0;
+    TRY(name, em_act_bytes(type, cols, R, &ab, &E));
+    void *buf = ab ? xmalloc(ab) : NULL;
+    TRY(name, em_matmul(NULL, &mat, x, cols, R, cpu, rows, buf, &E));
+    free(buf);
+
+    em_gpu_mat gm;
+    TRY(name, em_gpu_mat_upload(G, type, rows, cols, hw, name, &gm, &E));
+    record(name, gm.type == dev && gm.src_type == type, "device layout %s (from %s), %.1f MB", em_type_name(gm.type),
+           em_type_name(gm.src_type), gm.bytes / 1e6);
+    float *dx = dalloc((uint64_t)R * cols * 4), *dy = dalloc((uint64_t)R * rows * 4);
+    const uint64_t sb = em_gpu_act_bytes(dev, cols, R);
+    void *ds = sb ? dalloc(sb) : NULL;
+    up(dx, x, (uint64_t)R * cols * 4);
+    em_gpu_act act;
+    poison(dy, (uint64_t)R * rows * 4);
+    TRY(name, em_gpu_act_prepare(G, dev, dx, cols, cols, R, ds, &act, &E));
+    TRY(name, em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+    TRY(name, down(got, dy, (uint64_t)R * rows * 4));
+    const int64_t unw = unwritten(got, (int64_t)R * rows);
+    if (unw) record(name, 0, "%lld outputs never written", (long long)unw);
+    /* the same activation numbers as the CPU product only for MXFP4 (Q8_0 both); the K types'
+     * CPU products quantize activations to Q8_K, Q4_0's to Q8_0 (the GPU's converted F32 rows
+     * take them as floats) */
+    const int same_act = type == EM_TYPE_MXFP4;
+    char n2[96];
+    snprintf(n2, sizeof n2, "%s vs cpu em_matmul", name);
+    record_cmp(n2, compare(got, cpu, (int64_t)R * rows), same_act ? 1e-5 : 2e-2, same_act ? 1e-4 : 3e-2);
+    mask_like(got, ref, (int64_t)R * rows);
+    snprintf(n2, sizeof n2, "%s vs f64%s", name, stride > 1 ? " (1/16 rows)" : "");
+    record_cmp(n2, compare(got, ref, (int64_t)R * rows), 1e-5, 1e-4);
+
+    float *one = xmalloc((size_t)R * rows * 4);
+    for (int j = 0; j < R; j++) {
+        poison(dy, (uint64_t)rows * 4);
+        TRY(name, em_gpu_act_prepare(G, dev, dx + (int64_t)j * cols, cols, cols, 1, ds, &act, &E));
+        TRY(name, em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+        TRY(name, down(one + (int64_t)j * rows, dy, (uint64_t)rows * 4));
+    }
+    int64_t differ = 0, unw2 = 0;
+    for (int n = 1; n <= R; n++) {
+        poison(dy, (uint64_t)R * rows * 4);
+        TRY(name, em_gpu_act_prepare(G, dev, dx, cols, cols, n, ds, &act, &E));
+        TRY(name, em_gpu_matmul(G, &gm, &act, dy, rows, &E));
+        TRY(name, down(got, dy, (uint64_t)R * rows * 4));
+        differ += memcmp(got, one, (size_t)n * rows * 4) != 0;
+        unw2 += unwritten(got, (int64_t)n * rows);
+        unw2 -= unwritten(got + (int64_t)n * rows, (int64_t)(R - n) * rows) - (int64_t)(R - n) * rows;
+    }
+    snprintf(name + strlen(name), sizeof name - strlen(name), " width");
+    record(name, differ == 0 && unw2 == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten/overwritten %lld",
+           differ ? "NO" : "yes", (long long)unw2);
+    free(one);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, ds);
+    em_gpu_mat_free(G, &gm);
+    free(hw), free(x), free(xa), free(ref), free(cpu), free(got);
+}
+
+static void test_embed(int type, int64_t vocab);
+
+static void test_quant_types(void) {
+    const int fast[] = { EM_TYPE_Q4_K, EM_TYPE_Q6_K, EM_TYPE_MXFP4 };
+    for (int t = 0; t < 3; t++) {
+        test_matmul_q(fast[t], FFN_EXP, HIDDEN);             /* an expert's gate / up */
+        test_matmul_q(fast[t], HIDDEN, FFN_EXP);             /* an expert's down */
+        test_matmul_q(fast[t], KDA_HEADS * KDA_DIM, HIDDEN); /* a KDA q / k / v projection */
+        test_matmul_q(fast[t], 1001, 512);                   /* rows not a multiple of a warp's 4 outputs */
+        test_matmul_q(fast[t], VOCAB, HIDDEN);               /* the LM head */
+    }
+    /* types without a GPU kernel: converted to F32 at upload, then the F32 product */
+    test_matmul_q(EM_TYPE_Q5_K, FFN_EXP, HIDDEN);
+    test_matmul_q(EM_TYPE_Q2_K, HIDDEN, FFN_EXP);
+    test_matmul_q(EM_TYPE_IQ4_XS, FFN_EXP, HIDDEN);
+    test_matmul_q(EM_TYPE_Q4_0, FFN_EXP, HIDDEN);
+    test_embed(EM_TYPE_Q4_K, 1024);
+    test_embed(EM_TYPE_Q6_K, 1024);
+    test_embed(EM_TYPE_MXFP4, 1024);
+    test_embed(EM_TYPE_Q5_K, 1024); /* converted */
+}
+
+/* ---- end of quantized weight types ------------------------------------------------------ */
 
 /* ---- row ops ----------------------------------------------------------------------------- */
 
@@ -521,6 +697,8 @@ static int cmp_float(const void *a, const void *b) {
 static void *random_bytes(int type, int64_t rows, int64_t cols, uint64_t *bytes) {
     em_type_row_bytes(type, (uint64_t)cols, bytes, NULL);
     *bytes *= (uint64_t)rows;
+    if (type != EM_TYPE_Q8_0 && em_type_get(type)->block_elems > 1) /* wt-cuda3 */
+        return random_qbytes(type, rows, cols, bytes);
     uint8_t *w = xmalloc(*bytes);
     if (type == EM_TYPE_Q8_0) {
         for (uint64_t b = 0; b < *bytes / 34; b++) {
@@ -796,6 +974,7 @@ int main(int argc, char **argv) {
     test_route(1, 1);
     test_route(8, 4);
     test_graph();
+    test_quant_types(); /* wt-cuda3 */
     moe_fix mf;
     const int have_moe = moe_open(&mf) == 0;
     if (!have_moe) record("moe upload", 0, "%s", E.msg);
@@ -805,6 +984,14 @@ int main(int argc, char **argv) {
         bench_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN, "LM head 163840x2304");
         bench_matmul(EM_TYPE_Q8_0, 4 * 16384, 4096, "65536x4096");
         bench_matmul(EM_TYPE_Q8_0, FFN_EXP, HIDDEN, "expert gate 1024x2304");
+        /* wt-cuda3: the quantized types at Kimi shapes */
+        const int qt[] = { EM_TYPE_Q4_K, EM_TYPE_Q6_K, EM_TYPE_MXFP4 };
+        for (int t = 0; t < 3; t++) {
+            bench_matmul(qt[t], VOCAB, HIDDEN, "LM head 163840x2304");
+            bench_matmul(qt[t], 4096, HIDDEN, "4096x2304");
+            bench_matmul(qt[t], FFN_EXP, HIDDEN, "expert gate 1024x2304");
+            bench_matmul(qt[t], HIDDEN, FFN_EXP, "expert down 2304x1024");
+        }
         bench_matmul(EM_TYPE_BF16, 16384, 8192, "16384x8192");
         bench_matmul(EM_TYPE_F16, 16384, 8192, "16384x8192");
         bench_matmul(EM_TYPE_F32, 8192, 8192, "8192x8192");

@@ -1,4 +1,5 @@
-/* backend/cuda/matmul.cu: weight matrices in device layouts (upload, Q8_0 repack), activation
+/* backend/cuda/matmul.cu: weight matrices in device layouts (upload; Q8_0, Q4_K, Q6_K, MXFP4
+ * repacked on the device, other quantized types converted to F32 on the host), activation
  * preparation (Q8_0 quantization exactly as quant/'s em_quant_q8_0), and the multi-row
  * matrix-vector products y[j][r] = W[r, :] . x[j] for j < n <= 16.
  *
@@ -14,7 +15,9 @@
  * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
  *   smallest N >= n, and rows j >= n are skipped (not computed, not written). */
 #include "backend/cuda/mm_kernels.cuh"
+#include "backend/cuda/mm_quant.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -36,6 +39,71 @@ __global__ void k_repack_q8_0(const uint8_t *src, int64_t n_blocks, int64_t bloc
     (void)blocks_per_row;
 }
 
+/* ---- upload (wt-cuda3: per-type repack through staging, and the F32 fallback) ----------- */
+
+/* Device arrays of a repacked type (gpu.h's em_gpu_mat): bytes of data and of scales. */
+static void repacked_sizes(int type, int64_t rows, int64_t cols, uint64_t *data, uint64_t *scales) {
+    const uint64_t v = (uint64_t)rows * (uint64_t)cols;
+    switch (type) {
+    case EM_TYPE_Q8_0: *data = v, *scales = v / 32 * 2; break;
+    case EM_TYPE_Q4_K: *data = v / 2, *scales = v / 256 * 16; break;
+    case EM_TYPE_Q6_K: *data = v / 2, *scales = v / 4 + v / 16 + v / 256 * 2; break;
+    default: *data = v / 2, *scales = v / 32; break; /* MXFP4 */
+    }
+}
+
+/* Repacks nr rows (staged GGUF bytes) into rows r0.. of out. */
+static void repack_rows(cudaStream_t st, const em_gpu_mat *out, const uint8_t *stage, int64_t r0, int64_t nr) {
+    const int64_t cols = out->cols, v0 = r0 * cols, nv = nr * cols;
+    uint8_t *d = (uint8_t *)out->data, *s = (uint8_t *)out->scales;
+    const uint64_t all = (uint64_t)out->rows * (uint64_t)cols;
+    switch (out->type) {
+    case EM_TYPE_Q8_0:
+        k_repack_q8_0<<<emc_blocks(nv / 32, 256), 256, 0, st>>>(stage, nv / 32, cols / 32, (int8_t *)d + v0,
+                                                                  (__half *)s + v0 / 32);
+        break;
+    case EM_TYPE_Q4_K:
+        k_repack_q4_K<<<emc_blocks(nv / 256, 256), 256, 0, st>>>(stage, nv / 256, d + v0 / 2, s + v0 / 256 * 16);
+        break;
+    case EM_TYPE_Q6_K:
+        k_repack_q6_K<<<emc_blocks(nv / 256, 128), 128, 0, st>>>(stage, nv / 256, d + v0 / 2, s + v0 / 4,
+                                                                   (int8_t *)(s + all / 4) + v0 / 16,
+                                                                   (uint16_t *)(s + all / 4 + all / 16) + v0 / 256);
+        break;
+    default:
+        k_repack_mxfp4<<<emc_blocks(nv / 32, 256), 256, 0, st>>>(stage, nv / 32, d + v0 / 2, s + v0 / 32);
+        break;
+    }
+}
+
+/* Row bytes of the GGUF type; rows per staging chunk of at most 64 MiB (at least one). */
+static int64_t stage_rows(uint64_t row_bytes, int64_t rows) {
+    int64_t chunk = (int64_t)((64ull << 20) / row_bytes);
+    if (chunk < 1) chunk = 1;
+    return chunk > rows ? rows : chunk;
+}
+
+/* A type without a GPU kernel: em_dequantize on the host, chunk by chunk, into F32 rows. */
+static int upload_converted(em_gpu *g, int type, const void *host, const char *nm, em_gpu_mat *out, em_err *err) {
+    uint64_t src_row = 0;
+    int rc = em_type_row_bytes(type, (uint64_t)out->cols, &src_row, err);
+    if (rc) return em_err_prefix(err, "%s", nm);
+    const uint64_t dst_row = (uint64_t)out->cols * 4;
+    const int64_t chunk = stage_rows(dst_row, out->rows);
+    float *buf = (float *)malloc((size_t)(chunk * (int64_t)dst_row));
+    if (!buf) return em_err_set(err, EM_ENOMEM, "%s: no host memory for converting %s to F32", nm, em_type_name(type));
+    for (int64_t r0 = 0; r0 < out->rows && !rc; r0 += chunk) {
+        const int64_t nr = out->rows - r0 < chunk ? out->rows - r0 : chunk;
+        rc = em_dequantize(type, (const uint8_t *)host + (uint64_t)r0 * src_row, buf, nr * out->cols, err);
+        if (!rc) rc = em_gpu_upload(g, (uint8_t *)out->data + (uint64_t)r0 * dst_row, buf, (uint64_t)nr * dst_row, err);
+    }
+    free(buf);
+    if (rc) return em_err_prefix(err, "%s", nm);
+    em_log(EM_LOG_INFO, "%s: %s has no GPU kernel; converted to f32 at upload (%.1f MB on the device, %.1f MB in the file)",
+           nm, em_type_name(type), (double)out->bytes / 1e6, (double)(src_row * (uint64_t)out->rows) / 1e6);
+    return 0;
+}
+
 extern "C" int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols, const void *host,
                                  const char *name, em_gpu_mat *out, em_err *err) {
     memset(out, 0, sizeof *out);
@@ -44,33 +112,34 @@ extern "C" int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols
     int rc = em_gpu_mat_bytes(type, rows, cols, &bytes, err);
     if (rc) return em_err_prefix(err, "%s", nm);
     if (!host) return em_err_set(err, EM_EINVAL, "%s: no host data", nm);
-    if ((type == EM_TYPE_F32 && cols % 4) || ((type == EM_TYPE_F16 || type == EM_TYPE_BF16) && cols % 8))
+    const int dev = em_gpu_mat_dev_type(type);
+    if ((dev == EM_TYPE_F32 && cols % 4) || ((dev == EM_TYPE_F16 || dev == EM_TYPE_BF16) && cols % 8))
         return em_err_set(err, EM_EUNSUPPORTED, "%s: %lld columns of %s; the GPU products need 16-byte rows", nm,
                           (long long)cols, em_type_name(type));
-    out->type = type;
+    out->type = dev;
+    out->src_type = type;
     out->rows = rows;
     out->cols = cols;
-    if (type != EM_TYPE_Q8_0) {
+    if (dev == EM_TYPE_F32 || dev == EM_TYPE_F16 || dev == EM_TYPE_BF16) {
         if ((rc = em_gpu_alloc(g, bytes, nm, &out->data, err))) return rc;
-        if ((rc = em_gpu_upload(g, out->data, host, bytes, err))) {
-            em_gpu_mat_free(g, out);
-            return em_err_prefix(err, "%s", nm);
-        }
         out->bytes = bytes;
+        rc = dev != type ? upload_converted(g, type, host, nm, out, err) : em_gpu_upload(g, out->data, host, bytes, err);
+        if (rc) {
+            em_gpu_mat_free(g, out);
+            return dev != type ? rc : em_err_prefix(err, "%s", nm);
+        }
         return 0;
     }
-    const int64_t bpr = cols / 32;
-    if ((rc = em_gpu_alloc(g, (uint64_t)rows * (uint64_t)cols, nm, &out->data, err)) ||
-        (rc = em_gpu_alloc(g, (uint64_t)rows * (uint64_t)bpr * 2, nm, &out->scales, err))) {
+    uint64_t db = 0, sb = 0;
+    repacked_sizes(type, rows, cols, &db, &sb);
+    if ((rc = em_gpu_alloc(g, db, nm, &out->data, err)) || (rc = em_gpu_alloc(g, sb, nm, &out->scales, err))) {
         em_gpu_mat_free(g, out);
         return rc;
     }
     out->bytes = bytes;
-    /* staging: whole rows, at most 64 MiB at a time (at least one row) */
-    const uint64_t row_bytes = (uint64_t)bpr * 34;
-    int64_t chunk = (int64_t)((64ull << 20) / row_bytes);
-    if (chunk < 1) chunk = 1;
-    if (chunk > rows) chunk = rows;
+    uint64_t row_bytes = 0;
+    em_type_row_bytes(type, (uint64_t)cols, &row_bytes, NULL);
+    const int64_t chunk = stage_rows(row_bytes, rows);
     void *stage = NULL;
     if ((rc = em_gpu_alloc(g, (uint64_t)chunk * row_bytes, "upload staging buffer", &stage, err))) {
         em_gpu_mat_free(g, out);
@@ -80,11 +149,8 @@ extern "C" int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols
         const int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         rc = em_gpu_upload(g, stage, (const uint8_t *)host + (uint64_t)r0 * row_bytes, (uint64_t)nr * row_bytes, err);
         if (rc) break;
-        const int64_t nb = nr * bpr;
-        k_repack_q8_0<<<emc_blocks(nb, 256), 256, 0, g->stream>>>((const uint8_t *)stage, nb, bpr,
-                                                                  (int8_t *)out->data + r0 * cols,
-                                                                  (__half *)out->scales + r0 * bpr);
-        rc = emc_launched(err, "k_repack_q8_0");
+        repack_rows(g->stream, out, (const uint8_t *)stage, r0, nr);
+        rc = emc_launched(err, "weight repack");
         /* the next upload into stage is ordered after the kernel (same stream, and the upload syncs) */
     }
     if (!rc) rc = em_gpu_sync(g, err);
@@ -95,6 +161,8 @@ extern "C" int em_gpu_mat_upload(em_gpu *g, int type, int64_t rows, int64_t cols
     }
     return 0;
 }
+
+/* ---- end of upload ---------------------------------------------------------------------- */
 
 extern "C" void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) {
     if (!m) return;
@@ -115,7 +183,7 @@ extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_
     out->cols = cols;
     out->x = d_x;
     out->ldx = ldx;
-    if (wtype != EM_TYPE_Q8_0) {
+    if (em_gpu_act_type(wtype) != EM_TYPE_Q8_0) {
         out->type = EM_TYPE_F32;
         return 0;
     }
@@ -146,6 +214,27 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_mm_q8_0(const int8_t *wq, con
 #pragma unroll
     for (int j = 0; j < N; j++) idx[j] = j;
     mm_q8_0_warp<N>(wq, wd, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
+}
+
+/* wt-cuda3: Q4_K, Q6_K, MXFP4 (mm_quant.cuh's bodies), rows j of x into rows j of y. */
+template <int T, int N>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_quant(const uint8_t *wq, const uint8_t *ws, int64_t rows, int64_t cols,
+                                                           const int8_t *xq, const float *xd, int n, float *y,
+                                                           int64_t ldy) {
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    if (r0 >= rows) return;
+    int idx[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) idx[j] = j;
+    if (T == EM_TYPE_Q4_K) {
+        mm_q4_K_warp<N>(wq, ws, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
+    } else if (T == EM_TYPE_Q6_K) {
+        const uint64_t all = (uint64_t)rows * (uint64_t)cols;
+        mm_q6_K_warp<N>(wq, ws, (const int8_t *)(ws + all / 4), (const __half *)(ws + all / 4 + all / 16), rows, cols, r0,
+                        xq, xd, n, idx, y, ldy, idx);
+    } else {
+        mm_mxfp4_warp<N>(wq, ws, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
+    }
 }
 
 /* 16 bytes of weights as floats: 4 F32, or 8 F16 / BF16 values. */
@@ -240,6 +329,18 @@ static void launch_mm(const em_gpu_mat *w, const em_gpu_act *a, float *y, int64_
         k_mm_q8_0<N><<<grid, th, 0, s>>>((const int8_t *)w->data, (const __half *)w->scales, w->rows, w->cols, a->qs,
                                          a->d, a->n, y, ldy);
         break;
+    case EM_TYPE_Q4_K:
+        k_mm_quant<EM_TYPE_Q4_K, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows,
+                                                        w->cols, a->qs, a->d, a->n, y, ldy);
+        break;
+    case EM_TYPE_Q6_K:
+        k_mm_quant<EM_TYPE_Q6_K, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows,
+                                                        w->cols, a->qs, a->d, a->n, y, ldy);
+        break;
+    case EM_TYPE_MXFP4:
+        k_mm_quant<EM_TYPE_MXFP4, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows,
+                                                         w->cols, a->qs, a->d, a->n, y, ldy);
+        break;
     case EM_TYPE_F32:
         k_mm_float<EM_TYPE_F32, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y, ldy);
         break;
@@ -260,7 +361,7 @@ extern "C" int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *a
               act ? act->n : 0, EM_GPU_MAX_ROWS);
     EMC_CHECK(act->cols == w->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
               (long long)act->cols, (long long)w->cols);
-    const int want = w->type == EM_TYPE_Q8_0 ? EM_TYPE_Q8_0 : EM_TYPE_F32;
+    const int want = em_gpu_act_type(w->type);
     EMC_CHECK(act->type == want, "GPU matmul: %s activations for %s weights (prepare them for this type)",
               em_type_name(act->type), em_type_name(w->type));
     EMC_CHECK(d_y && ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows", (long long)ldy,

@@ -10,7 +10,11 @@ set_property(CACHE EMBER_CUDA PROPERTY STRINGS AUTO ON OFF)
 
 set(EM_GPU_NONE ${PROJECT_SOURCE_DIR}/src/backend/gpu_none.c)
 set(EM_HAVE_CUDA OFF)
-if(NOT EMBER_CUDA STREQUAL "OFF")
+# The libFuzzer build links with clang's -fsanitize=fuzzer, which the CUDA link step (nvcc's
+# host g++) does not take; its targets are host parsers, so it is built without CUDA.
+if(EMBER_FUZZ AND NOT EMBER_CUDA STREQUAL "OFF")
+  message(STATUS "Ember: CUDA backend off in the fuzz build (EMBER_FUZZ)")
+elseif(NOT EMBER_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)

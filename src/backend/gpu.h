@@ -74,8 +74,24 @@ int em_gpu_download(em_gpu *g, void *host, const void *d_src, uint64_t bytes, em
 int em_gpu_memset(em_gpu *g, void *d_dst, int v, uint64_t bytes, em_err *err);
 /* Device to device (asynchronous, on the stream). */
 int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t bytes, em_err *err);
+/* rows rows of width bytes, device to device: row i from d_src + i * spitch to d_dst + i *
+ * dpitch (asynchronous; a strided gather such as the rope slices of every head). */
+int em_gpu_copy_2d(em_gpu *g, void *d_dst, uint64_t dpitch, const void *d_src, uint64_t spitch, uint64_t width,
+                   uint64_t rows, em_err *err);
 /* Waits for everything queued on the stream; reports an error a kernel raised. */
 int em_gpu_sync(em_gpu *g, em_err *err);
+
+/* ---- concurrent branches ---------------------------------------------------------------- */
+
+/* Independent work of a pass side by side (graph branches when captured): fork makes n side
+ * streams (1..4) wait for everything queued so far; branch(b) sends later ops to side stream b
+ * (1..n), or back to the main stream (0); join makes the main stream wait for every branch
+ * and sends later ops to it. Downloads, syncs, uploads and capture_end need all branches
+ * joined (EM_EINVAL otherwise). Results do not depend on the branches: each op computes what
+ * it would alone; the caller keeps branches from sharing a buffer they write. */
+int em_gpu_fork(em_gpu *g, int n, em_err *err);
+int em_gpu_branch(em_gpu *g, int b, em_err *err);
+int em_gpu_join(em_gpu *g, em_err *err);
 
 /* ---- graphs and timing ------------------------------------------------------------------ */
 

@@ -49,6 +49,23 @@ int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t bytes, em_er
     (void)g, (void)d_dst, (void)d_src, (void)bytes;
     return NONE(err);
 }
+int em_gpu_copy_2d(em_gpu *g, void *d_dst, uint64_t dpitch, const void *d_src, uint64_t spitch, uint64_t width,
+                   uint64_t rows, em_err *err) {
+    (void)g, (void)d_dst, (void)dpitch, (void)d_src, (void)spitch, (void)width, (void)rows;
+    return NONE(err);
+}
+int em_gpu_fork(em_gpu *g, int n, em_err *err) {
+    (void)g, (void)n;
+    return NONE(err);
+}
+int em_gpu_branch(em_gpu *g, int b, em_err *err) {
+    (void)g, (void)b;
+    return NONE(err);
+}
+int em_gpu_join(em_gpu *g, em_err *err) {
+    (void)g;
+    return NONE(err);
+}
 int em_gpu_sync(em_gpu *g, em_err *err) {
     (void)g;
     return NONE(err);

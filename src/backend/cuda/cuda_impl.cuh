@@ -14,9 +14,15 @@ extern "C" {
 #include "quant/quant.h"
 }
 
+#define EMC_BRANCHES 4 /* side streams for concurrent branches (em_gpu_fork) */
+
 struct em_gpu {
     int index;
-    cudaStream_t stream;
+    cudaStream_t stream;  /* where ops go now: main, or a side stream between fork and join */
+    cudaStream_t main;
+    cudaStream_t side[EMC_BRANCHES];
+    cudaEvent_t fork_ev, join_ev[EMC_BRANCHES];
+    int n_branches;       /* side streams forked and not yet joined */
     cudaEvent_t ev[2];
     em_gpu_info info;
 };

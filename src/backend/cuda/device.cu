@@ -1,6 +1,8 @@
 /* backend/cuda/device.cu: devices, contexts, memory, graphs and timing marks of the CUDA
- * backend. A context owns one device's stream and two events; it holds no other state, so
- * everything a pass needs lives in buffers its owner allocated. Errors name the CUDA call and
+ * backend. A context owns one device's main stream, four side streams for concurrent branches
+ * (fork / branch / join), and events; it holds no other state, so everything a pass needs
+ * lives in buffers its owner allocated. Host waits (downloads, syncs, uploads) and graph
+ * launches go through the main stream. Errors name the CUDA call and
  * CUDA's own message; an allocation that does not fit says how many bytes were asked for and
  * how many are free. */
 #include "backend/cuda/cuda_impl.cuh"
@@ -79,7 +81,13 @@ extern "C" int em_gpu_open(int index, em_gpu **out, em_err *err) {
     g->info.l2_bytes = (uint64_t)p.l2CacheSize;
     cudaDriverGetVersion(&g->info.driver_version);
     cudaError_t e = cudaSetDevice(index);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->main, cudaStreamNonBlocking);
+    g->stream = g->main;
+    for (int b = 0; b < EMC_BRANCHES && e == cudaSuccess; b++) {
+        e = cudaStreamCreateWithFlags(&g->side[b], cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->join_ev[b], cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreate(&g->ev[0]);
     if (e == cudaSuccess) e = cudaEventCreate(&g->ev[1]);
     if (e != cudaSuccess) {
@@ -94,10 +102,15 @@ extern "C" int em_gpu_open(int index, em_gpu **out, em_err *err) {
 extern "C" void em_gpu_close(em_gpu *g) {
     if (!g) return;
     cudaSetDevice(g->index);
-    if (g->stream) cudaStreamSynchronize(g->stream);
+    if (g->main) cudaStreamSynchronize(g->main);
+    for (int b = 0; b < EMC_BRANCHES; b++) {
+        if (g->side[b]) cudaStreamSynchronize(g->side[b]), cudaStreamDestroy(g->side[b]);
+        if (g->join_ev[b]) cudaEventDestroy(g->join_ev[b]);
+    }
+    if (g->fork_ev) cudaEventDestroy(g->fork_ev);
     for (int i = 0; i < 2; i++)
         if (g->ev[i]) cudaEventDestroy(g->ev[i]);
-    if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->main) cudaStreamDestroy(g->main);
     free(g);
 }
 
@@ -142,21 +155,29 @@ extern "C" void em_gpu_free(em_gpu *g, void *d_ptr) {
     cudaFree(d_ptr);
 }
 
+/* Host waits and captures need every branch joined (em_gpu_join). */
+static int joined(const em_gpu *g, const char *what, em_err *err) {
+    if (g->n_branches == 0) return 0;
+    return em_err_set(err, EM_EINVAL, "GPU %s: %d branches are still forked (em_gpu_join first)", what, g->n_branches);
+}
+
 extern "C" int em_gpu_upload(em_gpu *g, void *d_dst, const void *host, uint64_t bytes, em_err *err) {
     int rc = emc_use(g, err);
+    if (!rc) rc = joined(g, "upload", err);
     if (rc || bytes == 0) return rc;
     /* from pageable memory the copy has returned once host may be reused; the stream orders
      * it after earlier work, and the sync makes "host may be reused" true for pinned memory too */
-    EMC_TRY(cudaMemcpyAsync(d_dst, host, bytes, cudaMemcpyHostToDevice, g->stream), "cudaMemcpyAsync (upload)");
-    EMC_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (upload)");
+    EMC_TRY(cudaMemcpyAsync(d_dst, host, bytes, cudaMemcpyHostToDevice, g->main), "cudaMemcpyAsync (upload)");
+    EMC_TRY(cudaStreamSynchronize(g->main), "cudaStreamSynchronize (upload)");
     return 0;
 }
 
 extern "C" int em_gpu_download(em_gpu *g, void *host, const void *d_src, uint64_t bytes, em_err *err) {
     int rc = emc_use(g, err);
+    if (!rc) rc = joined(g, "download", err);
     if (rc || bytes == 0) return rc;
-    EMC_TRY(cudaMemcpyAsync(host, d_src, bytes, cudaMemcpyDeviceToHost, g->stream), "cudaMemcpyAsync (download)");
-    EMC_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (download)");
+    EMC_TRY(cudaMemcpyAsync(host, d_src, bytes, cudaMemcpyDeviceToHost, g->main), "cudaMemcpyAsync (download)");
+    EMC_TRY(cudaStreamSynchronize(g->main), "cudaStreamSynchronize (download)");
     return 0;
 }
 
@@ -174,10 +195,55 @@ extern "C" int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t b
     return 0;
 }
 
+extern "C" int em_gpu_copy_2d(em_gpu *g, void *d_dst, uint64_t dpitch, const void *d_src, uint64_t spitch,
+                              uint64_t width, uint64_t rows, em_err *err) {
+    int rc = emc_use(g, err);
+    if (rc || width == 0 || rows == 0) return rc;
+    EMC_CHECK(d_dst && d_src && dpitch >= width && spitch >= width, "GPU 2-D copy: %llu bytes wide, pitches %llu / %llu",
+              (unsigned long long)width, (unsigned long long)dpitch, (unsigned long long)spitch);
+    EMC_TRY(cudaMemcpy2DAsync(d_dst, dpitch, d_src, spitch, width, rows, cudaMemcpyDeviceToDevice, g->stream),
+            "cudaMemcpy2DAsync");
+    return 0;
+}
+
 extern "C" int em_gpu_sync(em_gpu *g, em_err *err) {
     int rc = emc_use(g, err);
+    if (!rc) rc = joined(g, "sync", err);
     if (rc) return rc;
-    EMC_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (a kernel failed)");
+    EMC_TRY(cudaStreamSynchronize(g->main), "cudaStreamSynchronize (a kernel failed)");
+    return 0;
+}
+
+/* ---- branches ------------------------------------------------------------------------------ */
+
+extern "C" int em_gpu_fork(em_gpu *g, int n, em_err *err) {
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    EMC_CHECK(g->n_branches == 0 && n >= 1 && n <= EMC_BRANCHES, "GPU fork: %d branches (1..%d, none open: %d are)", n,
+              EMC_BRANCHES, g->n_branches);
+    EMC_TRY(cudaEventRecord(g->fork_ev, g->main), "cudaEventRecord (fork)");
+    for (int b = 0; b < n; b++) EMC_TRY(cudaStreamWaitEvent(g->side[b], g->fork_ev, 0), "cudaStreamWaitEvent (fork)");
+    g->n_branches = n;
+    return 0;
+}
+
+extern "C" int em_gpu_branch(em_gpu *g, int b, em_err *err) {
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    EMC_CHECK(b >= 0 && b <= g->n_branches, "GPU branch %d: %d are forked", b, g->n_branches);
+    g->stream = b == 0 ? g->main : g->side[b - 1];
+    return 0;
+}
+
+extern "C" int em_gpu_join(em_gpu *g, em_err *err) {
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    g->stream = g->main;
+    for (int b = 0; b < g->n_branches; b++) {
+        EMC_TRY(cudaEventRecord(g->join_ev[b], g->side[b]), "cudaEventRecord (join)");
+        EMC_TRY(cudaStreamWaitEvent(g->main, g->join_ev[b], 0), "cudaStreamWaitEvent (join)");
+    }
+    g->n_branches = 0;
     return 0;
 }
 
@@ -187,16 +253,20 @@ extern "C" int em_gpu_capture_begin(em_gpu *g, em_err *err) {
     int rc = emc_use(g, err);
     if (rc) return rc;
     /* thread-local mode: another thread's unrelated CUDA calls do not break this capture */
-    EMC_TRY(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    EMC_TRY(cudaStreamBeginCapture(g->main, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     return 0;
 }
 
 extern "C" int em_gpu_capture_end(em_gpu *g, em_gpu_graph **out, em_err *err) {
     *out = NULL;
     int rc = emc_use(g, err);
+    if (!rc && g->n_branches) { /* a failed capture may leave branches open: close them into it */
+        em_err ignore = { 0 };
+        em_gpu_join(g, &ignore);
+    }
     if (rc) return rc;
     cudaGraph_t graph = NULL;
-    EMC_TRY(cudaStreamEndCapture(g->stream, &graph), "cudaStreamEndCapture (an op in the capture failed?)");
+    EMC_TRY(cudaStreamEndCapture(g->main, &graph), "cudaStreamEndCapture (an op in the capture failed?)");
     cudaGraphExec_t exec = NULL;
     cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     if (e != cudaSuccess) {
@@ -219,7 +289,7 @@ extern "C" int em_gpu_graph_launch(em_gpu *g, const em_gpu_graph *gr, em_err *er
     int rc = emc_use(g, err);
     if (rc) return rc;
     if (!gr) return em_err_set(err, EM_EINVAL, "GPU graph launch: no graph");
-    EMC_TRY(cudaGraphLaunch(gr->exec, g->stream), "cudaGraphLaunch");
+    EMC_TRY(cudaGraphLaunch(gr->exec, g->main), "cudaGraphLaunch");
     return 0;
 }
 
@@ -234,7 +304,7 @@ extern "C" int em_gpu_mark(em_gpu *g, int which, em_err *err) {
     int rc = emc_use(g, err);
     if (rc) return rc;
     if (which < 0 || which > 1) return em_err_set(err, EM_EINVAL, "GPU timing mark %d (0 or 1)", which);
-    EMC_TRY(cudaEventRecord(g->ev[which], g->stream), "cudaEventRecord");
+    EMC_TRY(cudaEventRecord(g->ev[which], g->main), "cudaEventRecord");
     return 0;
 }
 

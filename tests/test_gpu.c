@@ -134,12 +134,32 @@ static void test_seq_sizes(void **state) {
     assert_int_equal(em_gpu_mla_scratch_floats(&m, 0), 0);
 }
 
+/* The K3 row ops and the MoE layer check their arguments on the host before touching a
+ * device (no context needed): bad ones are EM_EINVAL naming the argument; a build without
+ * CUDA answers EM_EUNSUPPORTED. */
+static void test_k3_ops_args(void **state) {
+    (void)state;
+    em_err err = { 0 };
+    float f[4] = { 0 };
+    const int want = em_gpu_built() ? EM_EINVAL : EM_EUNSUPPORTED;
+    assert_int_equal(em_gpu_situ(NULL, f, f, 4, 0.0f, 1.0f, f, &err), want);
+    if (want == EM_EINVAL) assert_non_null(strstr(err.msg, "beta 0"));
+    assert_int_equal(em_gpu_sigmoid_mul(NULL, NULL, f, 4, &err), want);
+    assert_int_equal(em_gpu_res_mix(NULL, f, 300, 4, f, 4, f, 4, 1e-6f, 1, f, 4, &err), want);
+    if (want == EM_EINVAL) assert_non_null(strstr(err.msg, "300 banked"));
+    assert_int_equal(em_gpu_res_mix(NULL, f, 1, 4, f, 4, NULL, 4, 1e-6f, 1, f, 4, &err), want);
+    const em_gpu_experts ex = { .n_expert = 8, .ffn = 64, .act = EM_GPU_ACT_SITU, .situ_beta = 1.0f };
+    assert_int_equal(em_gpu_moe(NULL, &ex, f, 4, 1, NULL, f, 2, f, f, 4, &err), want);
+    if (want == EM_EINVAL) assert_non_null(strstr(err.msg, "missing expert matrices"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_open),
         cmocka_unit_test(test_seq_sizes),
+        cmocka_unit_test(test_k3_ops_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

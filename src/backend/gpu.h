@@ -202,6 +202,15 @@ int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d
                         int64_t n, float *d_y, int64_t ldy, em_err *err);
 /* y = silu(gate) * up over count values. y may alias gate or up. */
 int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float *d_y, em_err *err);
+/* y = SiTU(gate, up) over count values, compute/'s em_situ (kimi-k3's MLP activation):
+ * a = beta * tanh(gate * (1/beta)) * sigmoid(gate), u = lin_beta > 0 ? lin_beta * tanh(up *
+ * (1/lin_beta)) : up, y = a * u, the reciprocals rounded to fp32 first as there. beta > 0.
+ * y may alias gate or up. */
+int em_gpu_situ(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float beta, float lin_beta, float *d_y,
+                em_err *err);
+/* x[i] *= sigmoid(gate[i]) over count values (compute/'s em_sigmoidf: 1 / (1 + exp(-g))); the
+ * output gate of K3's gated MLA (model/mla.c). */
+int em_gpu_sigmoid_mul(em_gpu *g, float *d_x, const float *d_gate, int64_t count, em_err *err);
 /* y = a + b over count values. y may alias a or b. */
 int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t count, float *d_y, em_err *err);
 /* Row j of y (d_y + j * ldy) = row tok[j] of the table, as floats, for j < n (device token
@@ -218,6 +227,19 @@ int em_gpu_argmax_rows(em_gpu *g, const float *d_x, int64_t ldx, int rows, int64
  * table), cos and sin computed in double and scaled by attn_factor, then rounded to fp32. */
 int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, int n_heads, int64_t head_stride, int dims,
                      const int32_t *d_pos, const double *d_inv_freq, double attn_factor, em_err *err);
+
+/* K3's block attention residuals (AttnRes), model/attnres.c's kimi_res_input: for each row
+ * t < rows, over the n_bank banked rows r_j (bank j's row t at d_bank + j * ld_bank + t * E,
+ * E = n_embd) and the stream x (d_x + t * ldx), E values each (w: [E]):
+ *   p = softmax(score(r_0), ..., score(r_{n_bank-1}), score(x)),
+ *   score(r) = (float)(sum_d r_d w_d * (float)(1 / sqrt(sum_d r_d^2 / E + eps))) (sums in double,
+ *   a fixed tree), softmax as em_softmax (max subtracted, exp of each rounded to fp32, their
+ *   sum in double, times (float)(1 / sum)),
+ *   out[d] = (sum_j p_j r_j[d], float, j ascending) + p_x x[d]   (d_out + t * ldo).
+ * n_bank 0..255; with n_bank 0 out is a copy of x (the CPU returns x itself) and d_w may be
+ * NULL. out may be x itself (ldo == ldx); it must not overlap the bank. */
+int em_gpu_res_mix(em_gpu *g, const float *d_bank, int n_bank, int64_t ld_bank, const float *d_x, int64_t ldx,
+                   const float *d_w, int64_t n_embd, float eps, int rows, float *d_out, int64_t ldo, em_err *err);
 
 /* ---- MoE router ------------------------------------------------------------------------ */
 
@@ -236,25 +258,35 @@ int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64
 
 /* ---- routed experts (moe.cu) ------------------------------------------------------------ */
 
-/* One MoE layer's routed experts as GGUF stacks them (Q8_0 only, for now): gate and up hold
- * n_expert * ffn rows of cols values (expert e: rows [e * ffn, (e + 1) * ffn)), down holds
- * n_expert * cols rows of ffn values. */
+/* One MoE layer's routed experts as GGUF stacks them, of any device layout the products run
+ * (em_gpu_mat_type_ok; gate, up and down may differ): gate and up hold n_expert * ffn rows of
+ * cols values (expert e: rows [e * ffn, (e + 1) * ffn)), down holds n_expert * cols rows of
+ * ffn values. act picks the MLP activation between the products. */
+#define EM_GPU_ACT_SWIGLU 0 /* silu(gate) * up (Kimi-Linear) */
+#define EM_GPU_ACT_SITU 1   /* em_gpu_situ's SiTU (kimi-k3) */
 typedef struct em_gpu_experts {
     const em_gpu_mat *gate, *up, *down;
     int n_expert, ffn;
+    int act;                       /* EM_GPU_ACT_SWIGLU (0) or EM_GPU_ACT_SITU */
+    float situ_beta, situ_lin_beta; /* SiTU's beta (> 0) and lin_beta (<= 0: up as is) */
 } em_gpu_experts;
 
-/* Scratch bytes em_gpu_moe needs for n rows of cols values routed to k experts each. */
+/* Scratch bytes em_gpu_moe needs for n rows of cols values routed to k experts each (for
+ * experts of any types). */
 uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);
 /* y[j] = sum over the k experts of row j, in ascending expert order, of
- * wts[j][i] * down_e(silu(gate_e x_j) * up_e x_j), for rows j < n (1..16) of x (d_x + j * ldx),
- * into d_y + j * ldy (overwritten). d_ids / d_wts: [n][k] on the device, as em_gpu_route writes
- * them (k distinct ids in [0, n_expert) per row). The union of the rows' experts is built on the
- * device; each expert of the union runs once over the rows routed to it (gate and up in one
- * launch, down in another), with the products' per-row arithmetic, so row j does not depend on
- * the other rows (width invariance) and equals the dense products of its experts. No host
- * sync. The CPU twin is model/moe.c's routed_experts (y = 0; y += w * out per expert, in
- * ascending order; activations quantized to Q8_0 for each product). */
+ * wts[j][i] * down_e(act(gate_e x_j, up_e x_j)), for rows j < n (1..16) of x (d_x + j * ldx),
+ * into d_y + j * ldy (overwritten); act is SwiGLU or SiTU (x->act). d_ids / d_wts: [n][k] on
+ * the device, as em_gpu_route writes them (k distinct ids in [0, n_expert) per row). The union
+ * of the rows' experts is built on the device; each expert of the union runs once over the
+ * rows routed to it (gate and up in one launch, or one each when their types differ; down in
+ * another), with the warp bodies of em_gpu_matmul, so each row gets exactly the arithmetic of
+ * the dense product of its expert's matrices (activations as em_gpu_act_prepare makes them for
+ * each matrix's type: Q8_0 for integer layouts, the F32 rows for float ones); row j does not
+ * depend on the other rows (width invariance). Launch shapes depend only on n, k and the
+ * types; no host sync (graph-capturable). Float gate/up need d_x 16-byte aligned and ldx a
+ * multiple of 4. The CPU twin is model/moe.c's routed_experts (y = 0; y += w * out per expert,
+ * in ascending order; quant/'s products, em_swiglu or em_situ). */
 int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
                const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err);
 

@@ -117,6 +117,21 @@ int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, int64_t cou
     (void)g, (void)d_gate, (void)d_up, (void)count, (void)d_y;
     return NONE(err);
 }
+int em_gpu_situ(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float beta, float lin_beta, float *d_y,
+                em_err *err) {
+    (void)g, (void)d_gate, (void)d_up, (void)count, (void)beta, (void)lin_beta, (void)d_y;
+    return NONE(err);
+}
+int em_gpu_sigmoid_mul(em_gpu *g, float *d_x, const float *d_gate, int64_t count, em_err *err) {
+    (void)g, (void)d_x, (void)d_gate, (void)count;
+    return NONE(err);
+}
+int em_gpu_res_mix(em_gpu *g, const float *d_bank, int n_bank, int64_t ld_bank, const float *d_x, int64_t ldx,
+                   const float *d_w, int64_t E, float eps, int rows, float *d_out, int64_t ldo, em_err *err) {
+    (void)g, (void)d_bank, (void)n_bank, (void)ld_bank, (void)d_x, (void)ldx, (void)d_w, (void)E, (void)eps, (void)rows;
+    (void)d_out, (void)ldo;
+    return NONE(err);
+}
 int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t count, float *d_y, em_err *err) {
     (void)g, (void)d_a, (void)d_b, (void)count, (void)d_y;
     return NONE(err);

@@ -1,7 +1,9 @@
-/* backend/cuda/mm_kernels.cuh: the warp-level product bodies shared by the dense products
- * (matmul.cu) and the grouped expert products (moe.cu), so that an expert's rows get exactly
- * the arithmetic of a dense product of the same rows (see matmul.cu's invariants), and the Q8_0
- * activation quantizer both use. Internal to backend/cuda/. */
+/* backend/cuda/mm_kernels.cuh: the warp-level product bodies (Q8_0 here, the float types'
+ * here, Q4_K/Q6_K/MXFP4 in mm_quant.cuh) shared by the dense products (matmul.cu) and the
+ * grouped expert products (moe.cu), so that an expert's rows get exactly the arithmetic of a
+ * dense product of the same rows (see matmul.cu's invariants): every body takes its rows
+ * through indirection (activation row xr[j], output row yr[j]), and the Q8_0 activation
+ * quantizer both use. Internal to backend/cuda/. */
 #ifndef EM_MM_KERNELS_CUH
 #define EM_MM_KERNELS_CUH
 
@@ -92,6 +94,88 @@ __device__ __forceinline__ void mm_q8_0_warp(const int8_t *wq, const __half *wd,
                 i0 = __dp4a(w1[o].z, a1.z, i0);
                 i0 = __dp4a(w1[o].w, a1.w, i0);
                 acc[j][o] = __fadd_rn(acc[j][o], __fmul_rn(__fmul_rn(s[o], da), (float)i0));
+            }
+        }
+    }
+    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+}
+
+/* ---- float weights (F32, F16, BF16) x F32 activations ------------------------------------ */
+
+/* 16 bytes of weights as floats: 4 F32, or 8 F16 / BF16 values. */
+template <int T> struct wpiece;
+template <> struct wpiece<EM_TYPE_F32> {
+    static constexpr int V = 4;
+    static __device__ __forceinline__ void get(int4 p, float (&f)[8]) {
+        f[0] = __int_as_float(p.x), f[1] = __int_as_float(p.y), f[2] = __int_as_float(p.z), f[3] = __int_as_float(p.w);
+    }
+};
+template <> struct wpiece<EM_TYPE_F16> {
+    static constexpr int V = 8;
+    static __device__ __forceinline__ void get(int4 p, float (&f)[8]) {
+        const uint32_t u[4] = { (uint32_t)p.x, (uint32_t)p.y, (uint32_t)p.z, (uint32_t)p.w };
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __half2float(__ushort_as_half((unsigned short)(u[i] & 0xffffu)));
+            f[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(u[i] >> 16)));
+        }
+    }
+};
+template <> struct wpiece<EM_TYPE_BF16> {
+    static constexpr int V = 8;
+    static __device__ __forceinline__ void get(int4 p, float (&f)[8]) {
+        const uint32_t u[4] = { (uint32_t)p.x, (uint32_t)p.y, (uint32_t)p.z, (uint32_t)p.w };
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+};
+
+/* V activation floats (16-byte aligned) in 16-byte loads. */
+template <int V>
+__device__ __forceinline__ void load_x(const float *p, float (&v)[8]) {
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) {
+        const float4 t = ((const float4 *)p)[i];
+        v[4 * i] = t.x, v[4 * i + 1] = t.y, v[4 * i + 2] = t.z, v[4 * i + 3] = t.w;
+    }
+}
+
+/* Float weights x F32 activations: a warp computes MM_OUTS consecutive outputs; lane l takes
+ * 16-byte pieces l, l + 32, ... of each; per piece one fma chain over its values in order.
+ * Row j reads activation row xr[j] (x + xr[j] * ldx) and writes output row yr[j]. */
+template <int T, int N>
+__device__ __forceinline__ void mm_float_warp(const uint8_t *wdata, int64_t rows, int64_t cols, int64_t r0, const float *x,
+                                              int64_t ldx, int n, const int (&xr)[N], float *y, int64_t ldy,
+                                              const int (&yr)[N]) {
+    constexpr int V = wpiece<T>::V;
+    const int lane = threadIdx.x & 31;
+    const int64_t pieces = cols / V;
+    const uint8_t *w[MM_OUTS];
+#pragma unroll
+    for (int o = 0; o < MM_OUTS; o++) w[o] = wdata + (r0 + o < rows ? r0 + o : rows - 1) * cols * (16 / V);
+    float acc[N][MM_OUTS];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) acc[j][o] = 0.0f;
+    for (int64_t p = lane; p < pieces; p += 32) {
+        float f[MM_OUTS][8];
+#pragma unroll
+        for (int o = 0; o < MM_OUTS; o++) wpiece<T>::get(ld_nc16(w[o] + p * 16), f[o]);
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            if (j >= n) break;
+            float xa[8];
+            load_x<V>(x + (int64_t)xr[j] * ldx + p * V, xa);
+#pragma unroll
+            for (int o = 0; o < MM_OUTS; o++) {
+                float a = acc[j][o];
+#pragma unroll
+                for (int i = 0; i < V; i++) a = __fmaf_rn(f[o][i], xa[i], a);
+                acc[j][o] = a;
             }
         }
     }

@@ -1,13 +1,18 @@
 /* backend/cuda/moe.cu: the routed experts of one MoE layer over the union of a pass's routes,
  * on the device, without a host sync: a union kernel (which experts the n rows chose, and
- * which rows each got), gate and up of every union expert in one launch, SwiGLU, the Q8_0
- * quantization of the hidden rows, down in one launch, and the weighted sum per row in
- * ascending expert order (model/moe.c's order). Launch shapes depend only on n and k (the
- * union's size is read on the device: blocks past it exit), so a pass can be captured in a
- * graph. An expert's rows get mm_q8_0_warp's arithmetic, the dense products' own: row j's
- * result does not depend on the other rows. */
+ * which rows each got), gate and up of every union expert in one launch (two when their types
+ * differ), SwiGLU or SiTU, the Q8_0 quantization of the hidden rows (for integer down
+ * weights), down in one launch, and the weighted sum per row in ascending expert order
+ * (model/moe.c's order). Launch shapes depend only on n, k and the weight types (the union's
+ * size is read on the device: blocks past it exit), so a pass can be captured in a graph.
+ * Experts of every device layout the products run: an expert's rows get the warp body of
+ * em_gpu_matmul for its type (mm_kernels.cuh, mm_quant.cuh) on the expert's rows of the stack,
+ * with the activations em_gpu_act_prepare would make, so each row's result is the dense
+ * product's, bit for bit, and does not depend on the other rows. */
 #include "backend/cuda/mm_kernels.cuh"
+#include "backend/cuda/mm_quant.cuh"
 
+#include <math.h>
 #include <string.h>
 
 #define MOE_MAX_EXPERTS 1024
@@ -76,11 +81,59 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int n, i
     }
 }
 
-/* Union slot blockIdx.y: gate (blockIdx.z 0) or up (1) of its expert over its rows. */
-template <int N>
+/* A stacked expert matrix as the kernels read it: its device arrays, the values of the whole
+ * stack (Q6_K's scale arrays follow each other, sized by it), and the row length. */
+typedef struct moe_mat {
+    const uint8_t *data, *scales;
+    uint64_t all;
+    int64_t cols;
+} moe_mat;
+
+/* Activation rows for one product: Q8_0 (qs, d; row r at qs + r * cols) or F32 (x + r * ldx). */
+typedef struct moe_act {
+    const int8_t *qs;
+    const float *d;
+    const float *x;
+    int64_t ldx;
+} moe_act;
+
+static moe_mat mat_of(const em_gpu_mat *m) {
+    moe_mat v = { (const uint8_t *)m->data, (const uint8_t *)m->scales, (uint64_t)m->rows * (uint64_t)m->cols, m->cols };
+    return v;
+}
+
+/* The warp body of weight type T (em_gpu_matmul's) on rows [row0, row0 + rows) of the stack,
+ * outputs r0.. of that expert. */
+template <int T, int N>
+__device__ __forceinline__ void expert_warp(const moe_mat &w, int64_t row0, int64_t rows, int64_t r0, const moe_act &a,
+                                            int n, const int (&xr)[N], float *y, int64_t ldy, const int (&yr)[N]) {
+    const int64_t cols = w.cols;
+    if constexpr (T == EM_TYPE_Q8_0) {
+        mm_q8_0_warp<N>((const int8_t *)w.data + row0 * cols, (const __half *)w.scales + row0 * (cols / 32), rows, cols, r0,
+                        a.qs, a.d, n, xr, y, ldy, yr);
+    } else if constexpr (T == EM_TYPE_Q4_K) {
+        mm_q4_K_warp<N>(w.data + row0 * (cols / 2), w.scales + row0 * (cols / 256) * 16, rows, cols, r0, a.qs, a.d, n, xr,
+                        y, ldy, yr);
+    } else if constexpr (T == EM_TYPE_Q6_K) {
+        mm_q6_K_warp<N>(w.data + row0 * (cols / 2), w.scales + row0 * (cols / 4),
+                        (const int8_t *)(w.scales + w.all / 4) + row0 * (cols / 16),
+                        (const __half *)(w.scales + w.all / 4 + w.all / 16) + row0 * (cols / 256), rows, cols, r0, a.qs,
+                        a.d, n, xr, y, ldy, yr);
+    } else if constexpr (T == EM_TYPE_MXFP4) {
+        mm_mxfp4_warp<N>(w.data + row0 * (cols / 2), w.scales + row0 * (cols / 32), rows, cols, r0, a.qs, a.d, n, xr, y,
+                         ldy, yr);
+    } else {
+        constexpr int vb = T == EM_TYPE_F32 ? 4 : 2; /* bytes a value */
+        mm_float_warp<T, N>(w.data + row0 * cols * vb, rows, cols, r0, a.x, a.ldx, n, xr, y, ldy, yr);
+    }
+}
+
+/* Union slot blockIdx.y: gate or up of its expert over its rows (input rows urows, output rows
+ * uslots of the slot-indexed gt / up buffers). blockIdx.z picks the matrix: 0 w0 into y0, 1 w1
+ * into y1 (both of type T; gate and up of different types take one launch each). */
+template <int T, int N>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-    k_moe_gate_up(const int8_t *gq, const __half *gd, const int8_t *uq, const __half *ud, int ffn, int64_t cols,
-                  const int *meta, int um, const int8_t *xq, const float *xd, float *gt, float *up) {
+    k_moe_gate_up(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, const int *meta, int um) {
     const int u = blockIdx.y;
     if (u >= meta[0]) return;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
@@ -91,17 +144,14 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     int xr[N], yr[N];
 #pragma unroll
     for (int j = 0; j < N; j++) xr[j] = j < cnt ? urows[u * 16 + j] : 0, yr[j] = j < cnt ? uslots[u * 16 + j] : 0;
-    const int8_t *wq = blockIdx.z ? uq : gq;
-    const __half *wd = blockIdx.z ? ud : gd;
-    mm_q8_0_warp<N>(wq + e * ffn * cols, wd + e * ffn * (cols / 32), ffn, cols, r0, xq, xd, cnt, xr,
-                    blockIdx.z ? up : gt, ffn, yr);
+    if (blockIdx.z) expert_warp<T, N>(w1, e * ffn, ffn, r0, a1, cnt, xr, y1, ffn, yr);
+    else expert_warp<T, N>(w0, e * ffn, ffn, r0, a0, cnt, xr, y0, ffn, yr);
 }
 
 /* Union slot blockIdx.y: down of its expert over its rows' hidden rows (slot-indexed). */
-template <int N>
+template <int T, int N>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-    k_moe_down(const int8_t *dq, const __half *dd, int ffn, int64_t cols, const int *meta, int um, const int8_t *hq,
-               const float *hd, float *out) {
+    k_moe_down(moe_mat w, moe_act a, int64_t cols, const int *meta, int um, float *out) {
     const int u = blockIdx.y;
     if (u >= meta[0]) return;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
@@ -112,7 +162,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     int sr[N];
 #pragma unroll
     for (int j = 0; j < N; j++) sr[j] = j < cnt ? uslots[u * 16 + j] : 0;
-    mm_q8_0_warp<N>(dq + e * cols * ffn, dd + e * cols * (ffn / 32), cols, ffn, r0, hq, hd, cnt, sr, out, cols, sr);
+    expert_warp<T, N>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
 }
 
 /* y[j][i] = 0; then + w * out for row j's experts in ascending id order (em_axpy's rounding:
@@ -139,77 +189,137 @@ __global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const flo
     y[(int64_t)j * ldy + i] = acc;
 }
 
-template <int N>
-static void launch_experts(const em_gpu_experts *x, const moe_layout *l, uint8_t *sc, int64_t cols, int k, int n,
-                           cudaStream_t s) {
-    (void)k, (void)n;
-    const int *meta = (const int *)(sc + l->meta);
-    dim3 g1(emc_blocks(x->ffn, MM_WARPS * MM_OUTS), (unsigned)l->um, 2);
-    k_moe_gate_up<N><<<g1, MM_WARPS * 32, 0, s>>>((const int8_t *)x->gate->data, (const __half *)x->gate->scales,
-                                                   (const int8_t *)x->up->data, (const __half *)x->up->scales, x->ffn,
-                                                   cols, meta, l->um, (const int8_t *)(sc + l->xq),
-                                                   (const float *)(sc + l->xd), (float *)(sc + l->gt),
-                                                   (float *)(sc + l->up));
+/* The smallest row bucket N >= n (an expert gets at most n rows) and type T's kernel. */
+template <int T, int N>
+static void launch_gate_up_n(const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1, const moe_act &a1,
+                             float *y1, int mats, int ffn, const int *meta, int um, cudaStream_t s) {
+    dim3 grid(emc_blocks(ffn, MM_WARPS * MM_OUTS), (unsigned)um, (unsigned)mats);
+    k_moe_gate_up<T, N><<<grid, MM_WARPS * 32, 0, s>>>(w0, a0, y0, w1, a1, y1, ffn, meta, um);
+}
+template <int T>
+static void launch_gate_up_t(int n, const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1,
+                             const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, cudaStream_t s) {
+    if (n <= 1) launch_gate_up_n<T, 1>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
+    else if (n <= 2) launch_gate_up_n<T, 2>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
+    else if (n <= 4) launch_gate_up_n<T, 4>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
+    else if (n <= 8) launch_gate_up_n<T, 8>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
+    else launch_gate_up_n<T, 16>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
+}
+/* mats 2: w0 and w1 (one type) in one launch; mats 1: w0 alone. */
+static void launch_gate_up(int type, int n, const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1,
+                           const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, cudaStream_t s) {
+    switch (type) {
+    case EM_TYPE_Q8_0: launch_gate_up_t<EM_TYPE_Q8_0>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    case EM_TYPE_Q4_K: launch_gate_up_t<EM_TYPE_Q4_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    case EM_TYPE_Q6_K: launch_gate_up_t<EM_TYPE_Q6_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    case EM_TYPE_MXFP4: launch_gate_up_t<EM_TYPE_MXFP4>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    case EM_TYPE_F32: launch_gate_up_t<EM_TYPE_F32>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    case EM_TYPE_F16: launch_gate_up_t<EM_TYPE_F16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    default: launch_gate_up_t<EM_TYPE_BF16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    }
 }
 
-template <int N>
-static void launch_down(const em_gpu_experts *x, const moe_layout *l, uint8_t *sc, int64_t cols, cudaStream_t s) {
-    const int *meta = (const int *)(sc + l->meta);
-    dim3 g2(emc_blocks(cols, MM_WARPS * MM_OUTS), (unsigned)l->um, 1);
-    k_moe_down<N><<<g2, MM_WARPS * 32, 0, s>>>((const int8_t *)x->down->data, (const __half *)x->down->scales, x->ffn,
-                                                cols, meta, l->um, (const int8_t *)(sc + l->hq),
-                                                (const float *)(sc + l->hd), (float *)(sc + l->out));
+template <int T>
+static void launch_down_t(int n, const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um, float *out,
+                          cudaStream_t s) {
+    dim3 grid(emc_blocks(cols, MM_WARPS * MM_OUTS), (unsigned)um, 1);
+    const int th = MM_WARPS * 32;
+    if (n <= 1) k_moe_down<T, 1><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
+    else if (n <= 2) k_moe_down<T, 2><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
+    else if (n <= 4) k_moe_down<T, 4><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
+    else if (n <= 8) k_moe_down<T, 8><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
+    else k_moe_down<T, 16><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
+}
+static void launch_down(int type, int n, const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um,
+                        float *out, cudaStream_t s) {
+    switch (type) {
+    case EM_TYPE_Q8_0: launch_down_t<EM_TYPE_Q8_0>(n, w, a, cols, meta, um, out, s); break;
+    case EM_TYPE_Q4_K: launch_down_t<EM_TYPE_Q4_K>(n, w, a, cols, meta, um, out, s); break;
+    case EM_TYPE_Q6_K: launch_down_t<EM_TYPE_Q6_K>(n, w, a, cols, meta, um, out, s); break;
+    case EM_TYPE_MXFP4: launch_down_t<EM_TYPE_MXFP4>(n, w, a, cols, meta, um, out, s); break;
+    case EM_TYPE_F32: launch_down_t<EM_TYPE_F32>(n, w, a, cols, meta, um, out, s); break;
+    case EM_TYPE_F16: launch_down_t<EM_TYPE_F16>(n, w, a, cols, meta, um, out, s); break;
+    default: launch_down_t<EM_TYPE_BF16>(n, w, a, cols, meta, um, out, s); break;
+    }
 }
 
-extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
-                          const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
-                          em_err *err) {
-    EMC_CHECK(x && x->gate && x->up && x->down, "GPU MoE: missing expert matrices");
-    EMC_CHECK(x->gate->type == EM_TYPE_Q8_0 && x->up->type == EM_TYPE_Q8_0 && x->down->type == EM_TYPE_Q8_0,
-              "GPU MoE: experts of types %s/%s/%s; only Q8_0 runs on the GPU yet", em_type_name(x->gate->type),
-              em_type_name(x->up->type), em_type_name(x->down->type));
+/* The argument checks of em_gpu_moe (EM_EINVAL naming what is wrong). */
+static int moe_check(const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+                     const float *d_wts, int k, const void *d_scratch, const float *d_y, int64_t ldy, em_err *err) {
+    EMC_CHECK(x && x->gate && x->up && x->down && x->gate->data && x->up->data && x->down->data,
+              "GPU MoE: missing expert matrices");
+    EMC_CHECK(em_gpu_mat_type_ok(x->gate->type) && em_gpu_mat_type_ok(x->up->type) && em_gpu_mat_type_ok(x->down->type),
+              "GPU MoE: experts of device types %s/%s/%s (gate/up/down); the GPU products run f32, f16, bf16, q8_0, "
+              "q4_K, q6_K, mxfp4", em_type_name(x->gate->type), em_type_name(x->up->type), em_type_name(x->down->type));
     EMC_CHECK(x->n_expert > 0 && x->n_expert <= MOE_MAX_EXPERTS && x->ffn > 0 && x->ffn % 32 == 0,
               "GPU MoE: %d experts of ffn %d (at most %d experts, ffn a multiple of 32)", x->n_expert, x->ffn,
               MOE_MAX_EXPERTS);
+    EMC_CHECK(x->act == EM_GPU_ACT_SWIGLU || (x->act == EM_GPU_ACT_SITU && x->situ_beta > 0.0f && isfinite(x->situ_beta) &&
+                                               !isnan(x->situ_lin_beta)),
+              "GPU MoE: activation %d (SwiGLU %d, SiTU %d) with SiTU beta %g (> 0), lin_beta %g", x->act,
+              EM_GPU_ACT_SWIGLU, EM_GPU_ACT_SITU, (double)x->situ_beta, (double)x->situ_lin_beta);
     const int64_t cols = x->gate->cols;
     EMC_CHECK(x->gate->rows == (int64_t)x->n_expert * x->ffn && x->up->rows == x->gate->rows && x->up->cols == cols &&
                   x->down->rows == (int64_t)x->n_expert * cols && x->down->cols == x->ffn,
               "GPU MoE: expert shapes gate %lldx%lld, up %lldx%lld, down %lldx%lld for %d experts of %d",
               (long long)x->gate->rows, (long long)cols, (long long)x->up->rows, (long long)x->up->cols,
               (long long)x->down->rows, (long long)x->down->cols, x->n_expert, x->ffn);
+    EMC_CHECK(cols % 32 == 0, "GPU MoE: %lld columns, not a multiple of 32", (long long)cols);
     EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS && k >= 1 && k <= MOE_MAX_K && k <= x->n_expert,
               "GPU MoE: %d rows (1..%d), top-%d (1..%d)", n, EM_GPU_MAX_ROWS, k, MOE_MAX_K);
     EMC_CHECK(d_x && ldx >= cols && d_ids && d_wts && d_y && ldy >= cols && d_scratch && ((uintptr_t)d_scratch & 255) == 0,
               "GPU MoE: missing buffer, ldx/ldy below %lld, or scratch not 256-byte aligned", (long long)cols);
-    int rc = emc_use(g, err);
-    if (rc) return rc;
+    const bool fx = em_gpu_act_type(x->gate->type) == EM_TYPE_F32 || em_gpu_act_type(x->up->type) == EM_TYPE_F32;
+    EMC_CHECK(!fx || (((uintptr_t)d_x & 15) == 0 && ldx % 4 == 0),
+              "GPU MoE: %s/%s gate/up take F32 rows: x must be 16-byte aligned with ldx a multiple of 4 (ldx %lld)",
+              em_type_name(x->gate->type), em_type_name(x->up->type), (long long)ldx);
+    return 0;
+}
+
+extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                          const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
+                          em_err *err) {
+    int rc = moe_check(x, d_x, ldx, n, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
+    if (rc || (rc = emc_use(g, err))) return rc;
+    const int64_t cols = x->gate->cols, nk = (int64_t)n * k;
     const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n);
     uint8_t *sc = (uint8_t *)d_scratch;
+    const int *meta = (const int *)(sc + l.meta);
+    float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
     cudaStream_t s = g->stream;
     k_moe_union<<<1, 1024, 0, s>>>(d_ids, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
     if ((rc = emc_launched(err, "k_moe_union"))) return rc;
-    const int64_t xw = (int64_t)n * (cols / 32);
-    k_quant_q8_0<<<emc_blocks(xw * 32, 256), 256, 0, s>>>(d_x, ldx, cols, n, (int8_t *)(sc + l.xq), (float *)(sc + l.xd));
-    if ((rc = emc_launched(err, "k_quant_q8_0 (expert inputs)"))) return rc;
-    /* an expert gets at most n rows: the smallest bucket >= n covers every union slot */
-    if (n <= 1) launch_experts<1>(x, &l, sc, cols, k, n, s);
-    else if (n <= 2) launch_experts<2>(x, &l, sc, cols, k, n, s);
-    else if (n <= 4) launch_experts<4>(x, &l, sc, cols, k, n, s);
-    else if (n <= 8) launch_experts<8>(x, &l, sc, cols, k, n, s);
-    else launch_experts<16>(x, &l, sc, cols, k, n, s);
+    /* the input rows as gate and up take them: Q8_0 (quantized once) or the F32 rows */
+    const int tg = x->gate->type, tu = x->up->type;
+    const moe_act xq = { (const int8_t *)(sc + l.xq), (const float *)(sc + l.xd), NULL, 0 }, xf = { NULL, NULL, d_x, ldx };
+    if (em_gpu_act_type(tg) == EM_TYPE_Q8_0 || em_gpu_act_type(tu) == EM_TYPE_Q8_0) {
+        const int64_t xw = (int64_t)n * (cols / 32);
+        k_quant_q8_0<<<emc_blocks(xw * 32, 256), 256, 0, s>>>(d_x, ldx, cols, n, (int8_t *)(sc + l.xq), (float *)(sc + l.xd));
+        if ((rc = emc_launched(err, "k_quant_q8_0 (expert inputs)"))) return rc;
+    }
+    const moe_act ag = em_gpu_act_type(tg) == EM_TYPE_Q8_0 ? xq : xf, au = em_gpu_act_type(tu) == EM_TYPE_Q8_0 ? xq : xf;
+    const moe_mat wg = mat_of(x->gate), wu = mat_of(x->up), wd = mat_of(x->down);
+    if (tg == tu) {
+        launch_gate_up(tg, n, wg, ag, gt, wu, au, upb, 2, x->ffn, meta, l.um, s);
+    } else {
+        launch_gate_up(tg, n, wg, ag, gt, wg, ag, gt, 1, x->ffn, meta, l.um, s);
+        if ((rc = emc_launched(err, "k_moe_gate_up (gate)"))) return rc;
+        launch_gate_up(tu, n, wu, au, upb, wu, au, upb, 1, x->ffn, meta, l.um, s);
+    }
     if ((rc = emc_launched(err, "k_moe_gate_up"))) return rc;
-    const int64_t nk = (int64_t)n * k;
-    if ((rc = em_gpu_swiglu(g, (const float *)(sc + l.gt), (const float *)(sc + l.up), nk * x->ffn, (float *)(sc + l.gt), err)))
-        return rc;
-    const int64_t hw = nk * (x->ffn / 32);
-    k_quant_q8_0<<<emc_blocks(hw * 32, 256), 256, 0, s>>>((const float *)(sc + l.gt), x->ffn, x->ffn, (int)nk,
-                                                         (int8_t *)(sc + l.hq), (float *)(sc + l.hd));
-    if ((rc = emc_launched(err, "k_quant_q8_0 (expert hidden rows)"))) return rc;
-    if (n <= 1) launch_down<1>(x, &l, sc, cols, s);
-    else if (n <= 2) launch_down<2>(x, &l, sc, cols, s);
-    else if (n <= 4) launch_down<4>(x, &l, sc, cols, s);
-    else if (n <= 8) launch_down<8>(x, &l, sc, cols, s);
-    else launch_down<16>(x, &l, sc, cols, s);
+    rc = x->act == EM_GPU_ACT_SITU ? em_gpu_situ(g, gt, upb, nk * x->ffn, x->situ_beta, x->situ_lin_beta, gt, err)
+                                   : em_gpu_swiglu(g, gt, upb, nk * x->ffn, gt, err);
+    if (rc) return rc;
+    /* the hidden rows (slot-indexed, ffn apart) as down takes them */
+    moe_act ah = { NULL, NULL, gt, x->ffn };
+    if (em_gpu_act_type(x->down->type) == EM_TYPE_Q8_0) {
+        const int64_t hw = nk * (x->ffn / 32);
+        k_quant_q8_0<<<emc_blocks(hw * 32, 256), 256, 0, s>>>(gt, x->ffn, x->ffn, (int)nk, (int8_t *)(sc + l.hq),
+                                                             (float *)(sc + l.hd));
+        if ((rc = emc_launched(err, "k_quant_q8_0 (expert hidden rows)"))) return rc;
+        ah.qs = (const int8_t *)(sc + l.hq), ah.d = (const float *)(sc + l.hd), ah.x = NULL, ah.ldx = 0;
+    }
+    launch_down(x->down->type, n, wd, ah, cols, meta, l.um, (float *)(sc + l.out), s);
     if ((rc = emc_launched(err, "k_moe_down"))) return rc;
     dim3 g3(emc_blocks(cols, 256), (unsigned)n);
     k_moe_sum<<<g3, 256, 0, s>>>(d_ids, d_wts, k, (const float *)(sc + l.out), cols, d_y, ldy);

@@ -1,5 +1,5 @@
-/* backend/cuda/ops.cu: the row ops of the forward (RMSNorm, SwiGLU, residual add, embedding
- * gather, argmax, RoPE) and the MoE router, each the arithmetic of its CPU twin in compute/,
+/* backend/cuda/ops.cu: the row ops of the forward (RMSNorm, SwiGLU, SiTU, sigmoid gate,
+ * residual add, K3's AttnRes mix, embedding gather, argmax, RoPE) and the MoE router, each the arithmetic of its CPU twin in compute/,
  * sample/ and model/moe.c. The library is built with --fmad=false, so a * b + c rounds twice
  * as the CPU's C does (gcc's ISO C mode contracts nothing); where the CPU sums in double this
  * does too. A row's result depends only on that row: every op is width-invariant. Math library
@@ -68,6 +68,124 @@ extern "C" int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t
     if (rc || count == 0) return rc;
     k_add<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_a, d_b, count, d_y);
     return emc_launched(err, "k_add");
+}
+
+/* compute/'s em_situ with the reciprocals it rounds to fp32 first (inv, lin_inv from the host,
+ * the same division): a = (beta * tanh(g inv)) * sigmoid(g), u, y = a * u. */
+__global__ void k_situ(const float *gt, const float *up, int64_t count, float beta, float inv, float lin_beta,
+                       float lin_inv, float *y) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const float g = gt[i], v = up[i];
+    const float a = beta * tanhf(g * inv) * (1.0f / (1.0f + expf(-g)));
+    const float u = lin_beta > 0.0f ? lin_beta * tanhf(v * lin_inv) : v;
+    y[i] = a * u;
+}
+
+__global__ void k_sigmoid_mul(float *x, const float *gt, int64_t count) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) x[i] *= 1.0f / (1.0f + expf(-gt[i])); /* em_sigmoidf */
+}
+
+extern "C" int em_gpu_situ(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float beta, float lin_beta,
+                           float *d_y, em_err *err) {
+    EMC_CHECK(d_gate && d_up && d_y && count >= 0, "GPU situ: missing buffer or %lld values", (long long)count);
+    EMC_CHECK(beta > 0.0f && isfinite(beta) && !isnan(lin_beta), "GPU situ: beta %g (> 0), lin_beta %g", (double)beta,
+              (double)lin_beta);
+    int rc = emc_use(g, err);
+    if (rc || count == 0) return rc;
+    const float inv = 1.0f / beta, lin_inv = lin_beta > 0.0f ? 1.0f / lin_beta : 0.0f;
+    k_situ<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_gate, d_up, count, beta, inv, lin_beta, lin_inv, d_y);
+    return emc_launched(err, "k_situ");
+}
+
+extern "C" int em_gpu_sigmoid_mul(em_gpu *g, float *d_x, const float *d_gate, int64_t count, em_err *err) {
+    EMC_CHECK(d_x && d_gate && count >= 0, "GPU sigmoid_mul: missing buffer or %lld values", (long long)count);
+    int rc = emc_use(g, err);
+    if (rc || count == 0) return rc;
+    k_sigmoid_mul<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_x, d_gate, count);
+    return emc_launched(err, "k_sigmoid_mul");
+}
+
+/* ---- AttnRes mix (model/attnres.c's kimi_res_input) ---------------------------------------- */
+
+#define RES_THREADS 256
+#define RES_MAX_BANK 255
+
+/* The block's sums of squares and dots with w of row r (E values): thread t takes values
+ * t, t + 256, ... in double; the 256 partials meet in a fixed tree. Returns res_score. */
+__device__ float res_score(const float *r, const float *w, int64_t E, float eps, double *ss, double *dt) {
+    double a = 0.0, b = 0.0;
+    for (int64_t d = threadIdx.x; d < E; d += RES_THREADS) {
+        a += (double)r[d] * (double)r[d];
+        b += (double)r[d] * (double)w[d];
+    }
+    ss[threadIdx.x] = a, dt[threadIdx.x] = b;
+    __syncthreads();
+    for (int h = RES_THREADS / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h) ss[threadIdx.x] += ss[threadIdx.x + h], dt[threadIdx.x] += dt[threadIdx.x + h];
+        __syncthreads();
+    }
+    const float scale = (float)(1.0 / sqrt(ss[0] / (double)E + (double)eps));
+    const float score = (float)(dt[0] * (double)scale);
+    __syncthreads(); /* ss, dt are reused by the next call */
+    return score;
+}
+
+/* One block per row t. Scores of the n_bank banked rows and of x, em_softmax over them (by
+ * thread 0: exp as (float)exp((double)v), which rounds correctly wherever libm's expf does),
+ * then the mix, one thread per column, j ascending. */
+__global__ void __launch_bounds__(RES_THREADS) k_res_mix(const float *bank, int nb, int64_t ld_bank, const float *x,
+                                                         int64_t ldx, const float *w, int64_t E, float eps, float *out,
+                                                         int64_t ldo) {
+    __shared__ double ss[RES_THREADS], dt[RES_THREADS];
+    __shared__ float p[RES_MAX_BANK + 1];
+    const int64_t t = blockIdx.x;
+    const float *xr = x + t * ldx;
+    float *o = out + t * ldo;
+    if (nb == 0) { /* kimi_res_input returns x itself */
+        for (int64_t d = threadIdx.x; d < E; d += RES_THREADS) o[d] = xr[d];
+        return;
+    }
+    for (int j = 0; j < nb; j++) {
+        const float s = res_score(bank + j * ld_bank + t * E, w, E, eps, ss, dt);
+        if (threadIdx.x == 0) p[j] = s;
+    }
+    const float sx = res_score(xr, w, E, eps, ss, dt);
+    if (threadIdx.x == 0) {
+        p[nb] = sx;
+        float mx = p[0];
+        for (int j = 1; j <= nb; j++)
+            if (p[j] > mx) mx = p[j];
+        double sum = 0.0;
+        for (int j = 0; j <= nb; j++) {
+            p[j] = (float)exp((double)(p[j] - mx));
+            sum += p[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j <= nb; j++) p[j] *= inv;
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < E; d += RES_THREADS) {
+        float acc = 0.0f;
+        for (int j = 0; j < nb; j++) acc += p[j] * bank[j * ld_bank + t * E + d];
+        o[d] = acc + p[nb] * xr[d];
+    }
+}
+
+extern "C" int em_gpu_res_mix(em_gpu *g, const float *d_bank, int n_bank, int64_t ld_bank, const float *d_x, int64_t ldx,
+                              const float *d_w, int64_t E, float eps, int rows, float *d_out, int64_t ldo, em_err *err) {
+    EMC_CHECK(n_bank >= 0 && n_bank <= RES_MAX_BANK, "GPU res_mix: %d banked rows (0..%d)", n_bank, RES_MAX_BANK);
+    EMC_CHECK(E > 0 && rows >= 0 && d_x && d_out && ldx >= E && ldo >= E,
+              "GPU res_mix: %d rows of %lld (ldx %lld, ldo %lld), or missing x/out", rows, (long long)E, (long long)ldx,
+              (long long)ldo);
+    EMC_CHECK(n_bank == 0 || (d_bank && d_w && ld_bank >= (int64_t)rows * E),
+              "GPU res_mix: %d banks need the bank and w, with ld_bank %lld >= rows * E = %lld", n_bank, (long long)ld_bank,
+              (long long)rows * E);
+    int rc = emc_use(g, err);
+    if (rc || rows == 0) return rc;
+    k_res_mix<<<rows, RES_THREADS, 0, g->stream>>>(d_bank, n_bank, ld_bank, d_x, ldx, d_w, E, eps, d_out, ldo);
+    return emc_launched(err, "k_res_mix");
 }
 
 /* ---- embedding gather ---------------------------------------------------------------------- */

@@ -7,7 +7,8 @@
  * single steps for every 0 <= k <= n <= 16; the committed state untouched by verify; rollback by
  * position; poisoned outputs; error paths; a few timings. Needs a GPU (tests/cuda/run.sh runs it
  * on the device machine; not registered with ctest). Prints one line per check; exit 1 when
- * any check failed, 2 when no GPU could be opened. Usage: test_gpu_seq [--device cuda:N] [--no-bench] */
+ * any check failed, 2 when no GPU could be opened.
+ * Usage: test_gpu_seq [--device cuda:N] [--no-bench] [--mla-only] [--mla-profile] */
 #include "backend/gpu.h"
 #include "compute/compute.h"
 #include "model/kda.h"
@@ -32,7 +33,10 @@
 static em_gpu *G;
 static em_err E;
 static int n_fail, n_ok;
-static int no_bench; /* --no-bench: checks only (the memcheck run) */
+static int no_bench;    /* --no-bench: checks only (the memcheck run) */
+static int mla_only;    /* --mla-only: the MLA checks and timings only */
+static int mla_profile; /* --mla-profile: one attend of 1 and of 16 rows at context 4096, nothing else
+                         * (for a profiler: ncu -k regex:k_mla_) */
 
 static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void record(const char *name, int ok, const char *fmt, ...) {
@@ -579,13 +583,33 @@ static void test_mla(void) {
     em_gpu_sync(G, &E);
 }
 
+/* --mla-profile: attend at context 4096 for 1 and 16 rows on a random cache (timing only). */
+static void profile_mla(void) {
+    const em_gpu_mla_dims md = { .n_head = MH, .kv_lora = LORA, .rope = ROPE, .nope = NOPE, .capacity = CAP };
+    const uint64_t CB = (uint64_t)CAP * MC * 4, QF = (uint64_t)R * MH * MC;
+    float *cache = xmalloc(CB), *qa = xmalloc(QF * 4);
+    fill(cache, (int64_t)CAP * MC, -1, 1);
+    fill(qa, (int64_t)QF, -1, 1);
+    float *d_cache = dalloc(CB), *d_qa = dalloc(QF * 4), *d_ctx = dalloc((uint64_t)R * MH * LORA * 4);
+    float *d_sc = dalloc(em_gpu_mla_scratch_floats(&md, R) * 4);
+    int32_t *d_pos = dalloc(4);
+    up(d_cache, cache, CB), up(d_qa, qa, QF * 4);
+    set_pos(d_pos, 4095);
+    for (int n = 1; n <= R; n *= 16)
+        if (em_gpu_mla_attend(G, &md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E)) die("attend");
+    if (em_gpu_sync(G, &E)) die("sync");
+    free(cache), free(qa);
+}
+
 int main(int argc, char **argv) {
     const char *dev = "cuda:0";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) dev = argv[++i];
         else if (!strcmp(argv[i], "--no-bench")) no_bench = 1;
+        else if (!strcmp(argv[i], "--mla-only")) mla_only = 1;
+        else if (!strcmp(argv[i], "--mla-profile")) mla_profile = 1;
         else {
-            fprintf(stderr, "usage: %s [--device cuda:N] [--no-bench]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device cuda:N] [--no-bench] [--mla-only] [--mla-profile]\n", argv[0]);
             return 2;
         }
     }
@@ -594,8 +618,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_gpu_seq: %s\n", E.msg);
         return 2;
     }
-    test_kda(false);
-    test_kda(true);
+    if (mla_profile) {
+        profile_mla();
+        em_gpu_close(G);
+        return 0;
+    }
+    if (!mla_only) {
+        test_kda(false);
+        test_kda(true);
+    }
     test_mla();
     test_mla_odd();
     int rc = em_gpu_sync(G, &E);

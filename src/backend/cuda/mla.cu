@@ -11,8 +11,9 @@
  *   sum is sequential, so the normalizer can differ by an ulp in rare cases), p = e * inv;
  * - context: a thread owns one column of two heads for 1..4 query rows and runs each column's
  *   fma chain over the positions in ascending order (em_weighted_rows' chain; never split),
- *   the cache columns and the probabilities streamed through shared memory (cp.async, three
- *   stages), so the parallelism is columns x heads x rows.
+ *   the cache columns and the probabilities streamed through shared memory (cp.async, a ring
+ *   of CX_ST stages), so the parallelism is columns x heads x rows. It is the slow part: each
+ *   chain is as long as the context and the block is latency-bound (docs/cuda.md, run 7).
  * Every score, sum and chain is a fixed sequence of IEEE operations that depends only on its
  * query, its position and the cache, never on n or on the tiling: width invariance by
  * construction. Positions are read on the device; launch shapes depend only on n, the dims
@@ -203,6 +204,8 @@ __global__ void __launch_bounds__(MLA_THREADS, 1)
 
 /* ---- softmax ---------------------------------------------------------------------------- */
 
+#define SM_B 8 /* scores per thread and batch */
+
 /* Block (t, h): the scores of (t, h) in place become probabilities. The max in any order
  * (it is exact); thread i sums e(u) for u = i, i + 256, ... in double, then the 256 sums meet
  * in halves 128 -> 1 (128 .. 32 through shared memory, 16 .. 1 by shuffles: the same pairs). */
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_softmax(em_gpu_mla_dims d, 
     if (len == 0) return;
     float *s = sc + ((int64_t)t * d.n_head + h) * ldsc;
     float mx = -__int_as_float(0x7f800000);
-    for (int64_t u = threadIdx.x; u < len; u += MLA_THREADS) mx = s[u] > mx ? s[u] : mx;
+    for (int64_t u = threadIdx.x; u < len; u += MLA_THREADS) mx = s[u] > mx ? s[u] : mx; /* no stores: pipelined */
     for (int o = 16; o > 0; o >>= 1) {
         const float b = __shfl_xor_sync(0xffffffffu, mx, o);
         mx = b > mx ? b : mx;
@@ -224,11 +227,20 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_softmax(em_gpu_mla_dims d, 
     __syncthreads();
     mx = fred[0];
     for (int i = 1; i < MLA_THREADS / 32; i++) mx = fred[i] > mx ? fred[i] : mx;
+    /* SM_B values per thread loaded before any is stored back (the loads do not wait on the
+     * stores), added in u order */
     double sum = 0.0;
-    for (int64_t u = threadIdx.x; u < len; u += MLA_THREADS) {
-        const float e = mla_expf_poly(s[u] - mx);
-        s[u] = e;
-        sum += e;
+    for (int64_t u0 = threadIdx.x; u0 < len; u0 += SM_B * MLA_THREADS) {
+        float e[SM_B];
+#pragma unroll
+        for (int b = 0; b < SM_B; b++) e[b] = u0 + b * MLA_THREADS < len ? s[u0 + b * MLA_THREADS] : 0.0f;
+#pragma unroll
+        for (int b = 0; b < SM_B; b++) {
+            if (u0 + b * MLA_THREADS >= len) break;
+            e[b] = mla_expf_poly(e[b] - mx);
+            s[u0 + b * MLA_THREADS] = e[b];
+            sum += e[b];
+        }
     }
     dred[threadIdx.x] = sum;
     __syncthreads();
@@ -243,21 +255,42 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_softmax(em_gpu_mla_dims d, 
     }
     __syncthreads();
     const float inv = (float)(1.0 / total);
-    for (int64_t u = threadIdx.x; u < len; u += MLA_THREADS) s[u] = s[u] * inv;
+    for (int64_t u0 = threadIdx.x; u0 < len; u0 += SM_B * MLA_THREADS) {
+        float e[SM_B];
+#pragma unroll
+        for (int b = 0; b < SM_B; b++) e[b] = u0 + b * MLA_THREADS < len ? s[u0 + b * MLA_THREADS] : 0.0f;
+#pragma unroll
+        for (int b = 0; b < SM_B; b++)
+            if (u0 + b * MLA_THREADS < len) s[u0 + b * MLA_THREADS] = e[b] * inv;
+    }
 }
 
 /* ---- context ---------------------------------------------------------------------------- */
 
-#define CX_COLS 16             /* columns per block */
-#define CX_HEADS 8             /* heads per block; a thread owns 2 of them for one column */
-#define CX_THREADS 64
-#define CX_UC 128              /* positions per stage */
+/* The block shape (tuning knobs, overridable at compile time: docs/cuda.md run 7 measured
+ * 16x8/128/3, 16x8/128/6, 16x32/64/4, 32x16/64/4 and 32x32/64/4; this one is 4% slower than
+ * 16x8 at one row and 36% faster at 16). A thread owns one column of a head pair; a warp holds
+ * 32 / CX_COLS head pairs of the same columns. */
+#ifndef CX_COLS
+#define CX_COLS 32             /* columns per block: 16 or 32 */
+#endif
+#ifndef CX_HEADS
+#define CX_HEADS 16            /* heads per block (even) */
+#endif
+#ifndef CX_UC
+#define CX_UC 64               /* positions per stage (a multiple of 4) */
+#endif
+#ifndef CX_ST
+#define CX_ST 4                /* stages (CX_ST - 1 in flight) */
+#endif
+#define CX_THREADS (CX_COLS * CX_HEADS / 2)
 #define CX_PS (CX_UC + 4)      /* shared stride of a probability row (head pairs 2 apart: 8 banks) */
-#define CX_ST 3                /* stages */
 #define CX_CSTAGE (CX_UC * CX_COLS)
+static_assert(CX_THREADS % 32 == 0 && CX_THREADS <= 1024 && (CX_COLS == 16 || CX_COLS == 32), "context block shape");
 template <int RT> struct cx_smem {
     static constexpr int PSTAGE = RT * CX_HEADS * CX_PS;
     static constexpr int BYTES = CX_ST * (CX_CSTAGE + PSTAGE) * 4;
+    static_assert(BYTES <= 227 * 1024, "context stages exceed shared memory");
 };
 
 /* Grid (column blocks, head blocks, row blocks of RT). ctx[t][h][i] = fma chain over u < len_t
@@ -271,7 +304,7 @@ __global__ void __launch_bounds__(CX_THREADS)
     constexpr int PSTAGE = cx_smem<RT>::PSTAGE;
     const int C = d.kv_lora + d.rope;
     const int col0 = blockIdx.x * CX_COLS, h0 = blockIdx.y * CX_HEADS, t0 = blockIdx.z * RT;
-    const int lane = threadIdx.x & 31, cl = lane & 15, hl = 2 * ((lane >> 4) + 2 * (int)(threadIdx.x >> 5));
+    const int cl = threadIdx.x % CX_COLS, hl = 2 * (threadIdx.x / CX_COLS);
     int64_t len[RT], lo = INT64_MAX, hi = 0;
 #pragma unroll
     for (int r = 0; r < RT; r++) {

@@ -829,7 +829,7 @@ static void test_matmul_heads(int type, int heads, int64_t hr, int64_t cols, int
         float *cpu = xmalloc((size_t)R * hr * 4), *g1 = xmalloc((size_t)R * hr * 4);
         TRY(name, em_matmul(NULL, &mat, x + h * xhs, ldx, R, cpu, hr, buf, &E));
         for (int j = 0; j < R; j++) memcpy(g1 + (int64_t)j * hr, got + (int64_t)j * ldy + h * yhs, (size_t)hr * 4);
-        char n2[80];
+        char n2[128];
         snprintf(n2, sizeof n2, "%s head %d vs CPU", name, h);
         record_cmp(n2, compare(g1, cpu, (int64_t)R * hr), 1e-5, 1e-4);
         free(buf), free(cpu), free(g1);

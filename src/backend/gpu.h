@@ -194,6 +194,20 @@ int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int6
  * act->n (same per-thread order, same fixed warp reduction). */
 int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err);
 
+/* Per-head products, all heads in one launch (two with the Q8_0 quantization): for head
+ * h < n_heads and row j < n, y[j * ldy + h * y_head_stride + r] = W[h * head_rows + r, :] .
+ * x[j * ldx + h * x_head_stride + 0..cols) for r < head_rows (w->rows == n_heads * head_rows,
+ * w->cols == cols); MLA's absorbed query (attn_k_b: head_rows kv_lora, cols nope) and value
+ * up-projection (attn_v_b: head_rows v_head, cols kv_lora). The activations are prepared as
+ * em_gpu_act_prepare prepares them (Q8_0 into d_scratch for integer weight layouts, 16-byte
+ * aligned, em_gpu_matmul_heads_scratch_bytes; F32 as they are for float weights, then d_x, ldx
+ * and x_head_stride 16-byte aligned), and each (head, row) result is bit-identical to
+ * em_gpu_matmul of that head's rows on that row (the same warp bodies): width-invariant. */
+uint64_t em_gpu_matmul_heads_scratch_bytes(int wtype, int n_heads, int64_t cols, int n);
+int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, int64_t head_rows, const float *d_x,
+                        int64_t ldx, int64_t x_head_stride, int64_t cols, int n, void *d_scratch, float *d_y,
+                        int64_t ldy, int64_t y_head_stride, em_err *err);
+
 /* ---- row ops (fp32; device pointers) ------------------------------------------------------ */
 
 /* y = x * rsqrt(mean(x^2) + eps) * w over rows rows of n values (w NULL: no weight); sums of
@@ -366,14 +380,16 @@ typedef struct em_gpu_mla_dims {
 int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_cache, const int32_t *d_pos, int n,
                       const float *d_lat, int64_t ldl, const float *d_norm_w, float eps, em_err *err);
 /* Scratch floats em_gpu_mla_attend needs for n rows (scores of every head and row over the
- * whole capacity). */
+ * whole capacity, each score row padded to a multiple of 4 floats). */
 uint64_t em_gpu_mla_scratch_floats(const em_gpu_mla_dims *d, int n);
 /* For query row t < n at position *d_pos + t and head h: qa = d_qa + t * ldq + h * (kv_lora +
  * rope) (the absorbed query); s(u) = (cache[u] . qa) / sqrt(nope + rope) for u <= pos + t in
  * em_dot_rows' lane order, softmax as em_softmax_poly (exp by em_expf_poly; the sum in
- * double, a fixed tree), ctx = sum_u p(u) c_u (fma, u ascending, as em_weighted_rows) into
+ * double, a fixed tree: 256 sequential partial sums over u = i, i + 256, ..., then halves
+ * 128 -> 1), ctx = sum_u p(u) c_u (fma, u ascending, as em_weighted_rows) into
  * d_ctx + t * ldc + h * kv_lora. A position past capacity gives NaN rows. Row t does not
- * depend on n. */
+ * depend on n. Three launches (scores over tiles of positions for all heads, softmax per
+ * row and head, context per column x head x row); d_scratch: em_gpu_mla_scratch_floats. */
 int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache, const int32_t *d_pos, int n,
                       const float *d_qa, int64_t ldq, float *d_scratch, float *d_ctx, int64_t ldc, em_err *err);
 

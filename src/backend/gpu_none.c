@@ -108,6 +108,17 @@ int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *
     (void)g, (void)w, (void)act, (void)d_y, (void)ldy;
     return NONE(err);
 }
+uint64_t em_gpu_matmul_heads_scratch_bytes(int wtype, int n_heads, int64_t cols, int n) {
+    (void)wtype, (void)n_heads, (void)cols, (void)n;
+    return 0;
+}
+int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, int64_t head_rows, const float *d_x,
+                        int64_t ldx, int64_t x_head_stride, int64_t cols, int n, void *d_scratch, float *d_y,
+                        int64_t ldy, int64_t y_head_stride, em_err *err) {
+    (void)g, (void)w, (void)n_heads, (void)head_rows, (void)d_x, (void)ldx, (void)x_head_stride, (void)cols, (void)n;
+    (void)d_scratch, (void)d_y, (void)ldy, (void)y_head_stride;
+    return NONE(err);
+}
 int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d_w, float eps, int rows,
                         int64_t n, float *d_y, int64_t ldy, em_err *err) {
     (void)g, (void)d_x, (void)ldx, (void)d_w, (void)eps, (void)rows, (void)n, (void)d_y, (void)ldy;

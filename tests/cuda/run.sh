@@ -35,6 +35,10 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}
   step sanitizer timeout "${EMBER_GPU_SANITIZE_SECONDS:-150}" compute-sanitizer --tool memcheck --leak-check no \
     --report-api-errors no --error-exitcode 3 "$dir/bin/test_gpu_ops" --no-bench
   grep -h "ERROR SUMMARY" "$out/sanitizer.log" 2>/dev/null
+  # the sequence-state kernels too (shared-memory staging, cp.async): checks only
+  [ -x "$dir/bin/test_gpu_seq" ] && step sanitizer_seq timeout "${EMBER_GPU_SANITIZE_SECONDS:-150}" compute-sanitizer \
+    --tool memcheck --leak-check no --report-api-errors no --error-exitcode 3 "$dir/bin/test_gpu_seq" --no-bench
+  grep -h "ERROR SUMMARY" "$out/sanitizer_seq.log" 2>/dev/null
 fi
 echo
 grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null

@@ -864,6 +864,155 @@ static void bench_matmul(int type, int64_t rows, int64_t cols, const char *what)
     free(x);
 }
 
+/* ---- per-head products (wt-mla: MLA's attn_k_b / attn_v_b) ------------------------------ */
+
+/* GGUF bytes of heads x hr rows: quantized from floats (float types, Q8_0) or random blocks. */
+static void *heads_weights(int type, int64_t rows, int64_t cols) {
+    uint64_t b = 0;
+    if (type == EM_TYPE_Q4_K || type == EM_TYPE_Q6_K || type == EM_TYPE_MXFP4) return random_qbytes(type, rows, cols, &b);
+    return make_weights(type, rows, cols, 0.05f);
+}
+
+/* em_gpu_matmul_heads against em_gpu_matmul of each head's rows (the head's GGUF rows uploaded
+ * as a matrix of their own) on each row alone: memcmp of the whole output buffer (the gaps
+ * between heads must stay poisoned) for every n = 1..16, which is also width invariance. x rows
+ * hold the heads xhs apart (ldx = heads * xhs), y rows yhs apart (ldy = heads * yhs). */
+static void test_matmul_heads(int type, int heads, int64_t hr, int64_t cols, int64_t xhs, int64_t yhs) {
+    char name[64];
+    snprintf(name, sizeof name, "matmul heads %s %dx%lldx%lld", em_type_name(type), heads, (long long)hr,
+             (long long)cols);
+    const int64_t rows = (int64_t)heads * hr, ldx = (int64_t)heads * xhs, ldy = (int64_t)heads * yhs;
+    void *hw = heads_weights(type, rows, cols);
+    uint64_t rb = 0;
+    em_type_row_bytes(type, (uint64_t)cols, &rb, NULL);
+    em_gpu_mat gm, *gh = xmalloc((size_t)heads * sizeof *gh);
+    TRY(name, em_gpu_mat_upload(G, type, rows, cols, hw, name, &gm, &E));
+    for (int h = 0; h < heads; h++)
+        TRY(name, em_gpu_mat_upload(G, type, hr, cols, (const uint8_t *)hw + (uint64_t)h * hr * rb, name, &gh[h], &E));
+    float *x = xmalloc((size_t)R * ldx * 4);
+    fill(x, (int64_t)R * ldx, 1.0f);
+    const uint64_t yb = (uint64_t)R * ldy * 4;
+    float *dx = dalloc((uint64_t)R * ldx * 4), *dy = dalloc(yb), *dref = dalloc(yb);
+    const uint64_t sb1 = em_gpu_act_bytes(type, cols, 1), sbh = em_gpu_matmul_heads_scratch_bytes(type, heads, cols, R);
+    void *ds1 = sb1 ? dalloc(sb1) : NULL, *dsh = sbh ? dalloc(sbh) : NULL;
+    up(dx, x, (uint64_t)R * ldx * 4);
+    poison(dref, yb);
+    for (int j = 0; j < R; j++)
+        for (int h = 0; h < heads; h++) {
+            em_gpu_act act;
+            TRY(name, em_gpu_act_prepare(G, type, dx + (int64_t)j * ldx + h * xhs, ldx, cols, 1, ds1, &act, &E));
+            TRY(name, em_gpu_matmul(G, &gh[h], &act, dref + (int64_t)j * ldy + h * yhs, ldy, &E));
+        }
+    float *ref = xmalloc(yb), *got = xmalloc(yb);
+    TRY(name, down(ref, dref, yb));
+    int64_t unw = 0;
+    for (int j = 0; j < R; j++)
+        for (int h = 0; h < heads; h++) unw += unwritten(ref + (int64_t)j * ldy + h * yhs, hr);
+    int differ = 0;
+    for (int n = 1; n <= R; n++) {
+        poison(dy, yb);
+        TRY(name, em_gpu_matmul_heads(G, &gm, heads, hr, dx, ldx, xhs, cols, n, dsh, dy, ldy, yhs, &E));
+        TRY(name, down(got, dy, yb));
+        /* rows < n equal the per-head one-row products, gaps included; rows >= n untouched */
+        differ += memcmp(got, ref, (size_t)n * ldy * 4) != 0 ||
+                  unwritten(got + (int64_t)n * ldy, (int64_t)(R - n) * ldy) != (int64_t)(R - n) * ldy;
+    }
+    record(name, differ == 0 && unw == 0,
+           "n=1..16: %d widths differ from per-head em_gpu_matmul one-row calls (memcmp, gaps poisoned); "
+           "reference unwritten %lld", differ, (long long)unw);
+    /* the per-head results are the products: one head against the CPU (quant/'s em_matmul) */
+    if (type == EM_TYPE_F32 || type == EM_TYPE_BF16 || type == EM_TYPE_Q8_0) {
+        em_mat mat;
+        const int h = heads - 1;
+        TRY(name, em_mat_init(&mat, type, hr, cols, (const uint8_t *)hw + (uint64_t)h * hr * rb, &E));
+        uint64_t ab = 0;
+        TRY(name, em_act_bytes(type, cols, R, &ab, &E));
+        void *buf = ab ? xmalloc(ab) : NULL;
+        float *cpu = xmalloc((size_t)R * hr * 4), *g1 = xmalloc((size_t)R * hr * 4);
+        TRY(name, em_matmul(NULL, &mat, x + h * xhs, ldx, R, cpu, hr, buf, &E));
+        for (int j = 0; j < R; j++) memcpy(g1 + (int64_t)j * hr, got + (int64_t)j * ldy + h * yhs, (size_t)hr * 4);
+        char n2[128];
+        snprintf(n2, sizeof n2, "%s head %d vs CPU", name, h);
+        record_cmp(n2, compare(g1, cpu, (int64_t)R * hr), 1e-5, 1e-4);
+        free(buf), free(cpu), free(g1);
+    }
+    em_gpu_mat bad = gm;
+    bad.rows = rows + 1;
+    const int rc = em_gpu_matmul_heads(G, &bad, heads, hr, dx, ldx, xhs, cols, 1, dsh, dy, ldy, yhs, &E);
+    if (type == EM_TYPE_Q8_0)
+        record("matmul heads: rows != heads x head_rows", rc == EM_EINVAL && strstr(E.msg, "heads"), "%s", E.msg);
+    for (int h = 0; h < heads; h++) em_gpu_mat_free(G, &gh[h]);
+    em_gpu_mat_free(G, &gm);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dref), em_gpu_free(G, ds1), em_gpu_free(G, dsh);
+    free(gh), free(hw), free(x), free(ref), free(got);
+}
+
+static void test_heads(void) {
+    /* k_b: 32 heads of kv_lora 512 rows over nope 128 (q rows of 192 per head, outputs into
+     * qa rows of 576 per head); v_b: 32 heads of v_head 128 over kv_lora 512 (ctx rows of 512,
+     * outputs packed). Q4_K / Q6_K need 256-value rows: v_b only. */
+    const int kb[] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_BF16, EM_TYPE_F16, EM_TYPE_MXFP4 };
+    for (int t = 0; t < 5; t++) test_matmul_heads(kb[t], MLA_HEADS, 512, 128, MLA_QK, 512 + ROPE_DIMS);
+    const int vb[] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_BF16, EM_TYPE_Q4_K, EM_TYPE_Q6_K, EM_TYPE_MXFP4 };
+    for (int t = 0; t < 6; t++) test_matmul_heads(vb[t], MLA_HEADS, 128, 512, 512, 128);
+    test_matmul_heads(EM_TYPE_Q8_0, 3, 1001, 64, 96, 1003); /* rows not a multiple of a warp's 4 outputs */
+}
+
+/* One attn_k_b / attn_v_b product of all 32 heads: em_gpu_matmul_heads against 32 em_gpu_matmul
+ * calls (median of 21, n = 1, 4, 16). */
+static void bench_heads(int type, int64_t hr, int64_t cols, int64_t xhs, int64_t yhs, const char *what) {
+    const int heads = MLA_HEADS;
+    const int64_t rows = (int64_t)heads * hr, ldx = heads * xhs, ldy = heads * yhs;
+    uint64_t bytes = 0;
+    void *hw = random_bytes(type, rows, cols, &bytes);
+    em_gpu_mat gm;
+    if (em_gpu_mat_upload(G, type, rows, cols, hw, what, &gm, &E)) {
+        record("bench heads upload", 0, "%s", E.msg);
+        free(hw);
+        return;
+    }
+    free(hw);
+    float *x = xmalloc((size_t)R * ldx * 4);
+    fill(x, (int64_t)R * ldx, 1.0f);
+    float *dx = dalloc((uint64_t)R * ldx * 4), *dy = dalloc((uint64_t)R * ldy * 4);
+    const uint64_t sb = em_gpu_matmul_heads_scratch_bytes(type, heads, cols, R);
+    void *ds = sb ? dalloc(sb) : NULL;
+    up(dx, x, (uint64_t)R * ldx * 4);
+    printf("bench heads %-5s %-22s %5.1f MB:", em_type_name(type), what, bytes / 1e6);
+    for (int n = 1; n <= R; n *= 4) {
+        float t[2][21];
+        for (int way = 0; way < 2; way++)
+            for (int rep = -3; rep < 21; rep++) {
+                em_gpu_mark(G, 0, &E);
+                if (way == 0) em_gpu_matmul_heads(G, &gm, heads, hr, dx, ldx, xhs, cols, n, ds, dy, ldy, yhs, &E);
+                else
+                    for (int h = 0; h < heads; h++) { /* the per-head calls it replaces */
+                        em_gpu_mat m = gm;
+                        if (type != EM_TYPE_Q8_0) break;
+                        m.rows = hr;
+                        m.data = (int8_t *)gm.data + (int64_t)h * hr * cols;
+                        m.scales = (uint16_t *)gm.scales + (int64_t)h * hr * (cols / 32);
+                        em_gpu_act act;
+                        em_gpu_act_prepare(G, type, dx + h * xhs, ldx, cols, n, ds, &act, &E);
+                        em_gpu_matmul(G, &m, &act, dy + h * yhs, ldy, &E);
+                    }
+                em_gpu_mark(G, 1, &E);
+                float ms = 0;
+                if (em_gpu_elapsed_ms(G, &ms, &E)) break;
+                if (rep >= 0) t[way][rep] = ms;
+            }
+        qsort(t[0], 21, sizeof t[0][0], cmp_float);
+        qsort(t[1], 21, sizeof t[1][0], cmp_float);
+        printf("  n=%d %.1f us (%.0f GB/s; 32 calls %.1f us)", n, t[0][10] * 1e3, bytes / (t[0][10] * 1e-3) / 1e9,
+               type == EM_TYPE_Q8_0 ? t[1][10] * 1e3 : 0.0);
+    }
+    printf("\n");
+    fflush(stdout);
+    em_gpu_mat_free(G, &gm);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, ds);
+    free(x);
+}
+
 /* ---- routed experts ---------------------------------------------------------------------- */
 
 /* One MoE layer's routed experts: types of gate/up/down, shape, activation. */
@@ -1279,6 +1428,7 @@ static void test_all_but_moe(void) {
     test_route(8, 4);
     test_graph();
     test_quant_types(); /* wt-cuda3 */
+    test_heads();       /* wt-mla */
 }
 
 int main(int argc, char **argv) {
@@ -1325,6 +1475,9 @@ int main(int argc, char **argv) {
         bench_matmul(EM_TYPE_BF16, 16384, 8192, "16384x8192");
         bench_matmul(EM_TYPE_F16, 16384, 8192, "16384x8192");
         bench_matmul(EM_TYPE_F32, 8192, 8192, "8192x8192");
+        bench_heads(EM_TYPE_Q8_0, 512, 128, MLA_QK, 512 + ROPE_DIMS, "k_b 32x512x128"); /* wt-mla */
+        bench_heads(EM_TYPE_Q8_0, 128, 512, 512, 128, "v_b 32x128x512");
+        bench_heads(EM_TYPE_BF16, 512, 128, MLA_QK, 512 + ROPE_DIMS, "k_b 32x512x128");
     }
     if (have_moe) moe_close(&mf);
     em_gpu_close(G);

@@ -7,7 +7,8 @@
  * single steps for every 0 <= k <= n <= 16; the committed state untouched by verify; rollback by
  * position; poisoned outputs; error paths; a few timings. Needs a GPU (tests/cuda/run.sh runs it
  * on the device machine; not registered with ctest). Prints one line per check; exit 1 when
- * any check failed, 2 when no GPU could be opened. Usage: test_gpu_seq [--device cuda:N] */
+ * any check failed, 2 when no GPU could be opened.
+ * Usage: test_gpu_seq [--device cuda:N] [--no-bench] [--mla-only] [--mla-profile] */
 #include "backend/gpu.h"
 #include "compute/compute.h"
 #include "model/kda.h"
@@ -32,6 +33,10 @@
 static em_gpu *G;
 static em_err E;
 static int n_fail, n_ok;
+static int no_bench;    /* --no-bench: checks only (the memcheck run) */
+static int mla_only;    /* --mla-only: the MLA checks and timings only */
+static int mla_profile; /* --mla-profile: one attend of 1 and of 16 rows at context 4096, nothing else
+                         * (for a profiler: ncu -k regex:k_mla_) */
 
 static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void record(const char *name, int ok, const char *fmt, ...) {
@@ -318,6 +323,122 @@ static void mla_cpu(const float *cache, const float *qa, int64_t p, float *score
 
 static void set_pos(int32_t *d_pos, int32_t p) { up(d_pos, &p, 4); }
 
+/* The GPU's documented order on the CPU (wt-mla): em_dot_rows' scores, em_expf_poly, the sum in
+ * double as 256 sequential partial sums over u = i, i + 256, ... meeting in halves 128 -> 1,
+ * em_weighted_rows' chain: the GPU must match it bit for bit (memcmp), for any dims. */
+static void mla_twin(const em_gpu_mla_dims *d, const float *cache, const float *qa, int64_t p, float *s, float *ctx) {
+    const int C = d->kv_lora + d->rope;
+    const int64_t len = p + 1;
+    em_dot_rows(cache, C, len, qa, C, (float)(1.0 / sqrt((double)(d->nope + d->rope))), s);
+    float mx = s[0];
+    for (int64_t u = 1; u < len; u++) mx = s[u] > mx ? s[u] : mx;
+    double part[256] = { 0 };
+    for (int64_t u = 0; u < len; u++) {
+        s[u] = em_expf_poly(s[u] - mx);
+        part[u % 256] += s[u];
+    }
+    for (int w = 128; w > 0; w >>= 1)
+        for (int i = 0; i < w; i++) part[i] += part[i + w];
+    const float inv = (float)(1.0 / part[0]);
+    for (int64_t u = 0; u < len; u++) s[u] *= inv;
+    em_weighted_rows(s, cache, C, len, d->kv_lora, ctx);
+}
+
+/* n rows at pos against the twin: 1 when every value is memcmp-equal (rows past the capacity:
+ * all NaN); *same counts the equal values. */
+static int mla_vs_twin(const em_gpu_mla_dims *d, const float *cache, const float *qa, int64_t pos, int n,
+                       const float *ctx, float *scores, float *ref, int64_t *same) {
+    const int C = d->kv_lora + d->rope, H = d->n_head, L = d->kv_lora;
+    int ok = 1;
+    *same = 0;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) {
+            const float *g = ctx + ((int64_t)t * H + h) * L;
+            if (pos + t >= d->capacity) {
+                const int64_t nan = unwritten(g, L);
+                *same += nan, ok &= nan == L;
+                continue;
+            }
+            mla_twin(d, cache, qa + ((int64_t)t * H + h) * C, pos + t, scores, ref);
+            for (int i = 0; i < L; i++) *same += !memcmp(&g[i], &ref[i], 4);
+            ok &= !memcmp(g, ref, (size_t)L * 4);
+        }
+    return ok;
+}
+
+/* Dims no tile fits (40 heads: two passes of 32 and a part block of 8; kv_lora 40: a part
+ * column block; rows of 46 floats: no 16-byte copies, zero padding to 48; capacity 301),
+ * random cache rows: memcmp against the twin, rows past the capacity inside a call NaN, width
+ * invariance. */
+static void test_mla_odd(void) {
+    const em_gpu_mla_dims d = { .n_head = 40, .kv_lora = 40, .rope = 6, .nope = 10, .capacity = 301 };
+    const int C = 46, H = 40, L = 40;
+    const uint64_t CB = (uint64_t)d.capacity * C * 4, QF = (uint64_t)R * H * C, CF = (uint64_t)R * H * L;
+    float *cache = xmalloc(CB), *qa = xmalloc(QF * 4), *ctx = xmalloc(CF * 4), *one = xmalloc(CF * 4);
+    float *scores = xmalloc((size_t)d.capacity * 4), *ref = xmalloc((size_t)L * 4);
+    fill(cache, d.capacity * C, -1, 1);
+    fill(qa, (int64_t)QF, -2, 2);
+    float *d_cache = dalloc(CB), *d_qa = dalloc(QF * 4), *d_ctx = dalloc(CF * 4);
+    float *d_sc = dalloc(em_gpu_mla_scratch_floats(&d, R) * 4);
+    int32_t *d_pos = dalloc(4);
+    up(d_cache, cache, CB), up(d_qa, qa, QF * 4);
+    const int64_t at[] = { 0, 249, 290 }; /* 290: rows 11.. are past the capacity */
+    for (int k = 0; k < 3; k++) {
+        char name[80];
+        set_pos(d_pos, (int32_t)at[k]);
+        poison(d_ctx, CF * 4);
+        int rc = em_gpu_mla_attend(G, &d, d_cache, d_pos, R, d_qa, H * C, d_sc, d_ctx, H * L, &E);
+        down(ctx, d_ctx, CF * 4);
+        int64_t same = 0;
+        const int ok = !rc && mla_vs_twin(&d, cache, qa, at[k], R, ctx, scores, ref, &same);
+        snprintf(name, sizeof name, "mla odd dims pos %lld, 16 rows vs twin", (long long)at[k]);
+        record(name, ok, "40 heads, kv_lora 40 + rope 6, capacity 301: %lld/%lld memcmp-equal%s %s", (long long)same,
+               (long long)CF, rc ? ";" : "", rc ? E.msg : "");
+        for (int t = 0; t < R; t++) {
+            set_pos(d_pos, (int32_t)(at[k] + t));
+            em_gpu_mla_attend(G, &d, d_cache, d_pos, 1, d_qa + (int64_t)t * H * C, H * C, d_sc, d_ctx, H * L, &E);
+            down(one + (int64_t)t * H * L, d_ctx, (uint64_t)H * L * 4);
+        }
+        set_pos(d_pos, (int32_t)at[k]);
+        int bad = 0;
+        for (int n = 1; n <= R; n++) {
+            poison(d_ctx, CF * 4);
+            em_gpu_mla_attend(G, &d, d_cache, d_pos, n, d_qa, H * C, d_sc, d_ctx, H * L, &E);
+            down(ctx, d_ctx, (uint64_t)n * H * L * 4);
+            bad += memcmp(ctx, one, (size_t)n * H * L * 4) != 0;
+        }
+        snprintf(name, sizeof name, "mla odd dims pos %lld width invariance", (long long)at[k]);
+        record(name, bad == 0, "%d of 16 widths differ from one-row calls (memcmp)", bad);
+    }
+    free(cache), free(qa), free(ctx), free(one), free(scores), free(ref);
+    em_gpu_free(G, d_cache), em_gpu_free(G, d_qa), em_gpu_free(G, d_ctx), em_gpu_free(G, d_sc), em_gpu_free(G, d_pos);
+}
+
+/* Mean microseconds of one attend of n rows at pos: 20 plain calls, and 20 replays of a graph
+ * of one call (the target's way). */
+static void bench_mla(const em_gpu_mla_dims *md, const float *d_cache, int32_t *d_pos, const float *d_qa,
+                      float *d_sc, float *d_ctx, int64_t pos, int n, double *plain, double *graph) {
+    float ms = 0;
+    set_pos(d_pos, (int32_t)pos);
+    em_gpu_mla_attend(G, md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+    em_gpu_mark(G, 0, &E);
+    for (int i = 0; i < 20; i++) em_gpu_mla_attend(G, md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+    em_gpu_mark(G, 1, &E);
+    em_gpu_elapsed_ms(G, &ms, &E);
+    *plain = ms * 50.0;
+    *graph = -1;
+    em_gpu_graph *gr = NULL;
+    if (em_gpu_capture_begin(G, &E)) return;
+    em_gpu_mla_attend(G, md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+    if (em_gpu_capture_end(G, &gr, &E)) return;
+    em_gpu_graph_launch(G, gr, &E);
+    em_gpu_mark(G, 0, &E);
+    for (int i = 0; i < 20; i++) em_gpu_graph_launch(G, gr, &E);
+    em_gpu_mark(G, 1, &E);
+    if (!em_gpu_elapsed_ms(G, &ms, &E)) *graph = ms * 50.0;
+    em_gpu_graph_free(gr);
+}
+
 static void test_mla(void) {
     const em_gpu_mla_dims md = { .n_head = MH, .kv_lora = LORA, .rope = ROPE, .nope = NOPE, .capacity = CAP };
     const uint64_t CB = (uint64_t)CAP * MC * 4;
@@ -351,8 +472,27 @@ static void test_mla(void) {
     float *d_qa = dalloc(QF * 4), *d_ctx = dalloc(CF * 4);
     float *d_sc = dalloc(em_gpu_mla_scratch_floats(&md, R) * 4);
     up(d_qa, qa, QF * 4);
-    const int64_t lens[] = { 1, 100, 4096 };
-    for (int li = 0; li < 3; li++) {
+    /* the first attend of the process inside a graph capture (kernel attributes set then),
+     * replayed: memcmp-equal to a plain call */
+    {
+        em_gpu_graph *gr = NULL;
+        set_pos(d_pos, 99);
+        poison(d_ctx, CF * 4);
+        rc = em_gpu_capture_begin(G, &E);
+        if (!rc) rc = em_gpu_mla_attend(G, &md, d_cache, d_pos, R, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        const int rc2 = em_gpu_capture_end(G, &gr, &E);
+        if (!rc) rc = rc2;
+        if (!rc) rc = em_gpu_graph_launch(G, gr, &E);
+        down(ctx, d_ctx, CF * 4);
+        poison(d_ctx, CF * 4);
+        if (!rc) rc = em_gpu_mla_attend(G, &md, d_cache, d_pos, R, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
+        down(one, d_ctx, CF * 4);
+        record("mla attend captured first, replayed", !rc && !memcmp(ctx, one, CF * 4) && !unwritten(ctx, (int64_t)CF),
+               "16 rows at 99..114: %s", rc ? E.msg : "replay memcmp-equal to a plain call");
+        em_gpu_graph_free(gr);
+    }
+    const int64_t lens[] = { 1, 31, 100, 129, 4096 };
+    for (int li = 0; li < 5; li++) {
         const int64_t pos = lens[li] - 1; /* row 0 sees lens[li] positions */
         char name[80];
         for (int t = 0; t < R; t++)
@@ -365,6 +505,10 @@ static void test_mla(void) {
         snprintf(name, sizeof name, "mla attend ctx %lld, 16 rows vs CPU", (long long)lens[li]);
         if (rc) record(name, 0, "%s", E.msg);
         else record_cmp(name, ctx, ref, (int64_t)CF, 1e-6, 1e-5);
+        int64_t same = 0;
+        const int exact = !rc && mla_vs_twin(&md, cache, qa, pos, R, ctx, scores, one, &same);
+        snprintf(name, sizeof name, "mla attend ctx %lld, 16 rows vs twin", (long long)lens[li]);
+        record(name, exact, "%lld/%lld memcmp-equal to the CPU in the GPU's sum order", (long long)same, (long long)CF);
         /* width invariance: n-row calls against one-row calls at pos + t */
         for (int t = 0; t < R; t++) {
             set_pos(d_pos, (int32_t)(pos + t));
@@ -426,30 +570,65 @@ static void test_mla(void) {
     bad.kv_lora = 2048;
     rc = em_gpu_mla_attend(G, &bad, d_cache, d_pos, 1, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
     record("mla error: kv_lora 2048", rc == EM_EINVAL && strstr(E.msg, "2048"), "%s", E.msg);
-    /* timing at 4096 */
-    for (int n = 1; n <= R; n *= 4) {
-        float ms = 0;
-        set_pos(d_pos, 4095);
-        em_gpu_mark(G, 0, &E);
-        for (int i = 0; i < 20; i++) em_gpu_mla_attend(G, &md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E);
-        em_gpu_mark(G, 1, &E);
-        em_gpu_elapsed_ms(G, &ms, &E);
-        printf("bench mla attend (32 heads, ctx 4096): n=%2d %.1f us\n", n, ms * 50);
-    }
+    /* timings: row 0 sees ctx positions */
+    const int64_t bl[] = { 1, 512, 4096 };
+    for (int li = 0; li < 3 && !no_bench; li++)
+        for (int n = 1; n <= R; n *= 4) {
+            double plain = 0, graph = 0;
+            bench_mla(&md, d_cache, d_pos, d_qa, d_sc, d_ctx, bl[li] - 1, n, &plain, &graph);
+            printf("bench mla attend (32 heads, ctx %4lld): n=%2d %.1f us plain, %.1f us graph replay\n", (long long)bl[li], n,
+                   plain, graph);
+        }
     free(lat), free(w), free(cache), free(got), free(qa), free(ctx), free(ref), free(one), free(scores);
     em_gpu_sync(G, &E);
 }
 
+/* --mla-profile: attend at context 4096 for 1 and 16 rows on a random cache (timing only). */
+static void profile_mla(void) {
+    const em_gpu_mla_dims md = { .n_head = MH, .kv_lora = LORA, .rope = ROPE, .nope = NOPE, .capacity = CAP };
+    const uint64_t CB = (uint64_t)CAP * MC * 4, QF = (uint64_t)R * MH * MC;
+    float *cache = xmalloc(CB), *qa = xmalloc(QF * 4);
+    fill(cache, (int64_t)CAP * MC, -1, 1);
+    fill(qa, (int64_t)QF, -1, 1);
+    float *d_cache = dalloc(CB), *d_qa = dalloc(QF * 4), *d_ctx = dalloc((uint64_t)R * MH * LORA * 4);
+    float *d_sc = dalloc(em_gpu_mla_scratch_floats(&md, R) * 4);
+    int32_t *d_pos = dalloc(4);
+    up(d_cache, cache, CB), up(d_qa, qa, QF * 4);
+    set_pos(d_pos, 4095);
+    for (int n = 1; n <= R; n *= 16)
+        if (em_gpu_mla_attend(G, &md, d_cache, d_pos, n, d_qa, MH * MC, d_sc, d_ctx, MH * LORA, &E)) die("attend");
+    if (em_gpu_sync(G, &E)) die("sync");
+    free(cache), free(qa);
+}
+
 int main(int argc, char **argv) {
-    const char *dev = argc > 2 && !strcmp(argv[1], "--device") ? argv[2] : "cuda:0";
+    const char *dev = "cuda:0";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) dev = argv[++i];
+        else if (!strcmp(argv[i], "--no-bench")) no_bench = 1;
+        else if (!strcmp(argv[i], "--mla-only")) mla_only = 1;
+        else if (!strcmp(argv[i], "--mla-profile")) mla_profile = 1;
+        else {
+            fprintf(stderr, "usage: %s [--device cuda:N] [--no-bench] [--mla-only] [--mla-profile]\n", argv[0]);
+            return 2;
+        }
+    }
     int idx = 0;
     if (em_gpu_parse_device(dev, &idx, &E) || em_gpu_open(idx, &G, &E)) {
         fprintf(stderr, "test_gpu_seq: %s\n", E.msg);
         return 2;
     }
-    test_kda(false);
-    test_kda(true);
+    if (mla_profile) {
+        profile_mla();
+        em_gpu_close(G);
+        return 0;
+    }
+    if (!mla_only) {
+        test_kda(false);
+        test_kda(true);
+    }
     test_mla();
+    test_mla_odd();
     int rc = em_gpu_sync(G, &E);
     if (rc) record("context after the tests", 0, "%s", E.msg);
     printf("== test_gpu_seq: %d checks, %d passed, %d failed ==\n", n_ok + n_fail, n_ok, n_fail);

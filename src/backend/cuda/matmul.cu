@@ -308,3 +308,124 @@ extern "C" int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *a
     else launch_mm<16>(w, act, d_y, ldy, g->stream);
     return emc_launched(err, "em_gpu_matmul");
 }
+
+/* ---- per-head products (MLA's absorbed query and value up-projection) ------------------- */
+
+/* Q8_0 activations of every head: warp (h, j, b) quantizes block b of head h's slice of row j
+ * (x + j * ldx + h * xhs) into virtual row h * n + j (quants at qs + (h n + j) cols, scales at
+ * d + (h n + j) cols/32): each head's n rows laid out as em_gpu_act_prepare lays out n rows. */
+static __global__ void k_quant_q8_0_heads(const float *x, int64_t ldx, int64_t xhs, int64_t cols, int n, int heads,
+                                          int8_t *qs, float *d) {
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    const int64_t bpr = cols / 32;
+    if (warp >= (int64_t)heads * n * bpr) return;
+    const int64_t hj = warp / bpr, b = warp % bpr, h = hj / n, j = hj % n;
+    quant_q8_0_block(x[j * ldx + h * xhs + b * 32 + lane], lane, qs + hj * cols + b * 32, d + hj * bpr + b);
+}
+
+/* Block (x, h): the warps of head h, over the hr rows of its matrix (rows h * hr.. of the
+ * whole) as a matrix of its own: the dense product's warp bodies on pointers offset to the
+ * head, so each output is computed exactly as em_gpu_matmul of that head's rows computes it. */
+template <int T, int N>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+    k_mm_heads(const uint8_t *wq, const uint8_t *ws, int64_t all_rows, int64_t hr, int64_t cols, const int8_t *xq,
+               const float *xd, const float *x, int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs) {
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    if (r0 >= hr) return;
+    const int64_t h = blockIdx.y, v0 = h * hr * cols; /* the head's first weight value */
+    float *yh = y + h * yhs;
+    int idx[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) idx[j] = j;
+    const int8_t *xqh = xq + h * n * cols;
+    const float *xdh = xd + h * n * (cols / 32);
+    if constexpr (T == EM_TYPE_Q8_0) {
+        mm_q8_0_warp<N>((const int8_t *)wq + v0, (const __half *)ws + v0 / 32, hr, cols, r0, xqh, xdh, n, idx, yh, ldy, idx);
+    } else if constexpr (T == EM_TYPE_Q4_K) {
+        mm_q4_K_warp<N>(wq + v0 / 2, ws + v0 / 256 * 16, hr, cols, r0, xqh, xdh, n, idx, yh, ldy, idx);
+    } else if constexpr (T == EM_TYPE_Q6_K) {
+        const int64_t all = all_rows * cols;
+        mm_q6_K_warp<N>(wq + v0 / 2, ws + v0 / 4, (const int8_t *)(ws + all / 4) + v0 / 16,
+                        (const __half *)(ws + all / 4 + all / 16) + v0 / 256, hr, cols, r0, xqh, xdh, n, idx, yh, ldy, idx);
+    } else if constexpr (T == EM_TYPE_MXFP4) {
+        mm_mxfp4_warp<N>(wq + v0 / 2, ws + v0 / 32, hr, cols, r0, xqh, xdh, n, idx, yh, ldy, idx);
+    } else {
+        mm_float_warp<T, N>(wq + v0 * (16 / wpiece<T>::V), hr, cols, r0, x + h * xhs, ldx, n, idx, yh, ldy, idx);
+    }
+}
+
+template <int T, int N>
+static void launch_heads_t(const em_gpu_mat *w, int heads, int64_t hr, const int8_t *xq, const float *xd,
+                           const float *x, int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs,
+                           cudaStream_t s) {
+    const dim3 grid(emc_blocks(hr, MM_WARPS * MM_OUTS), (unsigned)heads);
+    k_mm_heads<T, N><<<grid, MM_WARPS * 32, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, hr,
+                                                    w->cols, xq, xd, x, ldx, xhs, n, y, ldy, yhs);
+}
+
+template <int N>
+static void launch_heads(const em_gpu_mat *w, int heads, int64_t hr, const int8_t *xq, const float *xd, const float *x,
+                         int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs, cudaStream_t s) {
+    switch (w->type) {
+    case EM_TYPE_Q8_0: launch_heads_t<EM_TYPE_Q8_0, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_Q4_K: launch_heads_t<EM_TYPE_Q4_K, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_Q6_K: launch_heads_t<EM_TYPE_Q6_K, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_MXFP4: launch_heads_t<EM_TYPE_MXFP4, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_F32: launch_heads_t<EM_TYPE_F32, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_F16: launch_heads_t<EM_TYPE_F16, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_BF16: launch_heads_t<EM_TYPE_BF16, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    }
+}
+
+extern "C" uint64_t em_gpu_matmul_heads_scratch_bytes(int wtype, int n_heads, int64_t cols, int n) {
+    if (n_heads < 1 || n < 1 || n > EM_GPU_MAX_ROWS) return 0;
+    return em_gpu_act_bytes(wtype, cols, n_heads * n); /* n_heads x n rows of em_gpu_act_prepare's layout */
+}
+
+extern "C" int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, int64_t head_rows, const float *d_x,
+                                   int64_t ldx, int64_t x_head_stride, int64_t cols, int n, void *d_scratch, float *d_y,
+                                   int64_t ldy, int64_t y_head_stride, em_err *err) {
+    EMC_CHECK(w && w->data && em_gpu_mat_type_ok(w->type), "GPU matmul heads: no matrix, or one of an unsupported type");
+    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS, "GPU matmul heads: %d rows (1..%d)", n, EM_GPU_MAX_ROWS);
+    EMC_CHECK(n_heads >= 1 && n_heads <= 65535 && head_rows >= 1 && (int64_t)n_heads * head_rows == w->rows,
+              "GPU matmul heads: %d heads of %lld rows for a matrix of %lld rows", n_heads, (long long)head_rows,
+              (long long)w->rows);
+    EMC_CHECK(cols == w->cols, "GPU matmul heads: %lld columns for a matrix of %lld", (long long)cols, (long long)w->cols);
+    EMC_CHECK(d_x && x_head_stride >= 0 && ldx >= (int64_t)(n_heads - 1) * x_head_stride + cols,
+              "GPU matmul heads: input missing, or ldx %lld too short for %d heads %lld apart of %lld columns",
+              (long long)ldx, n_heads, (long long)x_head_stride, (long long)cols);
+    EMC_CHECK(d_y && y_head_stride >= 0 && ldy >= (int64_t)(n_heads - 1) * y_head_stride + head_rows,
+              "GPU matmul heads: output missing, or ldy %lld too short for %d heads %lld apart of %lld rows",
+              (long long)ldy, n_heads, (long long)y_head_stride, (long long)head_rows);
+    const bool q8 = em_gpu_act_type(w->type) == EM_TYPE_Q8_0;
+    if (q8) {
+        EMC_CHECK(cols % 32 == 0, "GPU matmul heads: Q8_0 activations of %lld columns, not a multiple of 32",
+                  (long long)cols);
+        EMC_CHECK(d_scratch && ((uintptr_t)d_scratch & 15) == 0,
+                  "GPU matmul heads: scratch missing or not 16-byte aligned (em_gpu_matmul_heads_scratch_bytes)");
+    } else {
+        EMC_CHECK(((uintptr_t)d_x & 15) == 0 && ldx % 4 == 0 && x_head_stride % 4 == 0,
+                  "GPU matmul heads: F32 activations must be 16-byte aligned with ldx and the head stride multiples of 4");
+    }
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    const int8_t *xq = NULL;
+    const float *xd = NULL;
+    if (q8) {
+        const uint64_t rows = (uint64_t)n_heads * (uint64_t)n;
+        const uint64_t qbytes = (rows * (uint64_t)cols + 15) & ~(uint64_t)15;
+        xq = (const int8_t *)d_scratch;
+        xd = (const float *)((uint8_t *)d_scratch + qbytes);
+        const int64_t warps = (int64_t)rows * (cols / 32);
+        k_quant_q8_0_heads<<<emc_blocks(warps * 32, 256), 256, 0, g->stream>>>(d_x, ldx, x_head_stride, cols, n, n_heads,
+                                                                              (int8_t *)xq, (float *)xd);
+        if ((rc = emc_launched(err, "k_quant_q8_0_heads"))) return rc;
+    }
+    if (n <= 1) launch_heads<1>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
+    else if (n <= 2) launch_heads<2>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
+    else if (n <= 4) launch_heads<4>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
+    else if (n <= 8) launch_heads<8>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
+    else launch_heads<16>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
+    return emc_launched(err, "em_gpu_matmul_heads");
+}

@@ -19,7 +19,7 @@ command -v node >/dev/null 2>&1 && HAVE_NODE=1
 srv_setup
 
 echo "== flags of features not available yet are refused at startup, as by ember run"
-for flags in "--device cuda:0" "--draft-device cuda:1"; do
+for flags in "--draft-device cuda:1"; do
     # shellcheck disable=SC2086
     timeout 10 "$EMBER_BIN" serve -m "$MODEL" --port 0 $flags >/dev/null 2>"$WORK/flag.err"
     rc=$?

@@ -12,6 +12,7 @@
 #include "cli.h"
 
 #include "model/model.h"
+#include "model_flags.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -21,7 +22,7 @@
 static const char bench_usage[] =
     "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--warmup K]\n"
     "                   [--verify-width W] [--ubatch U] [--seed S] [--json]\n"
-    "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE]\n"
+    "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE] [--device D]\n"
     "\n"
     "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
     "pseudo-random token ids (timed: prompt tok/s), then runs N decode steps, each a\n"
@@ -40,6 +41,7 @@ static const char bench_usage[] =
     "      --moe-storage M    where routed experts live (default auto; ssd: read on demand)\n"
     "      --expert-cache SIZE  the expert cache budget with ssd (e.g. 512M; default: automatic)\n"
     "                         with ssd the decode line is followed by storage bytes per row\n"
+    "      --device D         cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n"
     "      --json             one JSON object on stdout instead of the table\n";
 
 #define MAX_REPS 1000
@@ -50,6 +52,7 @@ typedef struct bench_opts {
     unsigned long long seed;
     bool json;
     int moe_storage;            /* enum em_moe_storage */
+    int device, cuda_index;     /* --device (enum em_device_kind) */
     uint64_t expert_cache;
 } bench_opts;
 
@@ -157,8 +160,8 @@ static int report(const bench_opts *o, const em_target *t, const double *pp, con
     const em_target_info *info = em_target_get_info(t);
     const char *unit = o->width == 1 ? "tok/s" : "rows/s";
     if (o->json) {
-        json_t *root = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:o}", "engine",
-                                 "ember", "model", o->model, "arch", info->arch, "threads", o->n_threads,
+        json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:o}", "engine",
+                                 "ember", "model", o->model, "arch", info->arch, "device", info->device, "threads", o->n_threads,
                                  "n_prompt", o->n_prompt, "n_gen", o->n_gen, "verify_width", o->width,
                                  "reps", o->reps, "warmup", o->warmup, "n_vocab", info->n_vocab, "seed",
                                  (json_int_t)o->seed, "prompt", json_metric("tok/s", pp, o->reps));
@@ -179,8 +182,8 @@ static int report(const bench_opts *o, const em_target *t, const double *pp, con
         free(text);
         return EM_EXIT_OK;
     }
-    printf("ember bench: %s (%s, %d layers, vocab %d), %d threads, %d reps after %d warm-up\n", o->model,
-           info->arch, info->n_layer, info->n_vocab, o->n_threads, o->reps, o->warmup);
+    printf("ember bench: %s (%s, %d layers, vocab %d) on %s, %d threads, %d reps after %d warm-up\n", o->model,
+           info->arch, info->n_layer, info->n_vocab, info->device, o->n_threads, o->reps, o->warmup);
     print_metric("prompt", o->n_prompt, "tokens", "tok/s", pp, o->reps);
     if (o->n_gen > 0) {
         char name[32];
@@ -202,6 +205,7 @@ static int run_bench(bench_opts *o, em_err *err) {
     em_model_opts mo = {
         .n_threads = o->n_threads, .n_ctx = (int)positions, .ubatch = o->ubatch,
         .moe_storage = o->moe_storage, .expert_cache_bytes = o->expert_cache,
+        .device = o->device, .cuda_index = o->cuda_index,
         .max_verify = o->width > EM_MODEL_DEFAULT_MAX_VERIFY ? o->width : 0,
     };
     em_target *t;
@@ -253,8 +257,13 @@ static int bench_main(int argc, char **argv) {
             o.json = true;
             continue;
         }
-        if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache")) && i + 1 >= argc)
+        if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache") || !strcmp(a, "--device")) && i + 1 >= argc)
             return em_cli_usage_error(cmd, "%s needs a value", a);
+        if (!strcmp(a, "--device")) {
+            int rc = em_cli_device(cmd, a, argv[++i], &o.device, &o.cuda_index);
+            if (rc >= 0) return rc;
+            continue;
+        }
         if (!strcmp(a, "--moe-storage")) {
             const char *v = argv[++i];
             if (!strcmp(v, "auto")) o.moe_storage = EM_MOE_AUTO;

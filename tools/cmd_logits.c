@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include "model/model.h"
+#include "model_flags.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +14,7 @@
 #include <unistd.h>
 
 static const char logits_usage[] =
-    "usage: ember logits -m MODEL.gguf --tokens LIST -o OUT.f32 [--threads N] [--ctx N]\n"
+    "usage: ember logits -m MODEL.gguf --tokens LIST -o OUT.f32 [--threads N] [--ctx N] [--device D]\n"
     "\n"
     "Runs the model over the token ids of LIST from an empty state and writes the logits of\n"
     "every position to OUT.f32 as little-endian f32 [n_tokens][n_vocab].\n"
@@ -22,7 +23,8 @@ static const char logits_usage[] =
     "  --tokens LIST       token ids: \"1,2,3\", or @FILE holding them (commas or white space)\n"
     "  -o, --output OUT    the file to write\n"
     "  --threads N         compute threads (default: all CPUs)\n"
-    "  --ctx N             context positions (default: the model's, at most 4096)\n";
+    "  --ctx N             context positions (default: the model's, at most 4096)\n"
+    "  --device D          cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n";
 
 #define MAX_TOKENS (1 << 24)
 
@@ -128,7 +130,7 @@ static int logits_main(int argc, char **argv) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--tokens") || !strcmp(a, "-o") ||
-                     !strcmp(a, "--output") || !strcmp(a, "--threads") || !strcmp(a, "--ctx");
+                     !strcmp(a, "--output") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--device");
         if (!takes) {
             if (a[0] == '-') return em_cli_usage_error(&em_cmd_logits, "unknown flag '%s'", a);
             return em_cli_usage_error(&em_cmd_logits, "unexpected argument '%s'", a);
@@ -139,6 +141,10 @@ static int logits_main(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = val;
         else if (!strcmp(a, "--tokens")) tokens = val;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = val;
+        else if (!strcmp(a, "--device")) {
+            int rc = em_cli_device(&em_cmd_logits, a, val, &opts.device, &opts.cuda_index);
+            if (rc >= 0) return rc;
+        }
         else if (!strcmp(a, "--threads")) {
             if (em_parse_int(val, 1, 1024, &v, "--threads", &err)) return em_cli_usage_error(&em_cmd_logits, "%s", err.msg);
             opts.n_threads = (int)v;

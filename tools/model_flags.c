@@ -1,11 +1,12 @@
 /* tools/model_flags.c: parsing of the model flags shared by `ember run` and `ember serve`, and
  * opening what they name (the drafter first: its tap layers are the target's feature layers).
- * Flags of features that do not exist yet (CUDA devices) are checked for a well-formed value
- * and then refused with exit 2, never ignored. Without -m, the default pair's folder is
+ * Flags of features that do not exist yet (the drafter on a CUDA device) are checked for a
+ * well-formed value and then refused with exit 2, never ignored. Without -m, the default pair's folder is
  * $EMBER_MODELS when set (and only that), else the compile-time EMBER_MODELS_DIR, else models/
  * next to or above the executable's folder: the first that holds the target file. */
 #include "model_flags.h"
 
+#include "backend/gpu.h"
 #include "quant/quant.h"
 #include "decode/decode.h"
 
@@ -45,22 +46,38 @@ static int parse_int(const em_cmd *cmd, const char *flag, const char *text, long
     return -1;
 }
 
-/* cpu is the only device so far; cuda[:N] is named as not yet available. */
-static int check_device(const em_cmd *cmd, const char *flag, const char *v) {
-    if (!strcmp(v, "cpu")) return -1;
-    if (!strncmp(v, "cuda", 4) && (v[4] == 0 || v[4] == ':'))
-        return not_yet(cmd, "%s %s: the CUDA backend is not available yet (use cpu)", flag, v);
-    return em_cli_usage_error(cmd, "%s: '%s' is not cpu or cuda:N", flag, v);
+int em_cli_device(const em_cmd *cmd, const char *flag, const char *v, int *device, int *cuda_index) {
+    if (!strcmp(v, "cpu") || !strcmp(v, "auto")) {
+        *device = v[0] == 'c' ? EM_DEVICE_CPU : EM_DEVICE_AUTO;
+        return -1;
+    }
+    if (!strncmp(v, "cuda", 4) && (v[4] == 0 || v[4] == ':')) {
+        em_err err = { 0 };
+        if (em_gpu_parse_device(v, cuda_index, &err)) return em_cli_usage_error(cmd, "%s: %s", flag, err.msg);
+        *device = EM_DEVICE_CUDA;
+        return -1;
+    }
+    return em_cli_usage_error(cmd, "%s: '%s' is not cpu, auto, cuda or cuda:N", flag, v);
 }
 
-/* The other flags: drafter, devices (cuda:N refused: not available yet), expert storage, features. */
+/* --draft-device: cpu only for now (a well-formed cuda:N is refused as not available yet). */
+static int parse_draft_device(const em_cmd *cmd, const char *flag, const char *v) {
+    int device = EM_DEVICE_CPU, index = 0;
+    int rc = em_cli_device(cmd, flag, v, &device, &index);
+    if (rc >= 0 || device == EM_DEVICE_CPU) return rc;
+    if (device == EM_DEVICE_AUTO) return em_cli_usage_error(cmd, "%s: '%s' is not cpu", flag, v);
+    return not_yet(cmd, "%s %s: the drafter runs on the CPU only so far (not available yet on CUDA; use cpu)", flag, v);
+}
+
+/* The other flags: drafter, devices, expert storage, features. */
 static int check_future_flag(const em_cmd *cmd, const char *a, const char *v, em_model_flags *f) {
     if (!strcmp(a, "--draft")) {
         f->draft = strcmp(v, "none") ? v : NULL;
         f->draft_given = true;
         return -1;
     }
-    if (!strcmp(a, "--device") || !strcmp(a, "--draft-device")) return check_device(cmd, a, v);
+    if (!strcmp(a, "--device")) return em_cli_device(cmd, a, v, &f->device, &f->cuda_index);
+    if (!strcmp(a, "--draft-device")) return parse_draft_device(cmd, a, v);
     if (!strcmp(a, "--moe-storage")) {
         if (!strcmp(v, "resident") || !strcmp(v, "auto") || !strcmp(v, "ssd")) {
             f->moe_storage = v;
@@ -163,7 +180,7 @@ em_model_opts em_model_flags_opts(const em_model_flags *f) {
     int storage = !f->moe_storage || !strcmp(f->moe_storage, "auto") ? EM_MOE_AUTO
                   : !strcmp(f->moe_storage, "ssd")                      ? EM_MOE_SSD
                                                                         : EM_MOE_RESIDENT;
-    return (em_model_opts){ .n_threads = f->n_threads, .n_ctx = f->n_ctx, .moe_storage = storage,
+    return (em_model_opts){ .device = f->device, .cuda_index = f->cuda_index, .n_threads = f->n_threads, .n_ctx = f->n_ctx, .moe_storage = storage,
                             .expert_cache_bytes = f->expert_cache };
 }
 
@@ -211,7 +228,10 @@ int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter 
         em_draft_close(*drafter);
         em_target_close(*target);
         *target = NULL, *drafter = NULL;
+        return rc;
     }
+    em_log(EM_LOG_INFO, "%s: %s on %s%s%s", f->model, em_target_get_info(*target)->arch,
+           em_target_get_info(*target)->device, f->draft ? ", drafter on cpu: " : "", f->draft ? f->draft : "");
     return rc;
 }
 

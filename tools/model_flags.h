@@ -31,6 +31,8 @@ typedef struct em_model_flags {
     const char *moe_storage;   /* --moe-storage: "resident", "ssd" or "auto" (NULL: auto) */
     uint64_t expert_cache;     /* --expert-cache bytes; 0: derived from available memory */
     const char *feature_dtype; /* --feature-dtype: f32, f16, bf16 or q8_0 (NULL: default) */
+    int device;         /* --device: enum em_device_kind (0: auto) */
+    int cuda_index;     /* --device cuda:N */
 } em_model_flags;
 
 /* The flags' lines for a command's --help. */
@@ -43,7 +45,8 @@ typedef struct em_model_flags {
     "  -c, --ctx-size N       context positions (default: the model's, at most 4096)\n"                  \
     "      --draft DRAFT.gguf the DSpark/DFlash drafter (speculative decoding); none: plain. With\n"   \
     "                         -m and no --draft: plain; with neither: the default drafter\n"            \
-    "      --device D         where the target runs: cpu (cuda:N is not available yet)\n"               \
+    "      --device D         where the target runs: cpu, cuda:N (cuda = cuda:0) or auto (default:\n"   \
+    "                         cuda:0 when a usable GPU is there and the model fits, else cpu)\n"       \
     "      --draft-device D   where the drafter runs: cpu (cuda:N is not available yet)\n"              \
     "      --moe-storage M    routed experts resident (mapped), ssd (read on demand through the\n"      \
     "                         expert cache) or auto (resident when the model fits in memory)\n"         \
@@ -53,6 +56,9 @@ typedef struct em_model_flags {
     "      --feature-dtype T  storage of the target features the drafter reads: f32 (default), f16,\n"  \
     "                         bf16 or q8_0\n"
 
+/* A device name for flag (cpu, auto, cuda, cuda:N) into *device (enum em_device_kind) and
+ * *cuda_index. Returns -1 to go on, or EM_EXIT_USAGE after saying what is wrong. */
+int em_cli_device(const em_cmd *cmd, const char *flag, const char *v, int *device, int *cuda_index);
 /* True when a is one of the model flags (each takes a value). */
 bool em_model_flag(const char *a);
 /* Takes model flag a with its value v into f. Returns -1 to go on, or an exit status after

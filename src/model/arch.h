@@ -9,5 +9,8 @@
 
 /* kimi-linear and kimi-k3 (the variant is read from the file) */
 int em_kimi_linear_open(em_target **out, em_gguf *g, const em_model_opts *opts, em_err *err);
+/* The same models on CUDA device `index` (model/kimi_cuda.c): EM_EUNSUPPORTED without CUDA
+ * or a usable device, EM_ENOMEM naming both sizes when the model does not fit. */
+int em_kimi_cuda_open(em_target **out, em_gguf *g, const em_model_opts *opts, int index, em_err *err);
 
 #endif

@@ -473,7 +473,7 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     int64_t n_ctx = opts->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < EM_MODEL_DEFAULT_CTX ? hp->n_ctx_train : EM_MODEL_DEFAULT_CTX;
     k->base.info = (em_target_info){
-        .arch = hp->k3 ? "kimi-k3" : "kimi-linear", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
+        .arch = hp->k3 ? "kimi-k3" : "kimi-linear", .device = "cpu", .n_vocab = hp->n_vocab, .n_embd = hp->n_embd, .n_layer = hp->n_layer,
         .n_ctx = (int)n_ctx, .max_verify = opts->max_verify, .n_feat = opts->n_feature_layers * hp->n_embd,
     };
     if (opts->max_verify > n_ctx) k->base.info.max_verify = (int)n_ctx;

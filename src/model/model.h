@@ -103,6 +103,7 @@ typedef struct em_target_ops {
 
 typedef struct em_target_info {
     const char *arch;    /* general.architecture */
+    const char *device;  /* where it runs: "cpu", or "cuda:N (device name)" */
     int n_vocab, n_embd, n_layer;
     int n_ctx;           /* positions the target holds */
     int max_verify;      /* verify widths with a fast (logged) commit */
@@ -141,7 +142,14 @@ struct em_target {
  * resident when all tensors fit in the memory available at open (MemAvailable), else SSD. */
 enum em_moe_storage { EM_MOE_AUTO = 0, EM_MOE_RESIDENT = 1, EM_MOE_SSD = 2 };
 
+/* Where a target runs. AUTO: on cuda:0 when this ember has CUDA, a usable GPU is there, the
+ * experts are not asked to stay on SSD and the model fits in its memory; else on the CPU
+ * (the reason is logged at INFO). */
+enum em_device_kind { EM_DEVICE_AUTO = 0, EM_DEVICE_CPU = 1, EM_DEVICE_CUDA = 2 };
+
 typedef struct em_model_opts {
+    int device;         /* enum em_device_kind */
+    int cuda_index;     /* EM_DEVICE_CUDA: the device (cuda:N) */
     int n_threads;      /* 0: em_cpu_count() */
     int n_ctx;          /* 0: the file's context length, at most EM_MODEL_DEFAULT_CTX */
     int max_verify;     /* 0: EM_MODEL_DEFAULT_MAX_VERIFY */

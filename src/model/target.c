@@ -2,6 +2,7 @@
  * passes before it reaches an architecture (token ids, context room, commit bounds), so the
  * architectures can assume sane arguments. Owns no model state beyond struct em_target's
  * common fields, which only the architectures' ops change. */
+#include "backend/gpu.h"
 #include "model/arch.h"
 
 #include <stdio.h>
@@ -25,6 +26,8 @@ static int resolve_opts(const em_model_opts *in, em_model_opts *o, em_err *err) 
         (o->n_feature_layers > 0 && !o->feature_layers))
         return em_err_set(err, EM_EINVAL, "model options: %d feature layers (at most %d)",
                           o->n_feature_layers, EM_MODEL_MAX_FEATURE_LAYERS);
+    if (o->device < EM_DEVICE_AUTO || o->device > EM_DEVICE_CUDA || o->cuda_index < 0)
+        return em_err_set(err, EM_EINVAL, "model options: device %d / cuda index %d", o->device, o->cuda_index);
     if (o->moe_storage < EM_MOE_AUTO || o->moe_storage > EM_MOE_SSD)
         return em_err_set(err, EM_EINVAL, "model options: moe_storage %d is not auto, resident or ssd", o->moe_storage);
     if (o->n_threads == 0) o->n_threads = em_cpu_count();
@@ -34,42 +37,70 @@ static int resolve_opts(const em_model_opts *in, em_model_opts *o, em_err *err) 
     return EM_OK;
 }
 
+/* Opens the GGUF at path, noting in missing (cap bytes) what a file cut short lacks. */
+static int open_file(const char *path, em_gguf **g, char *missing, size_t cap, em_err *err) {
+    /* a file cut short (an interrupted download) opens, so its sizes can be reported; its
+     * missing data is refused before any forward reads it (check_data) */
+    int rc = em_gguf_open_ex(g, path, &(em_gguf_open_opts){ .allow_missing_data = true, .guard_mapping = true }, err);
+    if (rc) return rc;
+    missing[0] = 0;
+    int64_t n_missing = 0;
+    const em_gguf_tensor *first = NULL;
+    const uint64_t lost = em_gguf_missing(*g, &n_missing, &first);
+    if (first) {
+        snprintf(missing, cap,
+                 "%s: tensor data is missing (the file is %llu bytes short; %lld tensors, the first '%s' in %s): "
+                 "the file was cut short, download it again",
+                 path, (unsigned long long)lost, (long long)n_missing, first->name, em_gguf_shard_at(*g, first->shard)->path);
+        em_log(EM_LOG_WARN, "%s; it opens for its sizes, but nothing can run on it", missing);
+    }
+    return EM_OK;
+}
+
+/* Whether AUTO should try cuda:0: a CUDA build that sees a device, experts not held on SSD. */
+static bool auto_gpu(const em_model_opts *o) {
+    if (o->device != EM_DEVICE_AUTO || o->moe_storage == EM_MOE_SSD || !em_gpu_built()) return false;
+    int n = 0;
+    em_err e = { 0 };
+    return em_gpu_device_count(&n, &e) == EM_OK && n > 0;
+}
+
+static int open_arch(em_target **out, em_gguf *g, const char *arch, const em_model_opts *o, em_err *err) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(arch, archs[i].name))
+            return o->device == EM_DEVICE_CUDA ? em_kimi_cuda_open(out, g, o, o->cuda_index, err)
+                                               : archs[i].open(out, g, o, err);
+    const char *path = em_gguf_path(g);
+    em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: kimi-linear, kimi-k3)", path,
+               arch);
+    em_gguf_close(g);
+    return EM_EUNSUPPORTED;
+}
+
 int em_model_open(em_target **out, const char *path, const em_model_opts *opts, em_err *err) {
     *out = NULL;
     em_model_opts o;
     int rc = resolve_opts(opts, &o, err);
     if (rc) return rc;
-    em_gguf *g = NULL;
-    /* a file cut short (an interrupted download) opens, so its sizes can be reported; its
-     * missing data is refused before any forward reads it (check_data) */
-    rc = em_gguf_open_ex(&g, path, &(em_gguf_open_opts){ .allow_missing_data = true, .guard_mapping = true }, err);
-    if (rc) return rc;
-    char missing[256] = "";
-    int64_t n_missing = 0;
-    const em_gguf_tensor *first = NULL;
-    const uint64_t lost = em_gguf_missing(g, &n_missing, &first);
-    if (first) {
-        snprintf(missing, sizeof missing,
-                 "%s: tensor data is missing (the file is %llu bytes short; %lld tensors, the first '%s' in %s): "
-                 "the file was cut short, download it again",
-                 path, (unsigned long long)lost, (long long)n_missing, first->name, em_gguf_shard_at(g, first->shard)->path);
-        em_log(EM_LOG_WARN, "%s; it opens for its sizes, but nothing can run on it", missing);
-    }
-    char arch[64];
-    rc = em_gguf_get_cstr(g, "general.architecture", arch, sizeof arch, err);
-    if (rc) { /* the reader's message names the file and the key */
-        em_gguf_close(g);
-        return rc;
-    }
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-        if (!strcmp(arch, archs[i].name)) {
-            rc = archs[i].open(out, g, &o, err);
-            if (!rc) snprintf((*out)->missing_data, sizeof (*out)->missing_data, "%s", missing);
-            return rc;
+    const bool try_gpu = auto_gpu(&o);
+    if (try_gpu) o.device = EM_DEVICE_CUDA, o.cuda_index = 0;
+    else if (o.device == EM_DEVICE_AUTO) o.device = EM_DEVICE_CPU;
+    for (;;) {
+        const bool gpu_try = try_gpu && o.device == EM_DEVICE_CUDA;
+        em_err gpu_err = { 0 };
+        em_err *e = gpu_try ? &gpu_err : err; /* an AUTO attempt's failure is only logged */
+        em_gguf *g = NULL;
+        char missing[256], arch[64];
+        rc = open_file(path, &g, missing, sizeof missing, e);
+        if (!rc && (rc = em_gguf_get_cstr(g, "general.architecture", arch, sizeof arch, e))) em_gguf_close(g);
+        if (!rc && !(rc = open_arch(out, g, arch, &o, e))) {
+            snprintf((*out)->missing_data, sizeof (*out)->missing_data, "%s", missing);
+            return EM_OK;
         }
-    em_gguf_close(g);
-    return em_err_set(err, EM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: kimi-linear, kimi-k3)",
-                      path, arch);
+        if (!gpu_try) return rc;
+        em_log(EM_LOG_INFO, "not running on cuda:0: %s; running on the CPU", gpu_err.msg);
+        o.device = EM_DEVICE_CPU;
+    }
 }
 
 void em_target_close(em_target *t) {

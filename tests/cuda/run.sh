@@ -8,6 +8,8 @@ set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$dir/out}
 mkdir -p "$out"
+# a bundle made with gpu_bundle.sh --pack: unpacked in place
+if [ -f "$dir/bundle.tar.xz" ] && [ ! -d "$dir/bin" ]; then tar -C "$dir" -xJf "$dir/bundle.tar.xz" || exit 1; fi
 export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 declare -a names=() states=()
 step() { # step NAME COMMAND...: runs it, output to $out/NAME.log and the terminal
@@ -28,6 +30,49 @@ fi
 step test_gpu_ops "$dir/bin/test_gpu_ops" ${EMBER_GPU_TEST_FLAGS:-}
 # sequence state (KDA forward/commit, MLA cache and attention): tests/cuda/test_gpu_seq.c
 [ -x "$dir/bin/test_gpu_seq" ] && step test_gpu_seq "$dir/bin/test_gpu_seq"
+# the CUDA target (model/kimi_cuda.c) against the CPU target and transformers' logits: the
+# fixtures are converted here by the carried ember (tests/fixtures/ from the repository root,
+# the current folder) into DIR/models
+convert_fixtures() {
+  mkdir -p "$dir/models"
+  local c
+  for c in kimi_a:f32 kimi_a:q8_0 kimi_b:f32 kimi_b:q8_0 kimi_b_bf16:bf16 kimi_c:f32 kimi_c:q8_0; do
+    "$dir/bin/ember" convert "tests/fixtures/${c%%:*}" -o "$dir/models/${c%%:*}_${c##*:}.gguf" --type "${c##*:}" \
+      >/dev/null || return 1
+  done
+}
+if [ -x "$dir/bin/test_gpu_target" ] && [ -x "$dir/bin/ember" ]; then
+  step convert_fixtures convert_fixtures
+  step test_gpu_target "$dir/bin/test_gpu_target" "$dir/models"
+fi
+if [ -x "$dir/bin/ember" ]; then
+  # greedy `ember run` on cpu and cuda:0: the same tokens; speculative (the default pair's
+  # drafter) equal to plain on cuda:0
+  greedy() { "$dir/bin/ember" run --temp 0 -n 48 --json "$@" 2>>"$out/greedy.err" | tail -1 | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/'; }
+  same_tokens() {
+    local m=$1 a b c
+    a=$(greedy -m "$m" -p "Once upon a time" --device cpu) || return 1
+    b=$(greedy -m "$m" -p "Once upon a time" --device cuda:0) || return 1
+    echo "cpu:     $a"; echo "cuda:0:  $b"
+    [ -n "$a" ] && [ "$a" = "$b" ] || return 1
+    if [ -n "${2:-}" ]; then
+      c=$(greedy -m "$m" -p "Once upon a time" --device cuda:0 --draft "$2") || return 1
+      echo "cuda:0 speculative: $c"
+      [ "$a" = "$c" ] || return 1
+    fi
+  }
+  step greedy_fixture same_tokens "$dir/models/kimi_a_f32.gguf"
+  step greedy_default same_tokens models/kimi-linear-19m-q8_0.gguf models/dspark-kimi-linear-19m-q8_0.gguf
+  step device_errors bash -c "'$dir/bin/ember' run -m models/kimi-linear-19m-q8_0.gguf -p a -n 2 --device cuda:7 \
+    >/dev/null 2>'$out/cuda7.err'; rc=\$?; cat '$out/cuda7.err'; [ \$rc = 1 ] && grep -q 'no CUDA device cuda:7' '$out/cuda7.err'"
+fi
+# the Kimi-Linear-48B-A3B-shaped benchmark (bench/bench_target.c; EMBER_GPU_BENCH48=1): the
+# random-weight model written to /dev/shm by the shared generator carried in DIR
+if [ -n "${EMBER_GPU_BENCH48:-}" ] && [ -x "$dir/bin/bench_target" ] && [ -f "$dir/kimi_synth_gguf.py" ]; then
+  [ -f /dev/shm/k48.gguf ] || step synth48 python3 "$dir/kimi_synth_gguf.py" /dev/shm/k48.gguf
+  step bench48 "$dir/bin/bench_target" -m /dev/shm/k48.gguf --device cuda:0 -p "${EMBER_GPU_BENCH_PROMPT:-4096}" \
+    -n 128 --reps "${EMBER_GPU_BENCH_REPS:-3}"
+fi
 if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}" ]; then
   # memcheck over every check (no benchmarks), bounded: exit 124 means it ran out of time. API
   # errors are not reported: the error-path checks provoke some on purpose (a 1 PiB cudaMalloc)
@@ -42,7 +87,8 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}
 fi
 echo
 grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
-grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
+grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" "$out/test_gpu_target.log" 2>/dev/null
+[ -f "$out/bench48.log" ] && cat "$out/bench48.log"
 echo "== device run summary =="
 fail=0
 for i in "${!names[@]}"; do

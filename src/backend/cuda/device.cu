@@ -261,7 +261,7 @@ extern "C" int em_gpu_capture_end(em_gpu *g, em_gpu_graph **out, em_err *err) {
     *out = NULL;
     int rc = emc_use(g, err);
     if (!rc && g->n_branches) { /* a failed capture may leave branches open: close them into it */
-        em_err ignore = { 0 };
+        em_err ignore;
         em_gpu_join(g, &ignore);
     }
     if (rc) return rc;

@@ -1,0 +1,1098 @@
+/* The kimi-linear / kimi-k3 target on one CUDA device: the second implementation of model.h's
+ * em_target_ops, in C over backend/gpu.h (docs/cuda.md is the design). kimi_load reads and
+ * checks the file exactly as for the CPU target; its hook lists every weight, the fit check
+ * sums what the device needs, and each weight is uploaded once. The forward is kimi.c's, op
+ * for op, on device buffers: the CPU target stays the reference it is tested against.
+ *
+ * Invariants:
+ * - A pass is at most EM_GPU_MAX_ROWS rows. A verify of n <= max_verify rows is one pass whose
+ *   layers are one CUDA graph per width n (captured the first time that width runs, replayed
+ *   after), its LM head another, and commit(k) a third per k: buffers are fixed, and the
+ *   tokens and the position are uploaded to fixed device slots before a replay.
+ * - Nothing returns to the host inside a pass: routing, the union of routed experts and the
+ *   argmaxes are made on the device; at its end only what em_rows asks for is downloaded
+ *   (argmaxes: 4 bytes a row).
+ * - Verify never writes committed state: KDA rows go to the transition logs (ReplaySSM) and
+ *   commit(k) folds k of them on the device; MLA rows >= pos are scratch, kept by advancing
+ *   pos. A verify wider than the logs snapshots the KDA states, runs in committing passes,
+ *   restores them, and its commit replays the accepted tokens (as the CPU target does).
+ * - Every op keeps width invariance (gpu.h), so a verify row is bit-identical to a one-row
+ *   decode of the same token: greedy speculative output equals plain output on this target.
+ * - Routed experts are resident in device memory (no SSD mode on the GPU yet). */
+#include "backend/gpu.h"
+#include "model/arch.h"
+#include "model/kimi_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GK_ROWS EM_GPU_MAX_ROWS
+/* Device memory kept free beyond what the target allocates: the CUDA context's own heaps,
+ * graphs, and the products' launch-time needs. */
+#define GK_MARGIN_BYTES (512ull << 20)
+/* The nominal device for the scheduler's costs (docs/cuda.md "Costs per device"). */
+#define GK_NOMINAL_BPS 4.6e12
+#define GK_NOMINAL_KERNEL_S 1.0e-6
+
+/* ---- the weight table ----------------------------------------------------------------------
+ * One entry per matrix or vector kimi_load made, keyed by the host address of its values (a
+ * mapped tensor, or an f32 copy in the loader's store), which the forward looks up. */
+typedef struct gk_weight {
+    const void *key;
+    char name[96];
+    bool is_vec;
+    em_mat m;           /* matrices: the host view */
+    int64_t n;          /* vectors: values */
+    em_gpu_mat dm;      /* matrices on the device */
+    float *dv;          /* vectors on the device */
+} gk_weight;
+
+typedef struct gk_table {
+    gk_weight *w;
+    int n, cap;
+    int *slot;          /* open addressing over key, -1: empty */
+    int n_slot;
+} gk_table;
+
+enum gk_mode { GK_LOGGED, GK_COMMIT };
+
+typedef struct gk_layer_dev {
+    const float *attn_norm, *ffn_norm, *attn_res, *ffn_res;
+    em_gpu_kda_params kda;
+    const float *q_a_norm, *kv_a_norm, *router_bias, *routed_norm;
+} gk_layer_dev;
+
+/* Per-pass device buffers, GK_ROWS rows each (carved from one allocation). */
+typedef struct gk_bufs {
+    int32_t *tok, *pos, *argmax, *ids; /* ids: [n_moe][GK_ROWS][K] */
+    float *x, *h, *y, *hh;
+    float *qkv, *f, *g2, *o, *b, *low_f, *low_g;              /* KDA */
+    float *q, *q_lora, *kv, *qa, *ctx, *mo, *mgate, *attn;     /* MLA */
+    float *dg, *du, *logits_r, *wts, *sg, *su, *ys, *lx, *ls;  /* FFN */
+    void *moe;
+    float *bank, *mix;                                        /* K3 AttnRes */
+    float *feat, *logits;
+    uint8_t *act;       /* bump region for activations, reset per layer half */
+    uint64_t act_cap, act_used;
+} gk_bufs;
+
+typedef struct gk {
+    em_target base;
+    em_gguf *g;
+    kimi_hparams hp;
+    kimi_weights w;
+    em_gpu *gpu;
+    int index;
+    char device[300];
+    gk_table tab;
+    gk_layer_dev *ld;        /* [n_layer] device vectors of each layer */
+    const float *output_norm, *output_res;
+    int feature_layer[EM_MODEL_MAX_FEATURE_LAYERS];
+    int n_feature_layers;
+    int n_moe, max_banks;
+    /* sequence state */
+    em_gpu_kda_dims kd;
+    em_gpu_mla_dims md;
+    em_gpu_kda_state *kst;   /* [n_kda] */
+    em_gpu_kda_log *klog;    /* [n_kda] */
+    float **cache;           /* [n_mla] */
+    void *state_mem, *backup_mem, *log_mem, *cache_mem, *buf_mem;
+    uint64_t state_bytes;    /* every KDA state, contiguous in state_mem */
+    gk_bufs B;
+    em_gpu_graph *g_body[2][GK_ROWS + 1], *g_head[GK_ROWS + 1], *g_commit[GK_ROWS + 1];
+    int32_t *replay_tok;     /* [n_ctx] tokens of the last wide verify */
+    bool replay;
+    int32_t h_ids_n;
+    int32_t *h_ids;          /* host copy of the ids, [n_moe][GK_ROWS][K] */
+    /* costs */
+    uint64_t dense_bytes, expert_bytes;
+    double cost_scale;
+} gk;
+
+static uint64_t align256(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
+
+static int table_add(gk_table *t, const gk_weight *w, em_err *err) {
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 256;
+        gk_weight *nw = realloc(t->w, (size_t)cap * sizeof *nw);
+        if (!nw) return em_err_set(err, EM_ENOMEM, "out of memory for the GPU weight table");
+        t->w = nw;
+        t->cap = cap;
+    }
+    t->w[t->n++] = *w;
+    return EM_OK;
+}
+
+static uint64_t key_hash(const void *p) {
+    uint64_t v = (uint64_t)(uintptr_t)p;
+    v ^= v >> 33;
+    v *= 0xff51afd7ed558ccdull;
+    return v ^ (v >> 33);
+}
+
+static int table_index(gk_table *t, em_err *err) {
+    t->n_slot = 16;
+    while (t->n_slot < 2 * t->n) t->n_slot *= 2;
+    t->slot = malloc((size_t)t->n_slot * sizeof *t->slot);
+    if (!t->slot) return em_err_set(err, EM_ENOMEM, "out of memory for the GPU weight table");
+    for (int i = 0; i < t->n_slot; i++) t->slot[i] = -1;
+    for (int i = 0; i < t->n; i++) {
+        uint64_t s = key_hash(t->w[i].key) & (uint64_t)(t->n_slot - 1);
+        while (t->slot[s] >= 0) {
+            if (t->w[t->slot[s]].key == t->w[i].key) break; /* the same tensor twice (tied) */
+            s = (s + 1) & (uint64_t)(t->n_slot - 1);
+        }
+        if (t->slot[s] < 0) t->slot[s] = i;
+    }
+    return EM_OK;
+}
+
+static const gk_weight *table_find(const gk_table *t, const void *key) {
+    if (!key || !t->slot) return NULL;
+    uint64_t s = key_hash(key) & (uint64_t)(t->n_slot - 1);
+    for (; t->slot[s] >= 0; s = (s + 1) & (uint64_t)(t->n_slot - 1))
+        if (t->w[t->slot[s]].key == key) return &t->w[t->slot[s]];
+    return NULL;
+}
+
+/* The device copy of a host matrix (NULL when the model has none: rows == 0). */
+static const em_gpu_mat *dmat(const gk *k, const em_mat *m) {
+    if (!m || m->rows == 0) return NULL;
+    const gk_weight *w = table_find(&k->tab, m->data);
+    return w && !w->is_vec ? &w->dm : NULL;
+}
+
+static const float *dvec(const gk *k, const float *v) {
+    const gk_weight *w = v ? table_find(&k->tab, v) : NULL;
+    return w && w->is_vec ? w->dv : NULL;
+}
+
+static int hook_mat(void *ud, const char *name, em_mat *m, em_err *err) {
+    gk_weight w = { .key = m->data, .m = *m };
+    snprintf(w.name, sizeof w.name, "%s", name);
+    return table_add(&((gk *)ud)->tab, &w, err);
+}
+
+static int hook_vec(void *ud, const char *name, const float *v, int64_t n, em_err *err) {
+    gk_weight w = { .key = v, .is_vec = true, .n = n };
+    snprintf(w.name, sizeof w.name, "%s", name);
+    return table_add(&((gk *)ud)->tab, &w, err);
+}
+
+/* ---- activations ---------------------------------------------------------------------------
+ * A pass's input rows for the products: F32 weights read them as they are, integer weights
+ * from a Q8_0 copy made once per input (the CPU's em_acts does the same). */
+typedef struct gk_acts {
+    const float *x;
+    int64_t ldx, cols;
+    int n;
+    bool have_q;
+    em_gpu_act q;
+} gk_acts;
+
+static gk_acts acts_of(const float *x, int64_t ldx, int64_t cols, int n) {
+    return (gk_acts){ .x = x, .ldx = ldx, .cols = cols, .n = n };
+}
+
+static int bump(gk *k, uint64_t bytes, void **out, em_err *err) {
+    bytes = align256(bytes);
+    if (k->B.act_used + bytes > k->B.act_cap)
+        return em_err_set(err, EM_ENOMEM, "GPU activation scratch: %llu bytes needed past %llu",
+                          (unsigned long long)(k->B.act_used + bytes), (unsigned long long)k->B.act_cap);
+    *out = k->B.act + k->B.act_used;
+    k->B.act_used += bytes;
+    return EM_OK;
+}
+
+/* Makes a's Q8_0 copy now when w needs one (once per input: branches forked next share it). */
+static int acts_ready(gk *k, gk_acts *a, const em_mat *w, em_err *err) {
+    const em_gpu_mat *dw = dmat(k, w);
+    if (!dw || a->have_q || em_gpu_act_type(dw->type) != EM_TYPE_Q8_0) return EM_OK;
+    void *s = NULL;
+    int rc = bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, a->cols, a->n), &s, err);
+    if (!rc) rc = em_gpu_act_prepare(k->gpu, EM_TYPE_Q8_0, a->x, a->ldx, a->cols, a->n, s, &a->q, err);
+    a->have_q = !rc;
+    return rc;
+}
+
+/* y (ldy) = W x for the rows of a. */
+static int mm(gk *k, gk_acts *a, const em_mat *w, float *d_y, int64_t ldy, em_err *err) {
+    const em_gpu_mat *dw = dmat(k, w);
+    if (!dw) return em_err_set(err, EM_EINVAL, "GPU target: a matrix of %lld rows was not uploaded", (long long)w->rows);
+    em_gpu_act f32;
+    int rc = acts_ready(k, a, w, err);
+    if (!rc && em_gpu_act_type(dw->type) != EM_TYPE_Q8_0)
+        rc = em_gpu_act_prepare(k->gpu, dw->type, a->x, a->ldx, a->cols, a->n, NULL, &f32, err);
+    if (rc) return rc;
+    return em_gpu_matmul(k->gpu, dw, em_gpu_act_type(dw->type) == EM_TYPE_Q8_0 ? &a->q : &f32, d_y, ldy, err);
+}
+
+/* Per head h: y[j][h * ys + r] = W[h * head_rows + r] . x[j][h * xs ..] (MLA's absorbed
+ * query and value up-projection, all heads in one op). */
+static int mm_heads(gk *k, const em_mat *w, int64_t head_rows, const float *d_x, int64_t ldx, int64_t xs,
+                    int64_t cols, int n, float *d_y, int64_t ldy, int64_t ys, em_err *err) {
+    const em_gpu_mat *dw = dmat(k, w);
+    if (!dw) return em_err_set(err, EM_EINVAL, "GPU target: a per-head matrix was not uploaded");
+    void *s = NULL;
+    const uint64_t sb = em_gpu_matmul_heads_scratch_bytes(dw->type, k->hp.mla_heads, cols, n);
+    int rc = sb ? bump(k, sb, &s, err) : EM_OK;
+    if (rc) return rc;
+    return em_gpu_matmul_heads(k->gpu, dw, k->hp.mla_heads, head_rows, d_x, ldx, xs, cols, n, s, d_y, ldy, ys, err);
+}
+
+/* ---- the layers ------------------------------------------------------------------------------ */
+
+static int glu(gk *k, float *g, const float *u, int64_t count, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    if (hp->situ) return em_gpu_situ(k->gpu, g, u, count, hp->situ_beta, hp->situ_lin_beta, g, err);
+    return em_gpu_swiglu(k->gpu, g, u, count, g, err);
+}
+
+static int kda_layer(gk *k, int l, int n, int mode, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const kimi_layer *ly = &k->w.layers[l];
+    const kimi_kda_w *w = &ly->kda;
+    const int64_t D = hp->d_inner, hd = hp->kda_head_dim;
+    gk_bufs *B = &k->B;
+    gk_acts xa = acts_of(B->h, hp->n_embd, hp->n_embd, n);
+    const bool full_gate = w->g.rows > 0; /* K3: g2 = ssm_g x, no low-rank pair */
+    /* the projections side by side: q | k, beta | v | the output gate */
+    gk_acts fa = acts_of(B->low_f, hd, hd, n), ga = acts_of(B->low_g, hd, hd, n);
+    em_gpu *g = k->gpu;
+    const em_mat *from_x[] = { &w->q, &w->k, &w->v, &w->beta, &w->f_a, full_gate ? &w->g : &w->g_a };
+    int rc = EM_OK;
+    for (int i = 0; i < 6 && !rc; i++) rc = acts_ready(k, &xa, from_x[i], err); /* before the branches share it */
+    if (rc || (rc = em_gpu_fork(g, 3, err))) return rc;
+    if (!(rc = mm(k, &xa, &w->q, B->qkv, 3 * D, err)) && !(rc = mm(k, &xa, &w->f_a, B->low_f, hd, err)))
+        rc = mm(k, &fa, &w->f_b, B->f, D, err);
+    if (!rc && !(rc = em_gpu_branch(g, 1, err)) && !(rc = mm(k, &xa, &w->k, B->qkv + D, 3 * D, err)))
+        rc = mm(k, &xa, &w->beta, B->b, hp->kda_heads, err);
+    if (!rc && !(rc = em_gpu_branch(g, 2, err))) rc = mm(k, &xa, &w->v, B->qkv + 2 * D, 3 * D, err);
+    if (!rc && !(rc = em_gpu_branch(g, 3, err))) {
+        if (full_gate) rc = mm(k, &xa, &w->g, B->g2, D, err);
+        else if (!(rc = mm(k, &xa, &w->g_a, B->low_g, hd, err))) rc = mm(k, &ga, &w->g_b, B->g2, D, err);
+    }
+    int rc2 = em_gpu_join(g, err);
+    if (rc || (rc = rc2)) return rc;
+    em_gpu_kda_state *st = &k->kst[ly->slot];
+    em_gpu_kda_log *log = &k->klog[ly->slot];
+    if ((rc = em_gpu_kda_forward(k->gpu, &k->kd, &k->ld[l].kda, st, n, B->qkv, B->f, B->b, B->g2, B->o, log, err)))
+        return rc;
+    if (mode == GK_COMMIT && (rc = em_gpu_kda_commit(k->gpu, &k->kd, st, log, n, err))) return rc;
+    gk_acts oa = acts_of(B->o, D, D, n);
+    return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
+}
+
+/* MLA in the absorbed form over the device latent cache (mla.c's steps). */
+static int mla_layer(gk *k, int l, int n, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const kimi_mla_w *w = &k->w.layers[l].mla;
+    const gk_layer_dev *dl = &k->ld[l];
+    gk_bufs *B = &k->B;
+    const int H = hp->mla_heads, R = hp->kv_lora, C = hp->kv_lora + hp->rope, qk = hp->nope + hp->rope;
+    const int64_t ldq = (int64_t)H * qk, ldo = (int64_t)H * hp->v_head;
+    float *cache = k->cache[k->w.layers[l].slot];
+    gk_acts xa = acts_of(B->h, hp->n_embd, hp->n_embd, n);
+    em_gpu *g = k->gpu;
+    int rc = acts_ready(k, &xa, hp->q_lora ? &w->q_a : &w->q, err);
+    if (!rc) rc = acts_ready(k, &xa, &w->kv_a, err);
+    if (rc || (rc = em_gpu_fork(g, 1, err))) return rc;
+    if (hp->q_lora == 0) { /* the queries here, the new cache rows on the branch */
+        rc = mm(k, &xa, &w->q, B->q, ldq, err);
+    } else {
+        gk_acts la = acts_of(B->q_lora, hp->q_lora, hp->q_lora, n);
+        if (!(rc = mm(k, &xa, &w->q_a, B->q_lora, hp->q_lora, err)) &&
+            !(rc = em_gpu_rmsnorm_rows(g, B->q_lora, hp->q_lora, dl->q_a_norm, KIMI_MLA_NORM_EPS, n, hp->q_lora,
+                                       B->q_lora, hp->q_lora, err)))
+            rc = mm(k, &la, &w->q_b, B->q, ldq, err);
+    }
+    if (!rc && !(rc = em_gpu_branch(g, 1, err)) && !(rc = mm(k, &xa, &w->kv_a, B->kv, C, err)))
+        rc = em_gpu_mla_append(g, &k->md, cache, B->pos, n, B->kv, C, dl->kv_a_norm, KIMI_MLA_NORM_EPS, err);
+    int rc2 = em_gpu_join(g, err);
+    if (rc || (rc = rc2)) return rc;
+    /* absorbed queries [W_UK_h^T q_nope_h | q_pe_h] per head, then attention over the cache */
+    if ((rc = mm_heads(k, &w->k_b, R, B->q, ldq, qk, hp->nope, n, B->qa, (int64_t)H * C, C, err)) ||
+        (rc = em_gpu_copy_2d(k->gpu, B->qa + R, (uint64_t)C * sizeof(float), B->q + hp->nope,
+                             (uint64_t)qk * sizeof(float), (uint64_t)hp->rope * sizeof(float), (uint64_t)n * H, err)) ||
+        (rc = em_gpu_mla_attend(k->gpu, &k->md, cache, B->pos, n, B->qa, (int64_t)H * C, B->attn, B->ctx,
+                                (int64_t)H * R, err)) ||
+        (rc = mm_heads(k, &w->v_b, hp->v_head, B->ctx, (int64_t)H * R, R, R, n, B->mo, ldo, hp->v_head, err)))
+        return rc;
+    if (w->gate.rows > 0 && /* K3 output gate */
+        ((rc = mm(k, &xa, &w->gate, B->mgate, ldo, err)) ||
+         (rc = em_gpu_sigmoid_mul(k->gpu, B->mo, B->mgate, (int64_t)n * ldo, err))))
+        return rc;
+    gk_acts oa = acts_of(B->mo, ldo, ldo, n);
+    return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
+}
+
+/* y (ldy) = down(glu(gate x, up x)) for the n rows of a; g, u: [GK_ROWS][gate rows]. */
+static int mlp(gk *k, gk_acts *a, const em_mat *gate, const em_mat *up, const em_mat *down, float *g, float *u,
+               float *d_y, int64_t ldy, em_err *err) {
+    const int64_t F = gate->rows;
+    int rc;
+    if ((rc = mm(k, a, gate, g, F, err)) || (rc = mm(k, a, up, u, F, err)) || (rc = glu(k, g, u, (int64_t)a->n * F, err)))
+        return rc;
+    gk_acts ga = acts_of(g, F, F, a->n);
+    return mm(k, &ga, down, d_y, ldy, err);
+}
+
+static int moe_layer(gk *k, int l, int moe_index, int n, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const kimi_ffn_w *w = &k->w.layers[l].ffn;
+    const gk_layer_dev *dl = &k->ld[l];
+    gk_bufs *B = &k->B;
+    const int X = hp->n_expert, K = hp->n_expert_used;
+    const int64_t E = hp->n_embd;
+    int32_t *ids = B->ids + (int64_t)moe_index * GK_ROWS * K;
+    gk_acts xa = acts_of(B->h, E, E, n);
+    const em_gpu_router r = { .n_expert = X, .k = K, .n_group = hp->n_group, .n_group_used = hp->n_group_used,
+                              .norm = hp->expert_norm, .scale = hp->expert_scale };
+    int rc;
+    if ((rc = mm(k, &xa, &w->router, B->logits_r, X, err)) ||
+        (rc = em_gpu_route(k->gpu, &r, B->logits_r, X, dl->router_bias, n, ids, B->wts, err)))
+        return rc;
+    const em_gpu_experts xs = {
+        .gate = dmat(k, &w->gate_exps), .up = dmat(k, &w->up_exps), .down = dmat(k, &w->down_exps),
+        .n_expert = X, .ffn = hp->n_ff_exp, .act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU,
+        .situ_beta = hp->situ_beta, .situ_lin_beta = hp->situ_lin_beta,
+    };
+    const bool shared = w->gate_sh.rows > 0;
+    if (shared) { /* the shared expert on a branch beside the routed ones */
+        if ((rc = acts_ready(k, &xa, &w->gate_sh, err)) || (rc = acts_ready(k, &xa, &w->up_sh, err)) ||
+            (rc = acts_ready(k, &xa, &w->routed_down, err)) || (rc = em_gpu_fork(k->gpu, 1, err)) ||
+            (rc = em_gpu_branch(k->gpu, 1, err)))
+            return rc;
+        rc = mlp(k, &xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, B->ys, E, err);
+        int rc2 = em_gpu_branch(k->gpu, 0, err);
+        if (rc || (rc = rc2)) {
+            em_gpu_join(k->gpu, err);
+            return em_err_prefix(err, "shared expert");
+        }
+    }
+    if (w->routed_down.rows == 0) {
+        rc = em_gpu_moe(k->gpu, &xs, B->h, E, n, ids, B->wts, K, B->moe, B->y, E, err);
+    } else { /* K3 latent MoE: experts at the latent width, normed, mapped back */
+        const int64_t L = w->routed_down.rows;
+        gk_acts sa = acts_of(B->ls, L, L, n);
+        if (!(rc = mm(k, &xa, &w->routed_down, B->lx, L, err)) &&
+            !(rc = em_gpu_moe(k->gpu, &xs, B->lx, L, n, ids, B->wts, K, B->moe, B->ls, L, err)) &&
+            (!dl->routed_norm ||
+             !(rc = em_gpu_rmsnorm_rows(k->gpu, B->ls, L, dl->routed_norm, hp->rms_eps, n, L, B->ls, L, err))))
+            rc = mm(k, &sa, &w->routed_up, B->y, E, err);
+    }
+    int rc2 = shared ? em_gpu_join(k->gpu, err) : EM_OK;
+    if (rc) return em_err_prefix(err, "routed experts");
+    if (rc2 || !shared) return rc2;
+    return em_gpu_add(k->gpu, B->y, B->ys, (int64_t)n * E, B->y, err);
+}
+
+/* ---- the pass ----------------------------------------------------------------------------- */
+
+/* A layer half's input: x itself, or (K3 AttnRes, with banks) the mix over the banks and x
+ * by score vector w, for rows r0 .. r0 + n - 1 of the pass. */
+static const float *res_input(gk *k, int n_bank, const float *x, const float *w, int r0, int n, em_err *err,
+                              int *rc) {
+    const int64_t E = k->hp.n_embd;
+    *rc = EM_OK;
+    if (k->hp.res_block <= 0 || n_bank == 0 || !w) return x + (int64_t)r0 * E;
+    *rc = em_gpu_res_mix(k->gpu, k->B.bank + (int64_t)r0 * E, n_bank, (int64_t)GK_ROWS * E, x + (int64_t)r0 * E, E, w,
+                         E, k->hp.rms_eps, n, k->B.mix, E, err);
+    return k->B.mix;
+}
+
+/* Every layer over the n rows of B.tok at position *B.pos, leaving the residual rows in B.x
+ * (and the features in B.feat). GK_LOGGED: KDA transitions into the logs; GK_COMMIT: folded
+ * into the states too. Asynchronous; capturable. */
+static int body(gk *k, int n, int mode, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const int64_t E = hp->n_embd;
+    gk_bufs *B = &k->B;
+    int rc = em_gpu_embed(k->gpu, dmat(k, &k->w.tok_embd), B->tok, n, B->x, E, err);
+    int n_bank = 0, moe_index = 0;
+    for (int l = 0; !rc && l < hp->n_layer; l++) {
+        const kimi_layer *ly = &k->w.layers[l];
+        const gk_layer_dev *dl = &k->ld[l];
+        B->act_used = 0;
+        const float *in = res_input(k, n_bank, B->x, dl->attn_res, 0, n, err, &rc);
+        if (rc || (rc = em_gpu_rmsnorm_rows(k->gpu, in, E, dl->attn_norm, hp->rms_eps, n, E, B->h, E, err))) break;
+        const bool restart = hp->res_block > 0 && l % hp->res_block == 0; /* kimi_res_push */
+        if (restart && (rc = em_gpu_copy(k->gpu, B->bank + (int64_t)n_bank++ * GK_ROWS * E, B->x,
+                                         (uint64_t)n * E * sizeof(float), err)))
+            break;
+        rc = ly->kind == KIMI_KDA ? kda_layer(k, l, n, mode, err) : mla_layer(k, l, n, err);
+        if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->kind == KIMI_KDA ? "KDA" : "MLA");
+        rc = restart ? em_gpu_copy(k->gpu, B->x, B->y, (uint64_t)n * E * sizeof(float), err)
+                     : em_gpu_add(k->gpu, B->x, B->y, (int64_t)n * E, B->x, err);
+        B->act_used = 0;
+        in = res_input(k, n_bank, B->x, dl->ffn_res, 0, n, err, &rc);
+        if (rc || (rc = em_gpu_rmsnorm_rows(k->gpu, in, E, dl->ffn_norm, hp->rms_eps, n, E, B->h, E, err))) break;
+        if (ly->ffn.moe) {
+            rc = moe_layer(k, l, moe_index++, n, err);
+        } else {
+            gk_acts xa = acts_of(B->h, E, E, n);
+            rc = mlp(k, &xa, &ly->ffn.gate, &ly->ffn.up, &ly->ffn.down, B->dg, B->du, B->y, E, err);
+        }
+        if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->ffn.moe ? "MoE" : "MLP");
+        rc = em_gpu_add(k->gpu, B->x, B->y, (int64_t)n * E, B->x, err);
+        for (int f = 0; !rc && f < k->n_feature_layers; f++)
+            if (k->feature_layer[f] == l)
+                rc = em_gpu_copy_2d(k->gpu, B->feat + (int64_t)f * E, (uint64_t)k->base.info.n_feat * sizeof(float),
+                                    B->x, (uint64_t)E * sizeof(float), (uint64_t)E * sizeof(float), (uint64_t)n, err);
+    }
+    return rc;
+}
+
+/* Final norm, LM head and argmax of pass rows r0 .. r0 + n - 1 into B.logits / B.argmax
+ * (rows 0 .. n - 1 there). Asynchronous; capturable. */
+static int head(gk *k, int r0, int n, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    gk_bufs *B = &k->B;
+    const int n_bank = hp->res_block > 0 ? k->max_banks : 0;
+    int rc;
+    B->act_used = 0;
+    const float *in = res_input(k, n_bank, B->x, k->output_res, r0, n, err, &rc);
+    if (rc || (rc = em_gpu_rmsnorm_rows(k->gpu, in, E, k->output_norm, hp->rms_eps, n, E, B->hh, E, err))) return rc;
+    gk_acts ha = acts_of(B->hh, E, E, n);
+    if ((rc = mm(k, &ha, &k->w.output, B->logits, V, err))) return rc;
+    return em_gpu_argmax_rows(k->gpu, B->logits, V, n, V, B->argmax, err);
+}
+
+/* The host side of the logs after a replayed graph: what the capture's calls set. */
+static void logs_mark(gk *k, int n, bool consumed) {
+    for (int i = 0; i < k->hp.n_kda; i++) {
+        k->klog[i].n = n;
+        k->klog[i].consumed = consumed;
+    }
+}
+
+/* Runs fn through the graph *slot (captured on first use, replayed after). */
+typedef int (*gk_issue)(gk *k, int a, int b, em_err *err);
+static int graphed(gk *k, em_gpu_graph **slot, gk_issue fn, int a, int b, em_err *err) {
+    if (!*slot) {
+        int rc = em_gpu_capture_begin(k->gpu, err);
+        if (rc) return rc;
+        rc = fn(k, a, b, err);
+        em_gpu_graph *gr = NULL;
+        em_err e2 = { 0 };
+        int rc2 = em_gpu_capture_end(k->gpu, &gr, rc ? &e2 : err);
+        if (rc) {
+            em_gpu_graph_free(gr);
+            return rc;
+        }
+        if (rc2) return rc2;
+        *slot = gr;
+    }
+    return em_gpu_graph_launch(k->gpu, *slot, err);
+}
+
+static int issue_body(gk *k, int n, int mode, em_err *err) { return body(k, n, mode, err); }
+static int issue_head(gk *k, int n, int unused, em_err *err) {
+    (void)unused;
+    return head(k, 0, n, err);
+}
+static int issue_commit(gk *k, int n_keep, int unused, em_err *err) {
+    (void)unused;
+    int rc = EM_OK;
+    for (int i = 0; i < k->hp.n_kda && !rc; i++) rc = em_gpu_kda_commit(k->gpu, &k->kd, &k->kst[i], &k->klog[i], n_keep, err);
+    return rc;
+}
+
+/* Uploads the pass's tokens and first position (before any replay reads them), in one copy. */
+static int pass_inputs(gk *k, const int32_t *tok, int n, int64_t pos, em_err *err) {
+    int32_t in[GK_ROWS + 1] = { 0 };
+    memcpy(in, tok, (size_t)n * sizeof *tok);
+    in[GK_ROWS] = (int32_t)pos;
+    return em_gpu_upload(k->gpu, k->B.tok, in, sizeof in, err);
+}
+
+/* ---- results ------------------------------------------------------------------------------- */
+
+static bool want_logits(const em_rows *o, int r, int n) {
+    if (!o || !o->logits) return false;
+    return o->last_only ? r == n - 1 : !o->logit_rows || o->logit_rows[r];
+}
+static bool want_argmax(const em_rows *o, int r, int n) {
+    if (!o || !o->argmax) return false;
+    return o->last_only ? r == n - 1 : !o->argmax_rows || o->argmax_rows[r];
+}
+
+/* Copies what o asks for of pass rows 0 .. m - 1, which are request rows r0 .. r0 + m - 1 of
+ * n; the head ran over pass rows h0 .. m - 1 (h0 > 0: only the last rows were wanted). */
+static int download_rows(gk *k, const em_rows *o, int r0, int m, int n, int h0, em_err *err) {
+    const int64_t V = k->hp.n_vocab;
+    const em_target_info *info = &k->base.info;
+    int rc = EM_OK, lo = -1, hi = -1;
+    bool any_argmax = false;
+    for (int j = h0; j < m; j++) {
+        if (want_logits(o, r0 + j, n)) {
+            if (lo < 0) lo = j;
+            hi = j;
+        }
+        any_argmax |= want_argmax(o, r0 + j, n);
+    }
+    if (any_argmax) {
+        int32_t am[GK_ROWS];
+        if ((rc = em_gpu_download(k->gpu, am, k->B.argmax, (size_t)(m - h0) * sizeof *am, err))) return rc;
+        for (int j = h0; j < m; j++)
+            if (want_argmax(o, r0 + j, n)) o->argmax[o->last_only ? 0 : r0 + j] = am[j - h0];
+    }
+    if (lo >= 0) {
+        if (o->last_only) return em_gpu_download(k->gpu, o->logits, k->B.logits + (int64_t)(lo - h0) * V,
+                                                 (size_t)V * sizeof(float), err);
+        if (hi == lo || !o->logit_rows) /* one run straight into the caller's rows */
+            return em_gpu_download(k->gpu, o->logits + (int64_t)(r0 + lo) * V, k->B.logits + (int64_t)(lo - h0) * V,
+                                   (size_t)(hi - lo + 1) * (size_t)V * sizeof(float), err);
+        for (int j = lo; j <= hi && !rc; j++)
+            if (want_logits(o, r0 + j, n))
+                rc = em_gpu_download(k->gpu, o->logits + (int64_t)(r0 + j) * V, k->B.logits + (int64_t)(j - h0) * V,
+                                     (size_t)V * sizeof(float), err);
+    }
+    if (!rc && o && o->features)
+        rc = em_gpu_download(k->gpu, o->features + (int64_t)r0 * info->n_feat, k->B.feat,
+                             (size_t)m * (size_t)info->n_feat * sizeof(float), err);
+    if (!rc && o && o->routes) {
+        const int K = k->hp.n_expert_used;
+        if ((rc = em_gpu_download(k->gpu, k->h_ids, k->B.ids, (size_t)k->n_moe * GK_ROWS * K * sizeof(int32_t), err)))
+            return rc;
+        for (int j = 0; j < m; j++)
+            for (int i = 0; i < k->n_moe; i++)
+                memcpy(o->routes + (int64_t)(r0 + j) * info->n_route + (int64_t)i * K,
+                       k->h_ids + ((int64_t)i * GK_ROWS + j) * K, (size_t)K * sizeof(int32_t));
+    }
+    return rc;
+}
+
+/* Which pass rows 0 .. m - 1 (request rows r0 ..) need the LM head: from the first wanted one
+ * (-1: none). */
+static int head_from(const em_rows *o, int r0, int m, int n) {
+    for (int j = 0; j < m; j++)
+        if (want_logits(o, r0 + j, n) || want_argmax(o, r0 + j, n)) return j;
+    return -1;
+}
+
+/* One committing pass of m rows at the target's position: prefill chunks and replays. */
+static int commit_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r0, int n, em_err *err) {
+    int rc = pass_inputs(k, tok, m, k->base.pos, err);
+    if (!rc) rc = graphed(k, &k->g_body[GK_COMMIT][m], issue_body, m, GK_COMMIT, err);
+    if (rc) return rc;
+    logs_mark(k, m, true);
+    const int h0 = head_from(o, r0, m, n);
+    if (h0 >= 0 && (rc = head(k, h0, m - h0, err))) return rc;
+    if (o && (h0 >= 0 || o->features || o->routes)) rc = download_rows(k, o, r0, m, n, h0 < 0 ? m : h0, err);
+    else rc = em_gpu_sync(k->gpu, err);
+    if (!rc) k->base.pos += m;
+    return rc;
+}
+
+static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err *err) {
+    for (int r0 = 0; r0 < n; r0 += GK_ROWS) {
+        const int m = n - r0 < GK_ROWS ? n - r0 : GK_ROWS;
+        int rc = commit_pass(k, tok + r0, m, o, r0, n, err);
+        if (rc) return rc;
+    }
+    return EM_OK;
+}
+
+/* ---- cost model ------------------------------------------------------------------------------ */
+
+/* Dense products of n rows against one row, measured on big Q8_0 matrices (docs/cuda.md run 2). */
+static double width_factor(int n) {
+    return n <= 1 ? 1.0 : n <= 2 ? 1.05 : n <= 4 ? 1.12 : n <= 8 ? 1.44 : n <= 16 ? 3.2 : 3.2 * n / 16.0;
+}
+
+static double nominal_cost(const gk *k, int n, int64_t pos) {
+    const kimi_hparams *hp = &k->hp;
+    double experts = 0.0;
+    if (k->n_moe > 0) { /* the expected union of n rows' routes, per MoE layer */
+        double p_miss = 1.0 - (double)hp->n_expert_used / hp->n_expert;
+        experts = hp->n_expert * (1.0 - pow(p_miss, n));
+    }
+    const double cache = (double)(pos + n) * (hp->kv_lora + hp->rope) * sizeof(float) * hp->n_mla;
+    const double state = 2.0 * (double)k->state_bytes;
+    const double bytes = (double)k->dense_bytes * width_factor(n) + experts * k->n_moe * (double)k->expert_bytes +
+                         cache + state;
+    const double kernels = 12.0 * hp->n_layer + 8.0; /* about what a pass launches */
+    return bytes / GK_NOMINAL_BPS + kernels * GK_NOMINAL_KERNEL_S;
+}
+
+static em_cost gk_cost(const em_target *t, int n) {
+    const gk *k = (const gk *)t;
+    const double nominal = nominal_cost(k, n, t->pos);
+    return (em_cost){ .seconds = nominal * k->cost_scale, .bytes_read = 0, .nominal_seconds = nominal };
+}
+
+static void cost_learn(gk *k, int n, int64_t pos, double seconds) {
+    const double est = nominal_cost(k, n, pos);
+    if (est > 0 && seconds > 0) k->cost_scale = 0.8 * k->cost_scale + 0.2 * (seconds / est);
+}
+
+/* ---- target ops -------------------------------------------------------------------------------- */
+
+static void gk_reset(em_target *t) {
+    gk *k = (gk *)t;
+    em_err e = { 0 };
+    if (k->state_mem && em_gpu_memset(k->gpu, k->state_mem, 0, k->state_bytes, &e))
+        em_log(EM_LOG_ERROR, "%s: resetting the KDA states failed: %s", k->device, e.msg);
+    logs_mark(k, 0, true);
+    t->pos = 0;
+    t->pending = -1;
+    k->replay = false;
+}
+
+/* A verify wider than the logs: the KDA states are saved, the rows run in committing passes,
+ * and the states are put back; commit then replays the accepted tokens. */
+static int wide_verify(gk *k, const int32_t *tok, int n, const em_rows *out, em_err *err) {
+    em_target *t = &k->base;
+    const int64_t pos0 = t->pos;
+    int rc = k->state_bytes ? em_gpu_copy(k->gpu, k->backup_mem, k->state_mem, k->state_bytes, err) : EM_OK;
+    if (!rc) rc = run_commit(k, tok, n, out, err);
+    t->pos = pos0;
+    int rc2 = k->state_bytes ? em_gpu_copy(k->gpu, k->state_mem, k->backup_mem, k->state_bytes, err) : EM_OK;
+    if (!rc && rc2) rc = rc2;
+    if (!rc) rc = em_gpu_sync(k->gpu, err);
+    logs_mark(k, 0, true);
+    if (!rc) memcpy(k->replay_tok, tok, (size_t)n * sizeof *tok);
+    return rc;
+}
+
+/* What the CUDA target does not report yet. */
+static int rows_supported(const gk *k, const em_rows *out, em_err *err) {
+    if (!out || !out->route_margins) return EM_OK;
+    return em_err_set(err, EM_EUNSUPPORTED, "%s: route margins are not reported on the GPU yet (the CPU target has them)",
+                      k->device);
+}
+
+static int gk_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
+    gk *k = (gk *)t;
+    const double t0 = em_time_now();
+    int rc = rows_supported(k, out, err);
+    if (rc) return rc;
+    t->pending = -1;
+    const bool logged = n <= t->info.max_verify;
+    if (!logged) {
+        rc = wide_verify(k, tok, n, out, err);
+    } else {
+        rc = pass_inputs(k, tok, n, t->pos, err);
+        if (!rc) rc = graphed(k, &k->g_body[GK_LOGGED][n], issue_body, n, GK_LOGGED, err);
+        if (!rc) logs_mark(k, n, false);
+        const int h0 = head_from(out, 0, n, n);
+        if (!rc && h0 >= 0) rc = h0 == 0 ? graphed(k, &k->g_head[n], issue_head, n, 0, err) : head(k, h0, n - h0, err);
+        if (!rc && (h0 >= 0 || out->features || out->routes)) rc = download_rows(k, out, 0, n, n, h0 < 0 ? n : h0, err);
+        else if (!rc) rc = em_gpu_sync(k->gpu, err);
+    }
+    if (rc) {
+        logs_mark(k, 0, true);
+        return em_err_prefix(err, "%s: verify of %d rows at position %lld", k->device, n, (long long)t->pos);
+    }
+    cost_learn(k, n, t->pos, em_time_now() - t0);
+    k->replay = !logged;
+    t->pending = n;
+    t->stats.verifies++;
+    t->stats.rows_verified += (uint64_t)n;
+    return EM_OK;
+}
+
+static int gk_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
+    gk *k = (gk *)t;
+    int rc = rows_supported(k, out, err);
+    if (rc) return rc;
+    t->pending = -1;
+    const int64_t pos0 = t->pos;
+    rc = run_commit(k, tok, n, out, err);
+    if (rc) {
+        em_err_prefix(err, "%s: prefill of %d rows at position %lld (sequence reset)", k->device, n, (long long)pos0);
+        gk_reset(t);
+        return rc;
+    }
+    t->stats.prefills++;
+    t->stats.rows_prefilled += (uint64_t)n;
+    return EM_OK;
+}
+
+static int gk_commit(em_target *t, int n_keep, em_err *err) {
+    gk *k = (gk *)t;
+    int rc = EM_OK;
+    if (k->replay) {
+        t->stats.full_replays++;
+        rc = run_commit(k, k->replay_tok, n_keep, NULL, err);
+        if (rc) {
+            t->stats.failed_fallbacks++;
+            em_err_prefix(err, "%s: commit of %d rows by replay (sequence reset)", k->device, n_keep);
+            gk_reset(t);
+            return rc;
+        }
+    } else {
+        if (n_keep > 0 && k->hp.n_kda > 0) rc = graphed(k, &k->g_commit[n_keep], issue_commit, n_keep, 0, err);
+        if (rc) {
+            em_err_prefix(err, "%s: commit of %d rows (sequence reset)", k->device, n_keep);
+            gk_reset(t);
+            return rc;
+        }
+        logs_mark(k, 0, true);
+        t->pos += n_keep;
+        t->stats.fast_commits++;
+    }
+    t->pending = -1;
+    k->replay = false;
+    return EM_OK;
+}
+
+static void free_graphs(gk *k) {
+    for (int i = 0; i <= GK_ROWS; i++) {
+        em_gpu_graph_free(k->g_body[0][i]);
+        em_gpu_graph_free(k->g_body[1][i]);
+        em_gpu_graph_free(k->g_head[i]);
+        em_gpu_graph_free(k->g_commit[i]);
+    }
+}
+
+static void gk_close(em_target *t) {
+    gk *k = (gk *)t;
+    free_graphs(k);
+    for (int i = 0; i < k->tab.n; i++) {
+        if (k->tab.w[i].is_vec) em_gpu_free(k->gpu, k->tab.w[i].dv);
+        else em_gpu_mat_free(k->gpu, &k->tab.w[i].dm);
+    }
+    em_gpu_free(k->gpu, k->state_mem);
+    em_gpu_free(k->gpu, k->backup_mem);
+    em_gpu_free(k->gpu, k->log_mem);
+    em_gpu_free(k->gpu, k->cache_mem);
+    em_gpu_free(k->gpu, k->buf_mem);
+    em_gpu_close(k->gpu);
+    free(k->tab.w);
+    free(k->tab.slot);
+    free(k->ld);
+    free(k->kst);
+    free(k->klog);
+    free(k->cache);
+    free(k->replay_tok);
+    free(k->h_ids);
+    kimi_unload(&k->hp, &k->w);
+    em_gguf_close(k->g);
+    free(k);
+}
+
+static int gk_shared_weights(const em_target *t, em_target_shared *out, em_err *err) {
+    (void)err;
+    const gk *k = (const gk *)t;
+    *out = (em_target_shared){ .path = em_gguf_path(k->g), .arch = t->info.arch, .n_embd = k->hp.n_embd,
+                               .n_layer = k->hp.n_layer, .n_vocab = k->hp.n_vocab, .token_embd = &k->w.tok_embd,
+                               .output = &k->w.output };
+    return EM_OK;
+}
+
+static const em_target_ops gk_ops = {
+    .verify = gk_verify,
+    .commit = gk_commit,
+    .prefill = gk_prefill,
+    .cost = gk_cost,
+    .reset = gk_reset,
+    .close = gk_close,
+    .shared_weights = gk_shared_weights,
+};
+
+/* ---- open ------------------------------------------------------------------------------------ */
+
+typedef struct carver {
+    uint8_t *base;
+    uint64_t at;
+} carver;
+
+static void *carve(carver *c, uint64_t bytes) {
+    const uint64_t o = c->at;
+    c->at += align256(bytes ? bytes : 1);
+    return c->base ? c->base + o : NULL;
+}
+
+static uint64_t maxu(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/* The pass buffers, laid out from c (c->base NULL: only measured). */
+static void carve_bufs(gk *k, carver *c) {
+    const kimi_hparams *hp = &k->hp;
+    const uint64_t R = GK_ROWS, E = (uint64_t)hp->n_embd, D = (uint64_t)hp->d_inner, F4 = sizeof(float);
+    const uint64_t H = (uint64_t)hp->mla_heads, C = (uint64_t)hp->kv_lora + (uint64_t)hp->rope;
+    const uint64_t qk = (uint64_t)hp->nope + (uint64_t)hp->rope, ldo = H * (uint64_t)hp->v_head;
+    const uint64_t K = (uint64_t)hp->n_expert_used, X = (uint64_t)hp->n_expert;
+    uint64_t lat = 0, f_sh = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        lat = maxu(lat, (uint64_t)k->w.layers[l].ffn.routed_down.rows);
+        f_sh = maxu(f_sh, (uint64_t)k->w.layers[l].ffn.gate_sh.rows);
+    }
+    gk_bufs *B = &k->B;
+    B->tok = carve(c, (R + 1) * 4); /* the tokens, then the first position: one upload */
+    B->pos = c->base ? B->tok + R : NULL;
+    B->argmax = carve(c, R * 4);
+    B->ids = carve(c, (uint64_t)(k->n_moe ? k->n_moe : 1) * R * (K ? K : 1) * 4);
+    B->x = carve(c, R * E * F4), B->h = carve(c, R * E * F4), B->y = carve(c, R * E * F4), B->hh = carve(c, R * E * F4);
+    if (hp->n_kda) {
+        B->qkv = carve(c, R * 3 * D * F4), B->f = carve(c, R * D * F4), B->g2 = carve(c, R * D * F4);
+        B->o = carve(c, R * D * F4), B->b = carve(c, R * (uint64_t)hp->kda_heads * F4);
+        B->low_f = carve(c, R * (uint64_t)hp->kda_head_dim * F4), B->low_g = carve(c, R * (uint64_t)hp->kda_head_dim * F4);
+    }
+    if (hp->n_mla) {
+        B->q = carve(c, R * H * qk * F4), B->q_lora = carve(c, R * (uint64_t)hp->q_lora * F4);
+        B->kv = carve(c, R * C * F4), B->qa = carve(c, R * H * C * F4), B->ctx = carve(c, R * H * (uint64_t)hp->kv_lora * F4);
+        B->mo = carve(c, R * ldo * F4), B->mgate = carve(c, R * ldo * F4);
+        B->attn = carve(c, em_gpu_mla_scratch_floats(&k->md, GK_ROWS) * F4);
+    }
+    B->dg = carve(c, R * (uint64_t)hp->n_ff * F4), B->du = carve(c, R * (uint64_t)hp->n_ff * F4);
+    if (k->n_moe) {
+        B->logits_r = carve(c, R * X * F4), B->wts = carve(c, R * K * F4);
+        B->sg = carve(c, R * f_sh * F4), B->su = carve(c, R * f_sh * F4), B->ys = carve(c, R * E * F4);
+        B->lx = carve(c, R * lat * F4), B->ls = carve(c, R * lat * F4);
+        B->moe = carve(c, em_gpu_moe_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp,
+                                                   (int64_t)(lat ? lat : E), GK_ROWS));
+    }
+    if (hp->res_block > 0) B->bank = carve(c, (uint64_t)k->max_banks * R * E * F4), B->mix = carve(c, R * E * F4);
+    B->feat = carve(c, R * (uint64_t)(k->base.info.n_feat ? k->base.info.n_feat : 1) * F4);
+    B->logits = carve(c, R * (uint64_t)hp->n_vocab * F4);
+    /* activations of a layer half: at most eight Q8_0 inputs of the widest row, and the
+     * per-head products' own */
+    uint64_t widest = maxu(maxu(E, D), maxu(maxu((uint64_t)hp->n_ff, f_sh), maxu(ldo, maxu(lat, (uint64_t)hp->q_lora))));
+    widest = maxu(widest, maxu((uint64_t)hp->n_ff_exp, H * (uint64_t)hp->kv_lora));
+    B->act_cap = 8 * align256(em_gpu_act_bytes(EM_TYPE_Q8_0, (int64_t)widest, GK_ROWS)) +
+                 2 * align256(em_gpu_matmul_heads_scratch_bytes(EM_TYPE_Q8_0, hp->mla_heads ? hp->mla_heads : 1,
+                                                               (int64_t)maxu((uint64_t)hp->kv_lora, (uint64_t)hp->nope),
+                                                               GK_ROWS) + 65536);
+    B->act = carve(c, B->act_cap);
+}
+
+static uint64_t weight_bytes(const gk *k, int i, em_err *err, int *rc) {
+    const gk_weight *w = &k->tab.w[i];
+    uint64_t b = 0;
+    *rc = EM_OK;
+    if (w->is_vec) return align256((uint64_t)w->n * sizeof(float));
+    if ((*rc = em_gpu_mat_bytes(w->m.type, w->m.rows, w->m.cols, &b, err))) em_err_prefix(err, "%s", w->name);
+    return align256(b) + 256; /* data and scales round up separately */
+}
+
+static uint64_t state_sizes(gk *k, uint64_t *log_bytes, uint64_t *cache_bytes) {
+    const kimi_hparams *hp = &k->hp;
+    const uint64_t st = hp->n_kda ? em_gpu_kda_state_floats(&k->kd) * sizeof(float) : 0;
+    k->state_bytes = st * (uint64_t)hp->n_kda;
+    *log_bytes = hp->n_kda ? align256(em_gpu_kda_log_bytes(&k->kd, GK_ROWS)) * (uint64_t)hp->n_kda : 0;
+    *cache_bytes = (uint64_t)k->md.capacity * ((uint64_t)hp->kv_lora + (uint64_t)hp->rope) * sizeof(float);
+    *cache_bytes = align256(*cache_bytes) * (uint64_t)hp->n_mla;
+    return 2 * k->state_bytes + *log_bytes + *cache_bytes;
+}
+
+/* Refuses a model the device cannot hold, naming both sizes, before anything is uploaded. */
+static int fit_check(gk *k, uint64_t weights, uint64_t state, uint64_t bufs, em_err *err) {
+    uint64_t free_b = 0, total = 0;
+    int rc = em_gpu_mem(k->gpu, &free_b, &total, err);
+    if (rc) return rc;
+    const uint64_t need = weights + state + bufs + GK_MARGIN_BYTES;
+    if (need <= free_b) return EM_OK;
+    char a[32], b[32], c[32], d[32], e[32], f[32], t[32];
+    return em_err_set(err, EM_ENOMEM,
+                      "%s: the model needs %s of device memory (weights %s, sequence state %s, buffers %s, margin %s); "
+                      "%s has %s free (of %s)",
+                      em_gguf_path(k->g), em_format_size(need, a, sizeof a), em_format_size(weights, b, sizeof b),
+                      em_format_size(state, c, sizeof c), em_format_size(bufs, d, sizeof d),
+                      em_format_size(GK_MARGIN_BYTES, e, sizeof e), k->device, em_format_size(free_b, f, sizeof f),
+                      em_format_size(total, t, sizeof t));
+}
+
+static void progress(const gk *k, bool tty, uint64_t done, uint64_t total, int i, int n) {
+    if (!tty) return;
+    char a[32], b[32];
+    fprintf(stderr, "\r%s: uploading weights %s of %s (%d of %d tensors)   ", k->device, em_format_size(done, a, sizeof a),
+            em_format_size(total, b, sizeof b), i, n);
+    if (i == n) fputc('\n', stderr);
+}
+
+static int upload_weights(gk *k, uint64_t total, em_err *err) {
+    const bool tty = isatty(STDERR_FILENO);
+    uint64_t done = 0;
+    double last = 0.0;
+    int rc = EM_OK;
+    for (int i = 0; i < k->tab.n && !rc; i++) {
+        gk_weight *w = &k->tab.w[i];
+        if (table_find(&k->tab, w->key) != w) continue; /* a tensor listed twice: one copy */
+        if (w->is_vec) {
+            void *d;
+            if (!(rc = em_gpu_alloc(k->gpu, (uint64_t)w->n * sizeof(float), w->name, &d, err))) {
+                w->dv = d;
+                rc = em_gpu_upload(k->gpu, d, w->key, (uint64_t)w->n * sizeof(float), err);
+            }
+        } else if (!w->m.data) {
+            rc = em_err_set(err, EM_EFORMAT, "%s: tensor '%s' has no data in the file (cut short): nothing to upload",
+                            em_gguf_path(k->g), w->name);
+        } else {
+            rc = em_gpu_mat_upload(k->gpu, w->m.type, w->m.rows, w->m.cols, w->m.data, w->name, &w->dm, err);
+        }
+        done += w->is_vec ? (uint64_t)w->n * sizeof(float) : w->dm.bytes;
+        if (em_time_now() - last > 0.25 || i + 1 == k->tab.n) {
+            progress(k, tty, done, total, i + 1, k->tab.n);
+            last = em_time_now();
+        }
+    }
+    if (rc && tty) fputc('\n', stderr);
+    return rc ? em_err_prefix(err, "%s", k->device) : EM_OK;
+}
+
+static int layer_vectors(gk *k, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    k->ld = calloc((size_t)hp->n_layer, sizeof *k->ld);
+    if (!k->ld) return em_err_set(err, EM_ENOMEM, "out of memory for the GPU layer table");
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kimi_layer *ly = &k->w.layers[l];
+        gk_layer_dev *d = &k->ld[l];
+        d->attn_norm = dvec(k, ly->attn_norm), d->ffn_norm = dvec(k, ly->ffn_norm);
+        d->attn_res = dvec(k, ly->attn_res), d->ffn_res = dvec(k, ly->ffn_res);
+        d->kda = (em_gpu_kda_params){ .conv_q = dvec(k, ly->kda.p.conv_q), .conv_k = dvec(k, ly->kda.p.conv_k),
+                                      .conv_v = dvec(k, ly->kda.p.conv_v), .ssm_a = dvec(k, ly->kda.p.ssm_a),
+                                      .dt_bias = dvec(k, ly->kda.p.dt_bias), .o_norm = dvec(k, ly->kda.p.o_norm) };
+        d->q_a_norm = dvec(k, ly->mla.q_a_norm), d->kv_a_norm = dvec(k, ly->mla.kv_a_norm);
+        d->router_bias = dvec(k, ly->ffn.router_bias), d->routed_norm = dvec(k, ly->ffn.routed_norm);
+        if (!d->attn_norm || !d->ffn_norm || (ly->attn_res && !d->attn_res) || (ly->ffn_res && !d->ffn_res) ||
+            (ly->kind == KIMI_KDA && (!d->kda.conv_q || !d->kda.ssm_a || !d->kda.dt_bias || !d->kda.o_norm)) ||
+            (ly->kind == KIMI_MLA && (!d->kv_a_norm || (hp->q_lora && !d->q_a_norm))) ||
+            (ly->ffn.moe && !d->router_bias) || (ly->ffn.routed_norm && !d->routed_norm))
+            return em_err_set(err, EM_EINVAL, "GPU target: a vector of layer %d was not uploaded", l);
+    }
+    k->output_norm = dvec(k, k->w.output_norm);
+    k->output_res = dvec(k, k->w.output_res);
+    if (!k->output_norm || (k->w.output_res && !k->output_res) || !dmat(k, &k->w.output) || !dmat(k, &k->w.tok_embd))
+        return em_err_set(err, EM_EINVAL, "GPU target: the output norm, LM head or embedding was not uploaded");
+    return EM_OK;
+}
+
+/* The KDA states, logs and MLA caches on the device (sizes from state_sizes). */
+static int make_state(gk *k, uint64_t log_bytes, uint64_t cache_bytes, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    k->kst = calloc((size_t)hp->n_kda + 1, sizeof *k->kst);
+    k->klog = calloc((size_t)hp->n_kda + 1, sizeof *k->klog);
+    k->cache = calloc((size_t)hp->n_mla + 1, sizeof *k->cache);
+    if (!k->kst || !k->klog || !k->cache) return em_err_set(err, EM_ENOMEM, "out of memory for the GPU state table");
+    int rc;
+    if (hp->n_kda) {
+        if ((rc = em_gpu_alloc(k->gpu, k->state_bytes, "KDA states", &k->state_mem, err)) ||
+            (rc = em_gpu_alloc(k->gpu, k->state_bytes, "KDA state snapshot", &k->backup_mem, err)) ||
+            (rc = em_gpu_alloc(k->gpu, log_bytes, "KDA transition logs", &k->log_mem, err)))
+            return rc;
+        const uint64_t st = em_gpu_kda_state_floats(&k->kd), conv = 3ull * (uint64_t)(hp->d_conv - 1) * hp->d_inner;
+        const uint64_t lb = log_bytes / (uint64_t)hp->n_kda;
+        for (int i = 0; i < hp->n_kda; i++) {
+            float *s = (float *)k->state_mem + (uint64_t)i * st;
+            k->kst[i] = (em_gpu_kda_state){ .conv = s, .S = s + conv };
+            if ((rc = em_gpu_kda_log_init(&k->kd, GK_ROWS, (uint8_t *)k->log_mem + (uint64_t)i * lb, &k->klog[i], err)))
+                return rc;
+        }
+    }
+    if (hp->n_mla) {
+        if ((rc = em_gpu_alloc(k->gpu, cache_bytes, "MLA latent caches", &k->cache_mem, err))) return rc;
+        for (int i = 0; i < hp->n_mla; i++) k->cache[i] = (float *)((uint8_t *)k->cache_mem + (uint64_t)i * (cache_bytes / (uint64_t)hp->n_mla));
+    }
+    return EM_OK;
+}
+
+static void cost_setup(gk *k) {
+    uint64_t dense = 0, experts = 0;
+    for (int l = 0; l < k->hp.n_layer; l++) {
+        const kimi_ffn_w *f = &k->w.layers[l].ffn;
+        if (f->moe) experts += f->gate_exps.row_bytes * (uint64_t)f->gate_exps.rows + f->up_exps.row_bytes * (uint64_t)f->up_exps.rows +
+                               f->down_exps.row_bytes * (uint64_t)f->down_exps.rows;
+    }
+    for (int i = 0; i < k->tab.n; i++)
+        if (!k->tab.w[i].is_vec) dense += k->tab.w[i].m.row_bytes * (uint64_t)k->tab.w[i].m.rows;
+    dense -= experts < dense ? experts : dense;
+    dense -= k->w.tok_embd.row_bytes * (uint64_t)k->w.tok_embd.rows; /* gathered, not streamed */
+    k->dense_bytes = dense;
+    k->expert_bytes = k->n_moe && k->hp.n_expert ? experts / ((uint64_t)k->n_moe * (uint64_t)k->hp.n_expert) : 0;
+    k->cost_scale = 1.0;
+}
+
+static int set_info(gk *k, const em_model_opts *opts, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const char *path = em_gguf_path(k->g);
+    int64_t n_ctx = opts->n_ctx;
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < EM_MODEL_DEFAULT_CTX ? hp->n_ctx_train : EM_MODEL_DEFAULT_CTX;
+    for (int l = 0; l < hp->n_layer; l++) k->n_moe += k->w.layers[l].ffn.moe;
+    k->base.info = (em_target_info){
+        .arch = hp->k3 ? "kimi-k3" : "kimi-linear", .device = k->device, .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
+        .n_layer = hp->n_layer, .n_ctx = (int)n_ctx, .n_feat = opts->n_feature_layers * hp->n_embd,
+        .max_verify = opts->max_verify < GK_ROWS ? opts->max_verify : GK_ROWS, .n_moe_layers = k->n_moe,
+        .n_route = k->n_moe * hp->n_expert_used,
+    };
+    if (k->base.info.max_verify > n_ctx) k->base.info.max_verify = (int)n_ctx;
+    for (int i = 0; i < opts->n_feature_layers; i++) {
+        if (opts->feature_layers[i] < 0 || opts->feature_layers[i] >= hp->n_layer)
+            return em_err_set(err, EM_EINVAL, "%s: feature layer %d is not a layer of this model (0..%d)", path,
+                              opts->feature_layers[i], hp->n_layer - 1);
+        k->feature_layer[i] = opts->feature_layers[i];
+    }
+    k->n_feature_layers = opts->n_feature_layers;
+    k->max_banks = hp->res_block > 0 ? (hp->n_layer + hp->res_block - 1) / hp->res_block : 0;
+    k->kd = (em_gpu_kda_dims){ .n_head = hp->kda_heads, .head_dim = hp->kda_head_dim, .d_conv = hp->d_conv,
+                               .norm_eps = hp->rms_eps, .l2_eps = KIMI_L2_EPS, .bounded_gate = hp->gate_bounded,
+                               .gate_lower_bound = hp->gate_lb };
+    k->md = (em_gpu_mla_dims){ .n_head = hp->mla_heads, .kv_lora = hp->kv_lora, .rope = hp->rope, .nope = hp->nope,
+                               .capacity = n_ctx };
+    int rc = hp->n_kda ? em_gpu_kda_dims_check(&k->kd, err) : EM_OK;
+    if (rc) return em_err_prefix(err, "%s on %s", path, k->device);
+    k->replay_tok = calloc((size_t)n_ctx, sizeof *k->replay_tok);
+    k->h_ids = calloc((size_t)(k->n_moe ? k->n_moe : 1) * GK_ROWS * (size_t)(hp->n_expert_used ? hp->n_expert_used : 1),
+                      sizeof *k->h_ids);
+    if (!k->replay_tok || !k->h_ids) return em_err_set(err, EM_ENOMEM, "out of memory for the GPU target");
+    return EM_OK;
+}
+
+static int open_device(gk *k, int index, em_err *err) {
+    int rc = em_gpu_open(index, &k->gpu, err);
+    if (rc) return rc;
+    k->index = index;
+    const em_gpu_info *gi = em_gpu_get_info(k->gpu);
+    snprintf(k->device, sizeof k->device, "cuda:%d (%s)", index, gi ? gi->name : "?");
+    return EM_OK;
+}
+
+static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
+    const em_wload_hook hook = { .mat = hook_mat, .vec = hook_vec, .ud = k };
+    int rc = kimi_load(k->g, &hook, &k->hp, &k->w, err);
+    if (rc) return rc;
+    if (opts->moe_storage == EM_MOE_SSD)
+        return em_err_set(err, EM_EUNSUPPORTED, "%s: --moe-storage ssd does not run on %s yet (experts are resident in "
+                          "device memory): use resident, or the CPU", em_gguf_path(k->g), k->device);
+    if ((rc = set_info(k, opts, err)) || (rc = table_index(&k->tab, err))) return rc;
+    uint64_t weights = 0, log_bytes, cache_bytes;
+    for (int i = 0; i < k->tab.n && !rc; i++)
+        if (table_find(&k->tab, k->tab.w[i].key) == &k->tab.w[i]) weights += weight_bytes(k, i, err, &rc);
+    if (rc) return em_err_prefix(err, "%s", em_gguf_path(k->g));
+    const uint64_t state = state_sizes(k, &log_bytes, &cache_bytes);
+    carver c = { 0 };
+    carve_bufs(k, &c);
+    if ((rc = fit_check(k, weights, state, c.at, err)) || (rc = upload_weights(k, weights, err)) ||
+        (rc = layer_vectors(k, err)) || (rc = make_state(k, log_bytes, cache_bytes, err)) ||
+        (rc = em_gpu_alloc(k->gpu, c.at, "GPU pass buffers", &k->buf_mem, err)))
+        return rc;
+    c = (carver){ .base = k->buf_mem };
+    carve_bufs(k, &c);
+    cost_setup(k);
+    return em_gpu_sync(k->gpu, err);
+}
+
+int em_kimi_cuda_open(em_target **out, em_gguf *g, const em_model_opts *opts, int index, em_err *err) {
+    *out = NULL;
+    gk *k = calloc(1, sizeof *k);
+    if (!k) {
+        em_gguf_close(g);
+        return em_err_set(err, EM_ENOMEM, "out of memory for the GPU target");
+    }
+    k->g = g;
+    k->base.ops = &gk_ops;
+    int rc = open_device(k, index, err);
+    if (!rc) rc = load_and_upload(k, opts, err);
+    if (rc) {
+        gk_close(&k->base);
+        return rc;
+    }
+    gk_reset(&k->base);
+    *out = &k->base;
+    return EM_OK;
+}

@@ -6,7 +6,7 @@
  * of --reps runs; the decode roofline is the bytes a token reads over --bw bytes/s.
  *
  *   bench_target -m MODEL.gguf [--device cpu|cuda:N|auto] [-p 4096] [-n 128] [--reps 5]
- *                [--ctx-prompt 512] [--bw 4.6e12] [--json]
+ *                [--ctx-prompt 512] [--max-width 16] [--bw 4.6e12] [--json]
  *
  * On the CUDA target the absolute times hold (docs/cuda.md); on the CPU use ember bench's
  * ratios instead. */
@@ -23,7 +23,7 @@
 
 typedef struct opts {
     const char *model;
-    int device, cuda_index, n_prompt, n_gen, reps, ctx_prompt;
+    int device, cuda_index, n_prompt, n_gen, reps, ctx_prompt, max_width;
     double bw;
     bool json;
 } opts;
@@ -101,12 +101,13 @@ static double union_experts(const int32_t *routes, int n, const em_target_info *
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_target -m MODEL.gguf [--device cpu|cuda:N|auto] [-p P] [-n N] [--reps R] "
-                    "[--ctx-prompt C] [--bw BYTES_PER_S] [--json]\n");
+                    "[--ctx-prompt C] [--max-width W] [--bw BYTES_PER_S] [--json]\n"
+                    "  --max-width W: the verify curve for n = 1..W (1..16; default 16)\n");
     exit(2);
 }
 
 static void parse(int argc, char **argv, opts *o) {
-    *o = (opts){ .n_prompt = 4096, .n_gen = 128, .reps = 5, .ctx_prompt = 512, .bw = 4.6e12 };
+    *o = (opts){ .n_prompt = 4096, .n_gen = 128, .reps = 5, .ctx_prompt = 512, .max_width = MAX_W, .bw = 4.6e12 };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) {
@@ -125,11 +126,12 @@ static void parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "-n")) o->n_gen = atoi(v);
         else if (!strcmp(a, "--reps")) o->reps = atoi(v);
         else if (!strcmp(a, "--ctx-prompt")) o->ctx_prompt = atoi(v);
+        else if (!strcmp(a, "--max-width")) o->max_width = atoi(v);
         else if (!strcmp(a, "--bw")) o->bw = atof(v);
         else usage();
     }
     if (!o->model || o->n_prompt < 1 || o->n_gen < 1 || o->reps < 1 || o->reps > MAX_REPS || o->ctx_prompt < 1 ||
-        o->bw <= 0)
+        o->max_width < 1 || o->max_width > MAX_W || o->bw <= 0)
         usage();
 }
 
@@ -151,8 +153,8 @@ int main(int argc, char **argv) {
     double pp[MAX_REPS], tg[MAX_REPS], tw[MAX_W + 1][MAX_REPS], ux[MAX_W + 1];
     if (!tok || !routes) return 1;
     uint64_t s = 12345;
-    /* prefill of P tokens */
-    next_tokens(&s, tok, o.n_prompt, V);
+    /* random tokens for every position the benchmark reads (the prompts, the verify curve's rows) */
+    next_tokens(&s, tok, ctx, V);
     for (int r = -1; r < o.reps; r++) { /* one warm-up */
         em_target_reset(t);
         int32_t am;
@@ -179,7 +181,7 @@ int main(int argc, char **argv) {
     em_target_reset(t);
     int32_t am[MAX_W];
     if (em_target_prefill(t, tok, o.ctx_prompt, &(em_rows){ .argmax = am, .last_only = true }, &err)) die("prompt", &err);
-    for (int n = 1; n <= MAX_W; n++) {
+    for (int n = 1; n <= o.max_width; n++) {
         for (int r = -1; r < o.reps; r++) {
             t0 = em_time_now();
             if (em_target_verify(t, tok + o.ctx_prompt, n, &(em_rows){ .argmax = am }, &err)) die("verify", &err);
@@ -197,7 +199,7 @@ int main(int argc, char **argv) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"open_s\":%.2f,\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,"
                "\"decode_tok_s\":%.1f,\"decode_ms\":%.4f,\"token_bytes\":%.0f,\"roofline_tok_s\":%.1f,\"verify\":[",
                o.model, info->device, open_s, o.n_prompt, pp_m, tg_m, 1e3 / tg_m, tok_bytes, roof);
-        for (int n = 1; n <= MAX_W; n++) {
+        for (int n = 1; n <= o.max_width; n++) {
             const double tn = median(tw[n], o.reps);
             printf("%s{\"n\":%d,\"ms\":%.4f,\"ratio\":%.3f,\"union_experts\":%.0f,\"bytes\":%.0f}", n > 1 ? "," : "", n,
                    tn * 1e3, tn / t1, ux[n], sz.dense + ux[n] * sz.expert);
@@ -210,7 +212,7 @@ int main(int argc, char **argv) {
                "(%.0f%%)\n",
                o.ctx_prompt, tg_m, 1e3 / tg_m, tok_bytes / 1e9, roof, o.bw / 1e12, 100.0 * tg_m / roof);
         printf("verify curve: n  ms  t(n)/t(1)  union experts (all MoE layers)  GB read\n");
-        for (int n = 1; n <= MAX_W; n++) {
+        for (int n = 1; n <= o.max_width; n++) {
             const double tn = median(tw[n], o.reps);
             printf("  %2d  %.3f  %.2f  %5.0f  %.3f\n", n, tn * 1e3, tn / t1, ux[n], (sz.dense + ux[n] * sz.expert) / 1e9);
         }

@@ -93,6 +93,15 @@ int em_gpu_fork(em_gpu *g, int n, em_err *err);
 int em_gpu_branch(em_gpu *g, int b, em_err *err);
 int em_gpu_join(em_gpu *g, em_err *err);
 
+/* ---- launch overlap --------------------------------------------------------------------- */
+
+/* Whether a kernel may start while the kernel before it finishes (programmatic dependent
+ * launch: it prefetches its weights, then waits on the device for the earlier kernels'
+ * results; docs/cuda.md "Launch overlap"). Results are bit-identical either way. On at open
+ * unless the environment has EMBER_GPU_PDL=0; a graph keeps the setting it was captured with. */
+void em_gpu_set_overlap(em_gpu *g, bool on);
+bool em_gpu_overlap(const em_gpu *g);
+
 /* ---- graphs and timing ------------------------------------------------------------------ */
 
 typedef struct em_gpu_graph em_gpu_graph;
@@ -194,6 +203,18 @@ int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int6
  * act->n (same per-thread order, same fixed warp reduction). */
 int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err);
 
+/* Several products of the same activations in one launch (the projections of one input):
+ * out[i].d_y = out[i].w . act, each output bit-identical to em_gpu_matmul of its matrix (the
+ * same warp bodies; a block belongs to one product). All matrices of one device layout and
+ * act->cols columns; 1..EM_GPU_MULTI_MAX of them. */
+#define EM_GPU_MULTI_MAX 8
+typedef struct em_gpu_mm_out {
+    const em_gpu_mat *w;
+    float *d_y;
+    int64_t ldy;
+} em_gpu_mm_out;
+int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *out, int count, const em_gpu_act *act, em_err *err);
+
 /* Per-head products, all heads in one launch (two with the Q8_0 quantization): for head
  * h < n_heads and row j < n, y[j * ldy + h * y_head_stride + r] = W[h * head_rows + r, :] .
  * x[j * ldx + h * x_head_stride + 0..cols) for r < head_rows (w->rows == n_heads * head_rows,
@@ -214,6 +235,16 @@ int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, int64_t hea
  * squares in double, the scale rounded to fp32 once, as compute/'s em_rmsnorm. y may be x. */
 int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d_w, float eps, int rows,
                         int64_t n, float *d_y, int64_t ldy, em_err *err);
+/* The residual step and the norm after it in one launch: x += y (+ y2): when d_y is not NULL,
+ * t = y (+ y2 when d_y2 is not NULL, rounded first), x = x + t written back (em_gpu_add's
+ * rounding, two adds as two em_gpu_add calls would make them; y and y2 rows ldy apart); then
+ * h = em_gpu_rmsnorm_rows of x with weight w (NULL: none), and when q is not NULL also h's
+ * Q8_0 activations, exactly as em_gpu_act_prepare makes them, into d_scratch
+ * (em_gpu_act_bytes(EM_TYPE_Q8_0, n, rows), 16-byte aligned; n a multiple of 32), described in
+ * *q. rows 1..EM_GPU_MAX_ROWS. */
+int em_gpu_add_rmsnorm(em_gpu *g, float *d_x, int64_t ldx, const float *d_y, const float *d_y2, int64_t ldy,
+                       const float *d_w, float eps, int rows, int64_t n, float *d_h, int64_t ldh, void *d_scratch,
+                       em_gpu_act *q, em_err *err);
 /* y = silu(gate) * up over count values. y may alias gate or up. */
 int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float *d_y, em_err *err);
 /* y = SiTU(gate, up) over count values, compute/'s em_situ (kimi-k3's MLP activation):
@@ -303,6 +334,13 @@ uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, in
  * in ascending order; quant/'s products, em_swiglu or em_situ). */
 int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
                const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err);
+
+/* em_gpu_moe on inputs the caller already made into Q8_0 activations (x_act: em_gpu_act_prepare
+ * of the n rows of d_x; used where gate or up take Q8_0), which saves their quantization here.
+ * Bit-identical to em_gpu_moe. */
+int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                        const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch,
+                        float *d_y, int64_t ldy, em_err *err);
 
 /* ==== sequence state: KDA and MLA (kda.cu, mla.cu) ===================================== */
 

@@ -19,6 +19,11 @@ int em_gpu_open(int index, em_gpu **out, em_err *err) {
     return NONE(err);
 }
 void em_gpu_close(em_gpu *g) { (void)g; }
+void em_gpu_set_overlap(em_gpu *g, bool on) { (void)g, (void)on; }
+bool em_gpu_overlap(const em_gpu *g) {
+    (void)g;
+    return false;
+}
 const em_gpu_info *em_gpu_get_info(const em_gpu *g) {
     (void)g;
     return NULL;
@@ -108,6 +113,10 @@ int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *
     (void)g, (void)w, (void)act, (void)d_y, (void)ldy;
     return NONE(err);
 }
+int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *out, int count, const em_gpu_act *act, em_err *err) {
+    (void)g, (void)out, (void)count, (void)act;
+    return NONE(err);
+}
 uint64_t em_gpu_matmul_heads_scratch_bytes(int wtype, int n_heads, int64_t cols, int n) {
     (void)wtype, (void)n_heads, (void)cols, (void)n;
     return 0;
@@ -171,6 +180,20 @@ int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64
 uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
     (void)n_expert, (void)k, (void)ffn, (void)cols, (void)n;
     return 0;
+}
+int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                        const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch,
+                        float *d_y, int64_t ldy, em_err *err) {
+    (void)g, (void)x, (void)d_x, (void)ldx, (void)n, (void)x_act, (void)d_ids, (void)d_wts, (void)k, (void)d_scratch;
+    (void)d_y, (void)ldy;
+    return NONE(err);
+}
+int em_gpu_add_rmsnorm(em_gpu *g, float *d_x, int64_t ldx, const float *d_y, const float *d_y2, int64_t ldy,
+                       const float *d_w, float eps, int rows, int64_t n, float *d_h, int64_t ldh, void *d_scratch,
+                       em_gpu_act *q, em_err *err) {
+    (void)g, (void)d_x, (void)ldx, (void)d_y, (void)d_y2, (void)ldy, (void)d_w, (void)eps, (void)rows, (void)n;
+    (void)d_h, (void)ldh, (void)d_scratch, (void)q;
+    return NONE(err);
 }
 int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
                const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err) {

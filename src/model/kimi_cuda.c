@@ -230,6 +230,34 @@ static int mm(gk *k, gk_acts *a, const em_mat *w, float *d_y, int64_t ldy, em_er
     return em_gpu_matmul(k->gpu, dw, em_gpu_act_type(dw->type) == EM_TYPE_Q8_0 ? &a->q : &f32, d_y, ldy, err);
 }
 
+/* Several products of one input, one launch per device type among them (em_gpu_matmul_multi:
+ * each output bit-identical to its own em_gpu_matmul). */
+static int mm_many(gk *k, gk_acts *a, const em_mat *const *w, float *const *d_y, const int64_t *ldy, int n,
+                   em_err *err) {
+    em_gpu_mm_out outs[EM_GPU_MULTI_MAX];
+    bool done[EM_GPU_MULTI_MAX] = { false };
+    if (n > EM_GPU_MULTI_MAX) return em_err_set(err, EM_EINVAL, "GPU target: %d products of one input", n);
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        const em_gpu_mat *di = dmat(k, w[i]);
+        if (!di) return em_err_set(err, EM_EINVAL, "GPU target: a matrix of %lld rows was not uploaded", (long long)w[i]->rows);
+        int m = 0;
+        for (int j = i; j < n; j++) {
+            const em_gpu_mat *dj = dmat(k, w[j]);
+            if (done[j] || !dj || dj->type != di->type) continue;
+            outs[m++] = (em_gpu_mm_out){ dj, d_y[j], ldy[j] };
+            done[j] = true;
+        }
+        em_gpu_act f32;
+        int rc = acts_ready(k, a, w[i], err);
+        if (!rc && em_gpu_act_type(di->type) != EM_TYPE_Q8_0)
+            rc = em_gpu_act_prepare(k->gpu, di->type, a->x, a->ldx, a->cols, a->n, NULL, &f32, err);
+        if (!rc) rc = em_gpu_matmul_multi(k->gpu, outs, m, em_gpu_act_type(di->type) == EM_TYPE_Q8_0 ? &a->q : &f32, err);
+        if (rc) return rc;
+    }
+    return EM_OK;
+}
+
 /* Per head h: y[j][h * ys + r] = W[h * head_rows + r] . x[j][h * xs ..] (MLA's absorbed
  * query and value up-projection, all heads in one op). */
 static int mm_heads(gk *k, const em_mat *w, int64_t head_rows, const float *d_x, int64_t ldx, int64_t xs,
@@ -251,30 +279,25 @@ static int glu(gk *k, float *g, const float *u, int64_t count, em_err *err) {
     return em_gpu_swiglu(k->gpu, g, u, count, g, err);
 }
 
-static int kda_layer(gk *k, int l, int n, int mode, em_err *err) {
+/* The layers take their normed input as xa (B.h, with its Q8_0 copy when the norm made one). */
+static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_layer *ly = &k->w.layers[l];
     const kimi_kda_w *w = &ly->kda;
     const int64_t D = hp->d_inner, hd = hp->kda_head_dim;
+    const int n = xa->n;
     gk_bufs *B = &k->B;
-    gk_acts xa = acts_of(B->h, hp->n_embd, hp->n_embd, n);
     const bool full_gate = w->g.rows > 0; /* K3: g2 = ssm_g x, no low-rank pair */
-    /* the projections side by side: q | k, beta | v | the output gate */
+    /* the six products of the normed input in one launch, then the two low-rank ups side by side */
     gk_acts fa = acts_of(B->low_f, hd, hd, n), ga = acts_of(B->low_g, hd, hd, n);
     em_gpu *g = k->gpu;
     const em_mat *from_x[] = { &w->q, &w->k, &w->v, &w->beta, &w->f_a, full_gate ? &w->g : &w->g_a };
-    int rc = EM_OK;
-    for (int i = 0; i < 6 && !rc; i++) rc = acts_ready(k, &xa, from_x[i], err); /* before the branches share it */
-    if (rc || (rc = em_gpu_fork(g, 3, err))) return rc;
-    if (!(rc = mm(k, &xa, &w->q, B->qkv, 3 * D, err)) && !(rc = mm(k, &xa, &w->f_a, B->low_f, hd, err)))
-        rc = mm(k, &fa, &w->f_b, B->f, D, err);
-    if (!rc && !(rc = em_gpu_branch(g, 1, err)) && !(rc = mm(k, &xa, &w->k, B->qkv + D, 3 * D, err)))
-        rc = mm(k, &xa, &w->beta, B->b, hp->kda_heads, err);
-    if (!rc && !(rc = em_gpu_branch(g, 2, err))) rc = mm(k, &xa, &w->v, B->qkv + 2 * D, 3 * D, err);
-    if (!rc && !(rc = em_gpu_branch(g, 3, err))) {
-        if (full_gate) rc = mm(k, &xa, &w->g, B->g2, D, err);
-        else if (!(rc = mm(k, &xa, &w->g_a, B->low_g, hd, err))) rc = mm(k, &ga, &w->g_b, B->g2, D, err);
-    }
+    float *const y_x[] = { B->qkv, B->qkv + D, B->qkv + 2 * D, B->b, B->low_f, full_gate ? B->g2 : B->low_g };
+    const int64_t ld_x[] = { 3 * D, 3 * D, 3 * D, hp->kda_heads, hd, full_gate ? D : hd };
+    int rc = mm_many(k, xa, from_x, y_x, ld_x, 6, err);
+    if (rc || (rc = em_gpu_fork(g, 1, err))) return rc;
+    rc = mm(k, &fa, &w->f_b, B->f, D, err);
+    if (!rc && !full_gate && !(rc = em_gpu_branch(g, 1, err))) rc = mm(k, &ga, &w->g_b, B->g2, D, err);
     int rc2 = em_gpu_join(g, err);
     if (rc || (rc = rc2)) return rc;
     em_gpu_kda_state *st = &k->kst[ly->slot];
@@ -287,7 +310,7 @@ static int kda_layer(gk *k, int l, int n, int mode, em_err *err) {
 }
 
 /* MLA in the absorbed form over the device latent cache (mla.c's steps). */
-static int mla_layer(gk *k, int l, int n, em_err *err) {
+static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_mla_w *w = &k->w.layers[l].mla;
     const gk_layer_dev *dl = &k->ld[l];
@@ -295,21 +318,22 @@ static int mla_layer(gk *k, int l, int n, em_err *err) {
     const int H = hp->mla_heads, R = hp->kv_lora, C = hp->kv_lora + hp->rope, qk = hp->nope + hp->rope;
     const int64_t ldq = (int64_t)H * qk, ldo = (int64_t)H * hp->v_head;
     float *cache = k->cache[k->w.layers[l].slot];
-    gk_acts xa = acts_of(B->h, hp->n_embd, hp->n_embd, n);
+    const int n = xa->n;
     em_gpu *g = k->gpu;
-    int rc = acts_ready(k, &xa, hp->q_lora ? &w->q_a : &w->q, err);
-    if (!rc) rc = acts_ready(k, &xa, &w->kv_a, err);
+    /* the queries (or their LoRA down) and the latents in one launch; then the q LoRA up beside
+     * the new cache rows */
+    const em_mat *from_x[] = { hp->q_lora ? &w->q_a : &w->q, &w->kv_a };
+    float *const y_x[] = { hp->q_lora ? B->q_lora : B->q, B->kv };
+    const int64_t ld_x[] = { hp->q_lora ? hp->q_lora : ldq, C };
+    int rc = mm_many(k, xa, from_x, y_x, ld_x, 2, err);
     if (rc || (rc = em_gpu_fork(g, 1, err))) return rc;
-    if (hp->q_lora == 0) { /* the queries here, the new cache rows on the branch */
-        rc = mm(k, &xa, &w->q, B->q, ldq, err);
-    } else {
+    if (hp->q_lora) {
         gk_acts la = acts_of(B->q_lora, hp->q_lora, hp->q_lora, n);
-        if (!(rc = mm(k, &xa, &w->q_a, B->q_lora, hp->q_lora, err)) &&
-            !(rc = em_gpu_rmsnorm_rows(g, B->q_lora, hp->q_lora, dl->q_a_norm, KIMI_MLA_NORM_EPS, n, hp->q_lora,
+        if (!(rc = em_gpu_rmsnorm_rows(g, B->q_lora, hp->q_lora, dl->q_a_norm, KIMI_MLA_NORM_EPS, n, hp->q_lora,
                                        B->q_lora, hp->q_lora, err)))
             rc = mm(k, &la, &w->q_b, B->q, ldq, err);
     }
-    if (!rc && !(rc = em_gpu_branch(g, 1, err)) && !(rc = mm(k, &xa, &w->kv_a, B->kv, C, err)))
+    if (!rc && !(rc = em_gpu_branch(g, 1, err)))
         rc = em_gpu_mla_append(g, &k->md, cache, B->pos, n, B->kv, C, dl->kv_a_norm, KIMI_MLA_NORM_EPS, err);
     int rc2 = em_gpu_join(g, err);
     if (rc || (rc = rc2)) return rc;
@@ -322,7 +346,7 @@ static int mla_layer(gk *k, int l, int n, em_err *err) {
         (rc = mm_heads(k, &w->v_b, hp->v_head, B->ctx, (int64_t)H * R, R, R, n, B->mo, ldo, hp->v_head, err)))
         return rc;
     if (w->gate.rows > 0 && /* K3 output gate */
-        ((rc = mm(k, &xa, &w->gate, B->mgate, ldo, err)) ||
+        ((rc = mm(k, xa, &w->gate, B->mgate, ldo, err)) ||
          (rc = em_gpu_sigmoid_mul(k->gpu, B->mo, B->mgate, (int64_t)n * ldo, err))))
         return rc;
     gk_acts oa = acts_of(B->mo, ldo, ldo, n);
@@ -333,14 +357,16 @@ static int mla_layer(gk *k, int l, int n, em_err *err) {
 static int mlp(gk *k, gk_acts *a, const em_mat *gate, const em_mat *up, const em_mat *down, float *g, float *u,
                float *d_y, int64_t ldy, em_err *err) {
     const int64_t F = gate->rows;
+    const em_mat *w[] = { gate, up };
+    float *const y[] = { g, u };
+    const int64_t ld[] = { F, F };
     int rc;
-    if ((rc = mm(k, a, gate, g, F, err)) || (rc = mm(k, a, up, u, F, err)) || (rc = glu(k, g, u, (int64_t)a->n * F, err)))
-        return rc;
+    if ((rc = mm_many(k, a, w, y, ld, 2, err)) || (rc = glu(k, g, u, (int64_t)a->n * F, err))) return rc;
     gk_acts ga = acts_of(g, F, F, a->n);
     return mm(k, &ga, down, d_y, ldy, err);
 }
 
-static int moe_layer(gk *k, int l, int moe_index, int n, em_err *err) {
+static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_ffn_w *w = &k->w.layers[l].ffn;
     const gk_layer_dev *dl = &k->ld[l];
@@ -348,11 +374,11 @@ static int moe_layer(gk *k, int l, int moe_index, int n, em_err *err) {
     const int X = hp->n_expert, K = hp->n_expert_used;
     const int64_t E = hp->n_embd;
     int32_t *ids = B->ids + (int64_t)moe_index * GK_ROWS * K;
-    gk_acts xa = acts_of(B->h, E, E, n);
+    const int n = xa->n;
     const em_gpu_router r = { .n_expert = X, .k = K, .n_group = hp->n_group, .n_group_used = hp->n_group_used,
                               .norm = hp->expert_norm, .scale = hp->expert_scale };
     int rc;
-    if ((rc = mm(k, &xa, &w->router, B->logits_r, X, err)) ||
+    if ((rc = mm(k, xa, &w->router, B->logits_r, X, err)) ||
         (rc = em_gpu_route(k->gpu, &r, B->logits_r, X, dl->router_bias, n, ids, B->wts, err)))
         return rc;
     const em_gpu_experts xs = {
@@ -362,11 +388,11 @@ static int moe_layer(gk *k, int l, int moe_index, int n, em_err *err) {
     };
     const bool shared = w->gate_sh.rows > 0;
     if (shared) { /* the shared expert on a branch beside the routed ones */
-        if ((rc = acts_ready(k, &xa, &w->gate_sh, err)) || (rc = acts_ready(k, &xa, &w->up_sh, err)) ||
-            (rc = acts_ready(k, &xa, &w->routed_down, err)) || (rc = em_gpu_fork(k->gpu, 1, err)) ||
+        if ((rc = acts_ready(k, xa, &w->gate_sh, err)) || (rc = acts_ready(k, xa, &w->up_sh, err)) ||
+            (rc = acts_ready(k, xa, &w->routed_down, err)) || (rc = em_gpu_fork(k->gpu, 1, err)) ||
             (rc = em_gpu_branch(k->gpu, 1, err)))
             return rc;
-        rc = mlp(k, &xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, B->ys, E, err);
+        rc = mlp(k, xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, B->ys, E, err);
         int rc2 = em_gpu_branch(k->gpu, 0, err);
         if (rc || (rc = rc2)) {
             em_gpu_join(k->gpu, err);
@@ -374,11 +400,12 @@ static int moe_layer(gk *k, int l, int moe_index, int n, em_err *err) {
         }
     }
     if (w->routed_down.rows == 0) {
-        rc = em_gpu_moe(k->gpu, &xs, B->h, E, n, ids, B->wts, K, B->moe, B->y, E, err);
+        rc = em_gpu_moe_prepared(k->gpu, &xs, B->h, E, n, xa->have_q ? &xa->q : NULL, ids, B->wts, K, B->moe, B->y, E,
+                                 err);
     } else { /* K3 latent MoE: experts at the latent width, normed, mapped back */
         const int64_t L = w->routed_down.rows;
         gk_acts sa = acts_of(B->ls, L, L, n);
-        if (!(rc = mm(k, &xa, &w->routed_down, B->lx, L, err)) &&
+        if (!(rc = mm(k, xa, &w->routed_down, B->lx, L, err)) &&
             !(rc = em_gpu_moe(k->gpu, &xs, B->lx, L, n, ids, B->wts, K, B->moe, B->ls, L, err)) &&
             (!dl->routed_norm ||
              !(rc = em_gpu_rmsnorm_rows(k->gpu, B->ls, L, dl->routed_norm, hp->rms_eps, n, L, B->ls, L, err))))
@@ -386,8 +413,7 @@ static int moe_layer(gk *k, int l, int moe_index, int n, em_err *err) {
     }
     int rc2 = shared ? em_gpu_join(k->gpu, err) : EM_OK;
     if (rc) return em_err_prefix(err, "routed experts");
-    if (rc2 || !shared) return rc2;
-    return em_gpu_add(k->gpu, B->y, B->ys, (int64_t)n * E, B->y, err);
+    return rc2; /* the shared expert's rows (B.ys) join the routed ones in the residual step */
 }
 
 /* ---- the pass ----------------------------------------------------------------------------- */
@@ -404,6 +430,49 @@ static const float *res_input(gk *k, int n_bank, const float *x, const float *w,
     return k->B.mix;
 }
 
+/* The residual step still to make: x += y (+ y2). A layer's output waits here so that the
+ * next norm adds it in its own launch (em_gpu_add_rmsnorm); whatever reads x first makes it
+ * (flush). */
+typedef struct gk_residual {
+    const float *y, *y2;
+} gk_residual;
+
+static int flush(gk *k, gk_residual *r, int n, em_err *err) {
+    const int64_t c = (int64_t)n * k->hp.n_embd;
+    int rc = EM_OK;
+    if (r->y && r->y2) rc = em_gpu_add(k->gpu, r->y, r->y2, c, (float *)r->y, err);
+    if (!rc && r->y) rc = em_gpu_add(k->gpu, k->B.x, r->y, c, k->B.x, err);
+    r->y = r->y2 = NULL;
+    return rc;
+}
+
+/* The normed input of a layer half (or of the LM head) for pass rows r0 .. r0 + n - 1 into
+ * out, and its Q8_0 copy, as xa: the residual step and the norm in one launch, or (K3 AttnRes
+ * with banks) the step, the mix over the banks and x, then the norm. */
+static int norm_input(gk *k, gk_residual *r, int n_bank, const float *res_w, const float *norm_w, int r0, int n,
+                      float *out, gk_acts *xa, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const int64_t E = hp->n_embd;
+    gk_bufs *B = &k->B;
+    B->act_used = 0;
+    *xa = acts_of(out, E, E, n);
+    void *q = NULL;
+    int rc = E % 32 == 0 ? bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, E, n), &q, err) : EM_OK;
+    if (rc) return rc;
+    em_gpu_act *qa = q ? &xa->q : NULL;
+    if (hp->res_block > 0 && n_bank > 0 && res_w) {
+        const float *in = NULL;
+        if (!(rc = flush(k, r, n, err))) in = res_input(k, n_bank, B->x, res_w, r0, n, err, &rc);
+        if (!rc) rc = em_gpu_add_rmsnorm(k->gpu, (float *)in, E, NULL, NULL, 0, norm_w, hp->rms_eps, n, E, out, E, q, qa, err);
+    } else {
+        rc = em_gpu_add_rmsnorm(k->gpu, B->x + (int64_t)r0 * E, E, r->y, r->y2, E, norm_w, hp->rms_eps, n, E, out, E, q, qa,
+                                err);
+        r->y = r->y2 = NULL;
+    }
+    xa->have_q = !rc && q;
+    return rc;
+}
+
 /* Every layer over the n rows of B.tok at position *B.pos, leaving the residual rows in B.x
  * (and the features in B.feat). GK_LOGGED: KDA transitions into the logs; GK_COMMIT: folded
  * into the states too. Asynchronous; capturable. */
@@ -411,54 +480,51 @@ static int body(gk *k, int n, int mode, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const int64_t E = hp->n_embd;
     gk_bufs *B = &k->B;
+    gk_residual res = { 0 };
+    gk_acts xa;
     int rc = em_gpu_embed(k->gpu, dmat(k, &k->w.tok_embd), B->tok, n, B->x, E, err);
     int n_bank = 0, moe_index = 0;
     for (int l = 0; !rc && l < hp->n_layer; l++) {
         const kimi_layer *ly = &k->w.layers[l];
         const gk_layer_dev *dl = &k->ld[l];
-        B->act_used = 0;
-        const float *in = res_input(k, n_bank, B->x, dl->attn_res, 0, n, err, &rc);
-        if (rc || (rc = em_gpu_rmsnorm_rows(k->gpu, in, E, dl->attn_norm, hp->rms_eps, n, E, B->h, E, err))) break;
         const bool restart = hp->res_block > 0 && l % hp->res_block == 0; /* kimi_res_push */
+        if (restart && (rc = flush(k, &res, n, err))) break;
+        if ((rc = norm_input(k, &res, n_bank, dl->attn_res, dl->attn_norm, 0, n, B->h, &xa, err))) break;
         if (restart && (rc = em_gpu_copy(k->gpu, B->bank + (int64_t)n_bank++ * GK_ROWS * E, B->x,
                                          (uint64_t)n * E * sizeof(float), err)))
             break;
-        rc = ly->kind == KIMI_KDA ? kda_layer(k, l, n, mode, err) : mla_layer(k, l, n, err);
+        rc = ly->kind == KIMI_KDA ? kda_layer(k, l, &xa, mode, err) : mla_layer(k, l, &xa, err);
         if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->kind == KIMI_KDA ? "KDA" : "MLA");
-        rc = restart ? em_gpu_copy(k->gpu, B->x, B->y, (uint64_t)n * E * sizeof(float), err)
-                     : em_gpu_add(k->gpu, B->x, B->y, (int64_t)n * E, B->x, err);
-        B->act_used = 0;
-        in = res_input(k, n_bank, B->x, dl->ffn_res, 0, n, err, &rc);
-        if (rc || (rc = em_gpu_rmsnorm_rows(k->gpu, in, E, dl->ffn_norm, hp->rms_eps, n, E, B->h, E, err))) break;
+        if (restart) rc = em_gpu_copy(k->gpu, B->x, B->y, (uint64_t)n * E * sizeof(float), err);
+        else res.y = B->y;
+        if (rc || (rc = norm_input(k, &res, n_bank, dl->ffn_res, dl->ffn_norm, 0, n, B->h, &xa, err))) break;
         if (ly->ffn.moe) {
-            rc = moe_layer(k, l, moe_index++, n, err);
+            rc = moe_layer(k, l, moe_index++, &xa, err);
+            res.y = B->y, res.y2 = ly->ffn.gate_sh.rows > 0 ? B->ys : NULL;
         } else {
-            gk_acts xa = acts_of(B->h, E, E, n);
             rc = mlp(k, &xa, &ly->ffn.gate, &ly->ffn.up, &ly->ffn.down, B->dg, B->du, B->y, E, err);
+            res.y = B->y;
         }
         if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->ffn.moe ? "MoE" : "MLP");
-        rc = em_gpu_add(k->gpu, B->x, B->y, (int64_t)n * E, B->x, err);
         for (int f = 0; !rc && f < k->n_feature_layers; f++)
-            if (k->feature_layer[f] == l)
+            if (k->feature_layer[f] == l && !(rc = flush(k, &res, n, err)))
                 rc = em_gpu_copy_2d(k->gpu, B->feat + (int64_t)f * E, (uint64_t)k->base.info.n_feat * sizeof(float),
                                     B->x, (uint64_t)E * sizeof(float), (uint64_t)E * sizeof(float), (uint64_t)n, err);
     }
-    return rc;
+    return rc ? rc : flush(k, &res, n, err);
 }
 
 /* Final norm, LM head and argmax of pass rows r0 .. r0 + n - 1 into B.logits / B.argmax
  * (rows 0 .. n - 1 there). Asynchronous; capturable. */
 static int head(gk *k, int r0, int n, em_err *err) {
     const kimi_hparams *hp = &k->hp;
-    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    const int64_t V = hp->n_vocab;
     gk_bufs *B = &k->B;
-    const int n_bank = hp->res_block > 0 ? k->max_banks : 0;
-    int rc;
-    B->act_used = 0;
-    const float *in = res_input(k, n_bank, B->x, k->output_res, r0, n, err, &rc);
-    if (rc || (rc = em_gpu_rmsnorm_rows(k->gpu, in, E, k->output_norm, hp->rms_eps, n, E, B->hh, E, err))) return rc;
-    gk_acts ha = acts_of(B->hh, E, E, n);
-    if ((rc = mm(k, &ha, &k->w.output, B->logits, V, err))) return rc;
+    gk_residual none = { 0 };
+    gk_acts ha;
+    int rc = norm_input(k, &none, hp->res_block > 0 ? k->max_banks : 0, k->output_res, k->output_norm, r0, n, B->hh, &ha,
+                        err);
+    if (rc || (rc = mm(k, &ha, &k->w.output, B->logits, V, err))) return rc;
     return em_gpu_argmax_rows(k->gpu, B->logits, V, n, V, B->argmax, err);
 }
 

@@ -72,6 +72,23 @@ if [ -n "${EMBER_GPU_BENCH48:-}" ] && [ -x "$dir/bin/bench_target" ] && [ -f "$d
   [ -f /dev/shm/k48.gguf ] || step synth48 python3 "$dir/kimi_synth_gguf.py" /dev/shm/k48.gguf
   step bench48 "$dir/bin/bench_target" -m /dev/shm/k48.gguf --device cuda:0 -p "${EMBER_GPU_BENCH_PROMPT:-4096}" \
     -n 128 --reps "${EMBER_GPU_BENCH_REPS:-3}"
+  # the same without launch overlap (EMBER_GPU_PDL=0): what programmatic dependent launch gives
+  [ -n "${EMBER_GPU_BENCH_NOPDL:-}" ] && step bench48_nopdl env EMBER_GPU_PDL=0 "$dir/bin/bench_target" \
+    -m /dev/shm/k48.gguf --device cuda:0 -p 1024 -n 128 --reps "${EMBER_GPU_BENCH_REPS:-3}"
+fi
+# where a decode pass's time goes, kernel by kernel (EMBER_GPU_PROFILE48=1, after the benchmark
+# wrote the model): Nsight Compute's duration of each kernel alone, summed per kernel, over a
+# 64-token prompt and 8 greedy steps; the summary table is the log's end
+if [ -n "${EMBER_GPU_PROFILE48:-}" ] && command -v ncu >/dev/null 2>&1 && [ -f /dev/shm/k48.gguf ]; then
+  step profile48 timeout "${EMBER_GPU_PROFILE_SECONDS:-240}" ncu --clock-control none --metrics gpu__time_duration.sum \
+    --print-summary per-kernel -k 'regex:^k_(mm|moe|kda|rms|route|quant|mla|add|argmax|embed|swiglu|situ|sigmoid|res|rope)' \
+    "$dir/bin/bench_target" -m /dev/shm/k48.gguf --device cuda:0 -p 1 -n 8 --reps 1 --ctx-prompt 64 --max-width 1
+fi
+# the same on K3's shape scaled to fit (tests/compat/synth_k3.c variant k: AttnRes, latent MoE of
+# 256 experts top-16, Q8_0 experts; EMBER_GPU_BENCHK3=1)
+if [ -n "${EMBER_GPU_BENCHK3:-}" ] && [ -x "$dir/bin/bench_target" ] && [ -x "$dir/bin/compat_synth_k3" ]; then
+  step synthk3 "$dir/bin/compat_synth_k3" /dev/shm/k3k.gguf --variant k
+  step benchk3 "$dir/bin/bench_target" -m /dev/shm/k3k.gguf --device cuda:0 -p 1024 -n 128 --reps 3 --ctx-prompt 256
 fi
 if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}" ]; then
   # memcheck over every check (no benchmarks), bounded: exit 124 means it ran out of time. API
@@ -88,7 +105,7 @@ fi
 echo
 grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
 grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" "$out/test_gpu_target.log" 2>/dev/null
-[ -f "$out/bench48.log" ] && cat "$out/bench48.log"
+for b in bench48 bench48_nopdl benchk3; do [ -f "$out/$b.log" ] && cat "$out/$b.log"; done
 echo "== device run summary =="
 fail=0
 for i in "${!names[@]}"; do

@@ -1013,6 +1013,106 @@ static void bench_heads(int type, int64_t hr, int64_t cols, int64_t xhs, int64_t
     free(x);
 }
 
+/* ---- fused launches: several products, residual + norm + Q8_0, launch overlap ------------ */
+
+/* em_gpu_matmul_multi: products of one input in one launch, each output memcmp-equal to its own
+ * em_gpu_matmul (the shapes of a KDA layer's projections). */
+static void test_matmul_multi(int type) {
+    char name[64];
+    snprintf(name, sizeof name, "matmul multi %s (4 products)", em_type_name(type));
+    const int64_t cols = HIDDEN, rows[4] = { KDA_HEADS * KDA_DIM, KDA_HEADS, 128, 1001 };
+    em_gpu_mat gm[4];
+    void *hw[4];
+    float *dy[4], *d1[4];
+    for (int i = 0; i < 4; i++) {
+        hw[i] = make_weights(type, rows[i], cols, 0.05f);
+        TRY(name, em_gpu_mat_upload(G, type, rows[i], cols, hw[i], name, &gm[i], &E));
+        dy[i] = dalloc((uint64_t)R * rows[i] * 4), d1[i] = dalloc((uint64_t)R * rows[i] * 4);
+    }
+    float *x = xmalloc((size_t)R * cols * 4);
+    fill(x, (int64_t)R * cols, 1.0f);
+    float *dx = dalloc((uint64_t)R * cols * 4);
+    up(dx, x, (uint64_t)R * cols * 4);
+    const uint64_t sb = em_gpu_act_bytes(type, cols, R);
+    void *ds = sb ? dalloc(sb) : NULL;
+    int differ = 0;
+    for (int n = 1; n <= R; n += 5) {
+        em_gpu_act act;
+        TRY(name, em_gpu_act_prepare(G, type, dx, cols, cols, n, ds, &act, &E));
+        em_gpu_mm_out outs[4];
+        for (int i = 0; i < 4; i++) {
+            poison(dy[i], (uint64_t)R * rows[i] * 4), poison(d1[i], (uint64_t)R * rows[i] * 4);
+            outs[i] = (em_gpu_mm_out){ &gm[i], dy[i], rows[i] };
+            TRY(name, em_gpu_matmul(G, &gm[i], &act, d1[i], rows[i], &E));
+        }
+        TRY(name, em_gpu_matmul_multi(G, outs, 4, &act, &E));
+        for (int i = 0; i < 4; i++) {
+            const uint64_t b = (uint64_t)R * rows[i] * 4;
+            float *a = xmalloc(b), *c = xmalloc(b);
+            TRY(name, down(a, dy[i], b));
+            TRY(name, down(c, d1[i], b));
+            differ += memcmp(a, c, b) != 0;
+            free(a), free(c);
+        }
+    }
+    record(name, differ == 0, "every output memcmp-equal to its own em_gpu_matmul (n = 1, 6, 11, 16): %s",
+           differ ? "NO" : "yes");
+    em_gpu_mm_out bad[2] = { { &gm[0], dy[0], rows[0] }, { &gm[1], dy[1], rows[1] - 1 } };
+    em_gpu_act act;
+    TRY(name, em_gpu_act_prepare(G, type, dx, cols, cols, 1, ds, &act, &E));
+    const int rc = em_gpu_matmul_multi(G, bad, 2, &act, &E);
+    record("matmul multi: short ldy refused", rc == EM_EINVAL && strstr(E.msg, "ldy"), "%s", E.msg);
+    for (int i = 0; i < 4; i++) em_gpu_mat_free(G, &gm[i]), em_gpu_free(G, dy[i]), em_gpu_free(G, d1[i]), free(hw[i]);
+    em_gpu_free(G, dx), em_gpu_free(G, ds);
+    free(x);
+}
+
+/* em_gpu_add_rmsnorm against the launches it replaces (two adds, the norm, the Q8_0
+ * quantization), memcmp; and against the CPU twins. */
+static void test_add_rmsnorm(void) {
+    const char *name = "add_rmsnorm 16x2304 (+ y + y2, Q8_0)";
+    const int64_t n = HIDDEN, c = (int64_t)R * n;
+    float *x = xmalloc((size_t)c * 4), *y = xmalloc((size_t)c * 4), *y2 = xmalloc((size_t)c * 4), *w = xmalloc((size_t)n * 4);
+    fill(x, c, 3.0f), fill(y, c, 1.0f), fill(y2, c, 1.0f), fill(w, n, 1.0f);
+    float *dx = dalloc((uint64_t)c * 4), *dx2 = dalloc((uint64_t)c * 4), *dy = dalloc((uint64_t)c * 4),
+          *dy2 = dalloc((uint64_t)c * 4), *dt = dalloc((uint64_t)c * 4), *dw = dalloc((uint64_t)n * 4),
+          *dh = dalloc((uint64_t)c * 4), *dh2 = dalloc((uint64_t)c * 4);
+    const uint64_t qb = em_gpu_act_bytes(EM_TYPE_Q8_0, n, R);
+    void *dq = dalloc(qb), *dq2 = dalloc(qb);
+    up(dx, x, (uint64_t)c * 4), up(dx2, x, (uint64_t)c * 4), up(dy, y, (uint64_t)c * 4), up(dy2, y2, (uint64_t)c * 4);
+    up(dw, w, (uint64_t)n * 4);
+    poison(dh, (uint64_t)c * 4), poison(dq, qb), poison(dq2, qb);
+    em_gpu_act q, q2;
+    TRY(name, em_gpu_add_rmsnorm(G, dx, n, dy, dy2, n, dw, 1e-5f, R, n, dh, n, dq, &q, &E));
+    TRY(name, em_gpu_add(G, dy, dy2, c, dt, &E));
+    TRY(name, em_gpu_add(G, dx2, dt, c, dx2, &E));
+    TRY(name, em_gpu_rmsnorm_rows(G, dx2, n, dw, 1e-5f, R, n, dh2, n, &E));
+    TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dh2, n, n, R, dq2, &q2, &E));
+    float *a = xmalloc((size_t)c * 4), *b = xmalloc((size_t)c * 4);
+    uint8_t *qa = xmalloc(qb), *qc = xmalloc(qb);
+    TRY(name, down(a, dx, (uint64_t)c * 4));
+    TRY(name, down(b, dx2, (uint64_t)c * 4));
+    int same = !memcmp(a, b, (size_t)c * 4);
+    TRY(name, down(a, dh, (uint64_t)c * 4));
+    TRY(name, down(b, dh2, (uint64_t)c * 4));
+    same &= !memcmp(a, b, (size_t)c * 4);
+    TRY(name, down(qa, dq, qb));
+    TRY(name, down(qc, dq2, qb));
+    same &= !memcmp(qa, qc, qb) && q.qs == (const int8_t *)dq && q.n == R && q.cols == n &&
+            (const uint8_t *)q.d - (const uint8_t *)q.qs == (const uint8_t *)q2.d - (const uint8_t *)q2.qs;
+    record(name, same, "x, h and the Q8_0 bytes memcmp-equal to add + add + rmsnorm + act_prepare: %s", same ? "yes" : "NO");
+    /* the CPU twins: x + (y + y2), em_rmsnorm_rows */
+    float *ref = xmalloc((size_t)c * 4), *xs = xmalloc((size_t)c * 4);
+    for (int64_t i = 0; i < c; i++) xs[i] = x[i] + (y[i] + y2[i]);
+    em_rmsnorm_rows(xs, n, w, 1e-5f, R, n, ref, n);
+    record_cmp("add_rmsnorm vs cpu", compare(a, ref, c), 1e-6, 1e-6);
+    const int rc = em_gpu_add_rmsnorm(G, dx, n, dy, NULL, n, dw, 1e-5f, R, 33, dh, n, dq, &q, &E);
+    record("add_rmsnorm: Q8_0 of 33 columns refused", rc == EM_EINVAL && strstr(E.msg, "multiple of 32"), "%s", E.msg);
+    em_gpu_free(G, dx), em_gpu_free(G, dx2), em_gpu_free(G, dy), em_gpu_free(G, dy2), em_gpu_free(G, dt);
+    em_gpu_free(G, dw), em_gpu_free(G, dh), em_gpu_free(G, dh2), em_gpu_free(G, dq), em_gpu_free(G, dq2);
+    free(x), free(y), free(y2), free(w), free(a), free(b), free(qa), free(qc), free(ref), free(xs);
+}
+
 /* ---- routed experts ---------------------------------------------------------------------- */
 
 /* One MoE layer's routed experts: types of gate/up/down, shape, activation. */
@@ -1237,6 +1337,25 @@ static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     snprintf(nm, sizeof nm, "%s width", name);
     record(nm, differ == 0 && unw == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten %lld", differ ? "NO" : "yes",
            (long long)unw);
+    /* inputs the caller made Q8_0 (em_gpu_moe_prepared), and launches without overlap: the same bits */
+    if (em_gpu_act_type(c->tg) == EM_TYPE_Q8_0 || em_gpu_act_type(c->tu) == EM_TYPE_Q8_0) {
+        void *dq = dalloc(em_gpu_act_bytes(EM_TYPE_Q8_0, H, R));
+        em_gpu_act xa;
+        poison(dy, (uint64_t)R * H * 4);
+        TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dx, H, H, R, dq, &xa, &E));
+        TRY(name, em_gpu_moe_prepared(G, &f->ex, dx, H, R, &xa, di, dw, K, ds, dy, H, &E));
+        TRY(name, down(got, dy, (uint64_t)R * H * 4));
+        snprintf(nm, sizeof nm, "%s prepared inputs", name);
+        record(nm, memcmp(got, one, (size_t)R * H * 4) == 0, "em_gpu_moe_prepared == em_gpu_moe (16 rows)");
+        em_gpu_free(G, dq);
+    }
+    em_gpu_set_overlap(G, false);
+    poison(dy, (uint64_t)R * H * 4);
+    TRY(name, em_gpu_moe(G, &f->ex, dx, H, R, di, dw, K, ds, dy, H, &E));
+    em_gpu_set_overlap(G, true);
+    TRY(name, down(got, dy, (uint64_t)R * H * 4));
+    snprintf(nm, sizeof nm, "%s no overlap", name);
+    record(nm, memcmp(got, one, (size_t)R * H * 4) == 0, "launches without overlap (EMBER_GPU_PDL=0) give the same bits");
     /* graph: the whole layer captured once for 16 rows, replayed equal */
     em_gpu_graph *gr = NULL;
     poison(dy, (uint64_t)R * H * 4);
@@ -1335,6 +1454,8 @@ static int test_moe_all(moe_fix *keep) {
         { "moe 32x(512x512) bf16/q8_0/mxfp4", EM_TYPE_BF16, EM_TYPE_Q8_0, EM_TYPE_MXFP4, 32, 512, 512, 4, 0, 0, 0 },
         { "moe 32x(512x1024) top-6 situ q8_0", EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_Q8_0, 32, 512, 1024, 6, EM_GPU_ACT_SITU, 2.0f, 6.0f },
         { "moe 32x(256x512) situ f32/mxfp4/q6_K", EM_TYPE_F32, EM_TYPE_MXFP4, EM_TYPE_Q6_K, 32, 256, 512, 8, EM_GPU_ACT_SITU, 1.5f, 0.0f },
+        /* hidden rows made inside down up to 8 rows, by launches of their own past that */
+        { "moe 16x(3072x256) top-4 q8_0", EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_Q8_0, 16, 3072, 256, 4, 0, 0, 0 },
     };
     int kept = 0;
     for (size_t i = 0; i < sizeof kimi / sizeof kimi[0]; i++) {
@@ -1347,7 +1468,10 @@ static int test_moe_all(moe_fix *keep) {
         }
         const int kq = c->tg == EM_TYPE_Q4_K || c->tg == EM_TYPE_Q6_K || c->tu == EM_TYPE_Q4_K || c->tu == EM_TYPE_Q6_K ||
                        c->td == EM_TYPE_Q4_K || c->td == EM_TYPE_Q6_K;
-        test_moe(&f, kq ? 3e-2 : 1e-4, kq ? 5e-2 : 1e-3);
+        /* Q8_0 hidden rows: a value whose CUDA expf and libm expf differ by an ulp can round to
+         * the other quant, each such flip worth a quant step of one expert's output (run 9:
+         * rel L2 up to 1.3e-4 on Q8_0 down weights) */
+        test_moe(&f, kq ? 3e-2 : 3e-4, kq ? 5e-2 : 1e-3);
         if (i == sizeof kimi / sizeof kimi[0] - 1) test_moe_errors(&f);
         if (c->n_expert == N_EXPERT)
             printf("info %s: layer n=1 %.1f us, n=16 %.1f us (uniform routes, median of 11)\n", c->name, moe_time(&f, 1),
@@ -1414,6 +1538,10 @@ static void test_all_but_moe(void) {
     test_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN); /* the LM head */
     test_matmul(EM_TYPE_Q8_0, 1001, 512);     /* rows not a multiple of a warp's 4 outputs */
     test_matmul(EM_TYPE_BF16, 1003, 512);
+    test_matmul_multi(EM_TYPE_Q8_0);
+    test_matmul_multi(EM_TYPE_F32);
+    test_matmul_multi(EM_TYPE_Q4_K);
+    test_add_rmsnorm();
     test_rmsnorm("rmsnorm 16x2304", R, HIDDEN);
     test_rmsnorm("rmsnorm 16x32 heads of 128", R * KDA_HEADS, KDA_DIM);
     test_rmsnorm("rmsnorm 16x512 (kv_lora)", R, 512);

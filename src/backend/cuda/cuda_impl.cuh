@@ -24,6 +24,7 @@ struct em_gpu {
     cudaEvent_t fork_ev, join_ev[EMC_BRANCHES];
     int n_branches;       /* side streams forked and not yet joined */
     cudaEvent_t ev[2];
+    bool pdl;             /* launches may overlap the kernel before them (emc_launch) */
     em_gpu_info info;
 };
 
@@ -50,6 +51,48 @@ int emc_launched(em_err *err, const char *kernel);
     do {                                                                   \
         if (!(cond)) return em_err_set(err, EM_EINVAL, __VA_ARGS__);        \
     } while (0)
+
+/* ---- programmatic dependent launch (docs/cuda.md, "Launch overlap") ----------------------
+ * With g->pdl, emc_launch lets a kernel start while the kernel before it in the stream (or the
+ * graph) is still running. So every kernel of the backend keeps one rule: it reads nothing an
+ * earlier kernel wrote, and writes nothing, before emc_wait_prior() (which returns once the
+ * kernels before it have finished and their writes are visible; a no-op in a launch without
+ * overlap). Before that it may only read weights (constant while passes run), which the
+ * products prefetch into L2. emc_let_next_start() lets the next kernel's blocks be scheduled
+ * (they wait in turn); the kernels call it first thing. */
+__device__ __forceinline__ void emc_wait_prior() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void emc_let_next_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+/* Both, for kernels that prefetch nothing. */
+__device__ __forceinline__ void emc_kernel_begin() {
+    emc_let_next_start();
+    emc_wait_prior();
+}
+
+/* kernel<<<grid, block, smem, g->stream>>>(args...), with launch overlap when g->pdl. */
+template <typename... P, typename... A>
+static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = g->pdl ? 1 : 0;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = g->stream;
+    c.attrs = at;
+    c.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&c, kernel, args...); /* its error is the last error: emc_launched reads it */
+}
+
+/* The MLP activations, each the arithmetic of its CPU twin (ops.cu's kernels and the fused
+ * expert kernels share them): compute/'s em_siluf(g) * u, and em_situ with the reciprocals
+ * inv = 1 / beta, lin_inv = 1 / lin_beta rounded to fp32 first as there. */
+__device__ __forceinline__ float emc_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float emc_situ(float g, float v, float beta, float inv, float lin_beta, float lin_inv) {
+    const float a = beta * tanhf(g * inv) * (1.0f / (1.0f + expf(-g)));
+    const float u = lin_beta > 0.0f ? lin_beta * tanhf(v * lin_inv) : v;
+    return a * u;
+}
 
 static inline unsigned emc_blocks(int64_t work, int per_block) {
     return (unsigned)((work + per_block - 1) / per_block);

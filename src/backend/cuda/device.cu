@@ -72,6 +72,8 @@ extern "C" int em_gpu_open(int index, em_gpu **out, em_err *err) {
     em_gpu *g = (em_gpu *)calloc(1, sizeof *g);
     if (!g) return em_err_set(err, EM_ENOMEM, "GPU context");
     g->index = index;
+    const char *pdl = getenv("EMBER_GPU_PDL");
+    g->pdl = !(pdl && !strcmp(pdl, "0"));
     g->info.index = index;
     snprintf(g->info.name, sizeof g->info.name, "%s", p.name);
     g->info.cc_major = p.major;
@@ -113,6 +115,11 @@ extern "C" void em_gpu_close(em_gpu *g) {
     if (g->main) cudaStreamDestroy(g->main);
     free(g);
 }
+
+extern "C" void em_gpu_set_overlap(em_gpu *g, bool on) {
+    if (g) g->pdl = on;
+}
+extern "C" bool em_gpu_overlap(const em_gpu *g) { return g && g->pdl; }
 
 extern "C" const em_gpu_info *em_gpu_get_info(const em_gpu *g) { return g ? &g->info : NULL; }
 

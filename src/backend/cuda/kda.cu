@@ -39,6 +39,7 @@ template <int D> __device__ __forceinline__ float kda_block_sum(float v, float *
 template <int D>
 __global__ void k_kda_prep(em_gpu_kda_dims d, em_gpu_kda_params p, const float *win, const float *qkv, const float *f,
                            const float *b, em_gpu_kda_log lg) {
+    emc_kernel_begin();
     __shared__ float red[D / 32];
     const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
     const int64_t di = (int64_t)d.n_head * D, ch = (int64_t)h * D + c;
@@ -110,6 +111,7 @@ __device__ __forceinline__ void kda_rows(float (&s)[D], const em_gpu_kda_log &lg
  * (write_back false) leaves S as it is; the commit replays in place. */
 template <int D> __global__ void __launch_bounds__(32) k_kda_recur(float *S, em_gpu_kda_log lg, int n_head, int L, bool out,
                                                                     bool write_back) {
+    emc_kernel_begin();
     const int h = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
     float *Sh = S + (int64_t)h * D * D;
     float s[D];
@@ -125,6 +127,7 @@ template <int D> __global__ void __launch_bounds__(32) k_kda_recur(float *S, em_
 /* Block (row t, head h): out = o_norm * (o * rs) / (1 + exp(-g2)), rs = 1/sqrt(mean(o^2) + eps). */
 template <int D> __global__ void k_kda_finish(em_gpu_kda_dims d, const float *o_norm, em_gpu_kda_log lg, const float *g2,
                                               float *out) {
+    emc_kernel_begin();
     __shared__ float red[D / 32];
     const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
     const int64_t at = (int64_t)t * d.n_head * D + (int64_t)h * D + c;
@@ -136,6 +139,7 @@ template <int D> __global__ void k_kda_finish(em_gpu_kda_dims d, const float *o_
 
 /* One thread per (m, channel), slots ascending: a slot's source is a later slot or a row. */
 __global__ void k_kda_window(float *win, const float *pre, int64_t di, int W, int k) {
+    emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= 3 * di) return;
     const int64_t m = i / di, ch = i % di;
@@ -210,9 +214,9 @@ static void kda_launch_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu
                                int n, const float *qkv, const float *f, const float *b, const float *g2, float *out,
                                const em_gpu_kda_log *lg) {
     const dim3 rows((unsigned)n, (unsigned)d->n_head), cols((unsigned)d->n_head, D / 32);
-    k_kda_prep<D><<<rows, D, 0, g->stream>>>(*d, *p, st->conv, qkv, f, b, *lg);
-    k_kda_recur<D><<<cols, 32, 0, g->stream>>>(st->S, *lg, d->n_head, n, true, false);
-    k_kda_finish<D><<<rows, D, 0, g->stream>>>(*d, p->o_norm, *lg, g2, out);
+    emc_launch(g, k_kda_prep<D>, rows, D, 0, *d, *p, st->conv, qkv, f, b, *lg);
+    emc_launch(g, k_kda_recur<D>, cols, 32, 0, st->S, *lg, d->n_head, n, true, false);
+    emc_launch(g, k_kda_finish<D>, rows, D, 0, *d, p->o_norm, *lg, g2, out);
 }
 
 extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
@@ -248,12 +252,12 @@ extern "C" int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda
     log->consumed = true;
     if ((rc = emc_use(g, err)) || k == 0) return rc;
     const int64_t di = (int64_t)kda_di(d);
-    if (d->d_conv > 1) k_kda_window<<<emc_blocks(3 * di, 256), 256, 0, g->stream>>>(st->conv, log->pre, di, d->d_conv - 1, k);
+    if (d->d_conv > 1) emc_launch(g, k_kda_window, emc_blocks(3 * di, 256), 256, 0, st->conv, log->pre, di, d->d_conv - 1, k);
     const dim3 cols((unsigned)d->n_head, (unsigned)(d->head_dim / 32));
     switch (d->head_dim) {
-    case 32: k_kda_recur<32><<<cols, 32, 0, g->stream>>>(st->S, *log, d->n_head, k, false, true); break;
-    case 64: k_kda_recur<64><<<cols, 32, 0, g->stream>>>(st->S, *log, d->n_head, k, false, true); break;
-    default: k_kda_recur<128><<<cols, 32, 0, g->stream>>>(st->S, *log, d->n_head, k, false, true); break;
+    case 32: emc_launch(g, k_kda_recur<32>, cols, 32, 0, st->S, *log, d->n_head, k, false, true); break;
+    case 64: emc_launch(g, k_kda_recur<64>, cols, 32, 0, st->S, *log, d->n_head, k, false, true); break;
+    default: emc_launch(g, k_kda_recur<128>, cols, 32, 0, st->S, *log, d->n_head, k, false, true); break;
     }
     return emc_launched(err, "k_kda_window / k_kda_recur");
 }

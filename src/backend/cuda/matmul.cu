@@ -1,17 +1,20 @@
 /* backend/cuda/matmul.cu: weight matrices in device layouts (upload; Q8_0, Q4_K, Q6_K, MXFP4
  * repacked on the device, other quantized types converted to F32 on the host), activation
  * preparation (Q8_0 quantization exactly as quant/'s em_quant_q8_0), and the multi-row
- * matrix-vector products y[j][r] = W[r, :] . x[j] for j < n <= 16.
+ * matrix-vector products y[j][r] = W[r, :] . x[j] for j < n <= 16, up to EM_GPU_MULTI_MAX
+ * products of one input in one launch.
  *
- * Invariants (docs/cuda.md, "width invariance"):
- * - one warp computes MM_OUTS consecutive outputs for all n rows; lane l owns the same
- *   column pieces (l, l + 32, ...) of each whatever n is; per lane every row's sum is its own chain of explicitly
- *   rounded operations (__fmul_rn, __fadd_rn, __fmaf_rn: nothing left for the compiler to
- *   contract differently in another instantiation); the 32 lane sums meet in one fixed
- *   butterfly (xor 16, 8, 4, 2, 1). So row j's result is the same bits for every n.
+ * Invariants (docs/cuda.md, "width invariance" and "Fewer, fuller launches"):
+ * - one warp computes OUTS consecutive outputs for all n rows (MM_OUTS, or one for narrow
+ *   passes: mm_outs); lane l owns the same column pieces (l, l + 32, ...) of each whatever n
+ *   and OUTS are; per lane every row's sum is its own chain of explicitly rounded operations
+ *   (__fmul_rn, __fadd_rn, __fmaf_rn: nothing left for the compiler to contract differently in
+ *   another instantiation); the 32 lane sums meet in one fixed butterfly (xor 16, 8, 4, 2, 1).
+ *   So row j's result is the same bits for every n.
  * - each weight byte is read once per call, by one lane, in 16-byte loads that bypass L1
- *   (ld.global.nc: weights are read-only while a pass runs); activations are loaded once per
- *   lane and step for the warp's MM_OUTS outputs and come from L1/L2.
+ *   (ld.global.nc: weights are read-only while a pass runs), and asked of L2 before the kernel
+ *   waits for the ones before it (launch overlap); activations are loaded once per lane and
+ *   step for the warp's outputs and come from L1/L2.
  * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
  *   smallest N >= n, and rows j >= n are skipped (not computed, not written). */
 #include "backend/cuda/mm_kernels.cuh"
@@ -196,117 +199,176 @@ extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_
     out->qs = (const int8_t *)d_scratch;
     out->d = (const float *)((uint8_t *)d_scratch + qbytes);
     const int64_t warps = (int64_t)n * (cols / 32);
-    k_quant_q8_0<<<emc_blocks(warps * 32, 256), 256, 0, g->stream>>>(d_x, ldx, cols, n, (int8_t *)out->qs,
+    emc_launch(g, k_quant_q8_0, emc_blocks(warps * 32, 256), 256, 0, d_x, ldx, cols, n, (int8_t *)out->qs,
                                                                      (float *)out->d);
     return emc_launched(err, "k_quant_q8_0");
 }
 
 /* ---- products ---------------------------------------------------------------------------- */
 
-/* Dense Q8_0: rows j of x into rows j of y. */
-template <int N>
-__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_q8_0(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
-                                                          const int8_t *xq, const float *xd, int n, float *y,
-                                                          int64_t ldy) {
-    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
-    if (r0 >= rows) return;
-    int idx[N];
+/* One launch runs up to EM_GPU_MULTI_MAX products of one input and one weight layout
+ * (em_gpu_matmul is a launch of one): product i owns blocks [block0, block0 + its blocks) of
+ * the grid, and each of its warps runs exactly the body em_gpu_matmul's warps run, so an
+ * output does not depend on the products launched beside it. */
+typedef struct mm_job {
+    const uint8_t *data, *scales;
+    int64_t rows;
+    float *y;
+    int64_t ldy;
+    unsigned block0;
+} mm_job;
+
+typedef struct mm_jobs {
+    mm_job job[EM_GPU_MULTI_MAX];
+    int count;
+    int64_t cols;
+} mm_jobs;
+
+/* This block's product (static indexing only: the parameters stay in constant memory). */
+__device__ __forceinline__ mm_job mm_pick(const mm_jobs &js) {
+    mm_job w = js.job[0];
 #pragma unroll
-    for (int j = 0; j < N; j++) idx[j] = j;
-    mm_q8_0_warp<N>(wq, wd, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
+    for (int i = 1; i < EM_GPU_MULTI_MAX; i++)
+        if (i < js.count && blockIdx.x >= js.job[i].block0) w = js.job[i];
+    return w;
 }
 
-/* wt-cuda3: Q4_K, Q6_K, MXFP4 (mm_quant.cuh's bodies), rows j of x into rows j of y. */
-template <int T, int N>
-__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_quant(const uint8_t *wq, const uint8_t *ws, int64_t rows, int64_t cols,
-                                                           const int8_t *xq, const float *xd, int n, float *y,
-                                                           int64_t ldy) {
-    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+/* Before waiting for the kernels before it, a warp asks L2 for the weight bytes it is about to
+ * stream (lane l takes the 128-byte lines l, l + 32, ... of [p, p + bytes)): a product whose
+ * launch overlaps the kernel before it (emc_launch) reads its weights meanwhile. */
+__device__ __forceinline__ void prefetch_l2(const void *p, uint64_t bytes) {
+    const uintptr_t end = (uintptr_t)p + bytes;
+    for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + (uintptr_t)(threadIdx.x & 31) * 128; a < end; a += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+/* Weight bytes of rows [r0, r0 + nr) of a matrix of type T in its device layout (the quants;
+ * Q8_0's scales too). */
+template <int T>
+__device__ __forceinline__ void prefetch_rows(const mm_job &w, int64_t cols, int64_t r0, int64_t nr) {
+    if constexpr (T == EM_TYPE_Q8_0) {
+        prefetch_l2(w.data + r0 * cols, (uint64_t)(nr * cols));
+        prefetch_l2(w.scales + r0 * (cols / 32) * 2, (uint64_t)(nr * (cols / 32) * 2));
+    } else if constexpr (T == EM_TYPE_F32) {
+        prefetch_l2(w.data + r0 * cols * 4, (uint64_t)(nr * cols * 4));
+    } else if constexpr (T == EM_TYPE_F16 || T == EM_TYPE_BF16) {
+        prefetch_l2(w.data + r0 * cols * 2, (uint64_t)(nr * cols * 2));
+    } else { /* Q4_K, Q6_K, MXFP4: 4-bit quants */
+        prefetch_l2(w.data + r0 * cols / 2, (uint64_t)(nr * cols / 2));
+    }
+}
+
+/* Rows j of x into rows j of each product's y: integer layouts with Q8_0 activations (xq, xd),
+ * float layouts with the F32 rows (x, ldx); OUTS outputs a warp (mm_outs). */
+template <int T, int N, int OUTS>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm(mm_jobs js, const int8_t *xq, const float *xd, const float *x,
+                                                     int64_t ldx, int n) {
+    emc_let_next_start();
+    const mm_job w = mm_pick(js);
+    const int64_t cols = js.cols, rows = w.rows;
+    const int64_t r0 = ((int64_t)(blockIdx.x - w.block0) * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
+    if (r0 < rows) prefetch_rows<T>(w, cols, r0, rows - r0 < OUTS ? rows - r0 : OUTS);
+    emc_wait_prior();
     if (r0 >= rows) return;
     int idx[N];
 #pragma unroll
     for (int j = 0; j < N; j++) idx[j] = j;
-    if (T == EM_TYPE_Q4_K) {
-        mm_q4_K_warp<N>(wq, ws, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
-    } else if (T == EM_TYPE_Q6_K) {
-        const uint64_t all = (uint64_t)rows * (uint64_t)cols;
-        mm_q6_K_warp<N>(wq, ws, (const int8_t *)(ws + all / 4), (const __half *)(ws + all / 4 + all / 16), rows, cols, r0,
-                        xq, xd, n, idx, y, ldy, idx);
+    if constexpr (T == EM_TYPE_Q8_0) {
+        mm_q8_0_warp<N, OUTS>((const int8_t *)w.data, (const __half *)w.scales, rows, cols, r0, xq, xd, n, idx, w.y, w.ldy,
+                              idx);
+    } else if constexpr (T == EM_TYPE_F32 || T == EM_TYPE_F16 || T == EM_TYPE_BF16) {
+        mm_float_warp<T, N, OUTS>(w.data, rows, cols, r0, x, ldx, n, idx, w.y, w.ldy, idx);
     } else {
-        mm_mxfp4_warp<N>(wq, ws, rows, cols, r0, xq, xd, n, idx, y, ldy, idx);
+        static_assert(OUTS == MM_OUTS, "the Q4_K, Q6_K and MXFP4 bodies compute MM_OUTS outputs a warp");
+        if constexpr (T == EM_TYPE_Q4_K) {
+            mm_q4_K_warp<N>(w.data, w.scales, rows, cols, r0, xq, xd, n, idx, w.y, w.ldy, idx);
+        } else if constexpr (T == EM_TYPE_Q6_K) {
+            const uint64_t all = (uint64_t)rows * (uint64_t)cols;
+            mm_q6_K_warp<N>(w.data, w.scales, (const int8_t *)(w.scales + all / 4),
+                            (const __half *)(w.scales + all / 4 + all / 16), rows, cols, r0, xq, xd, n, idx, w.y, w.ldy,
+                            idx);
+        } else {
+            mm_mxfp4_warp<N>(w.data, w.scales, rows, cols, r0, xq, xd, n, idx, w.y, w.ldy, idx);
+        }
     }
 }
 
-/* Float weights x F32 activations (mm_kernels.cuh's body), rows j of x into rows j of y. */
-template <int T, int N>
-__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_float(const uint8_t *wdata, int64_t rows, int64_t cols,
-                                                           const float *x, int64_t ldx, int n, float *y, int64_t ldy) {
-    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
-    if (r0 >= rows) return;
-    int idx[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) idx[j] = j;
-    mm_float_warp<T, N>(wdata, rows, cols, r0, x, ldx, n, idx, y, ldy, idx);
+template <int T, int OUTS>
+static void launch_mm_o(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+    const int n = a->n, th = MM_WARPS * 32;
+    if (n <= 1) emc_launch(g, k_mm<T, 1, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+    else if (n <= 2) emc_launch(g, k_mm<T, 2, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+    else if constexpr (OUTS == MM_OUTS) { /* wider passes take MM_OUTS (mm_outs) */
+        if (n <= 4) emc_launch(g, k_mm<T, 4, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+        else if (n <= 8) emc_launch(g, k_mm<T, 8, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+        else emc_launch(g, k_mm<T, 16, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+    }
+}
+template <int T>
+static void launch_mm_t(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+    if constexpr (mm_narrow_ok(T)) {
+        if (mm_outs(T, a->n, js.cols) == MM_OUTS_NARROW) {
+            launch_mm_o<T, MM_OUTS_NARROW>(g, js, blocks, a);
+            return;
+        }
+    }
+    launch_mm_o<T, MM_OUTS>(g, js, blocks, a);
 }
 
-template <int N>
-static void launch_mm(const em_gpu_mat *w, const em_gpu_act *a, float *y, int64_t ldy, cudaStream_t s) {
-    const unsigned grid = emc_blocks(w->rows, MM_WARPS * MM_OUTS);
-    const int th = MM_WARPS * 32;
-    switch (w->type) {
-    case EM_TYPE_Q8_0:
-        k_mm_q8_0<N><<<grid, th, 0, s>>>((const int8_t *)w->data, (const __half *)w->scales, w->rows, w->cols, a->qs,
-                                         a->d, a->n, y, ldy);
-        break;
-    case EM_TYPE_Q4_K:
-        k_mm_quant<EM_TYPE_Q4_K, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows,
-                                                        w->cols, a->qs, a->d, a->n, y, ldy);
-        break;
-    case EM_TYPE_Q6_K:
-        k_mm_quant<EM_TYPE_Q6_K, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows,
-                                                        w->cols, a->qs, a->d, a->n, y, ldy);
-        break;
-    case EM_TYPE_MXFP4:
-        k_mm_quant<EM_TYPE_MXFP4, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows,
-                                                         w->cols, a->qs, a->d, a->n, y, ldy);
-        break;
-    case EM_TYPE_F32:
-        k_mm_float<EM_TYPE_F32, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y, ldy);
-        break;
-    case EM_TYPE_F16:
-        k_mm_float<EM_TYPE_F16, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y, ldy);
-        break;
-    case EM_TYPE_BF16:
-        k_mm_float<EM_TYPE_BF16, N><<<grid, th, 0, s>>>((const uint8_t *)w->data, w->rows, w->cols, a->x, a->ldx, a->n, y,
-                                                        ldy);
-        break;
+static void launch_mm(const em_gpu *g, int type, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+    switch (type) {
+    case EM_TYPE_Q8_0: launch_mm_t<EM_TYPE_Q8_0>(g, js, blocks, a); break;
+    case EM_TYPE_Q4_K: launch_mm_t<EM_TYPE_Q4_K>(g, js, blocks, a); break;
+    case EM_TYPE_Q6_K: launch_mm_t<EM_TYPE_Q6_K>(g, js, blocks, a); break;
+    case EM_TYPE_MXFP4: launch_mm_t<EM_TYPE_MXFP4>(g, js, blocks, a); break;
+    case EM_TYPE_F32: launch_mm_t<EM_TYPE_F32>(g, js, blocks, a); break;
+    case EM_TYPE_F16: launch_mm_t<EM_TYPE_F16>(g, js, blocks, a); break;
+    default: launch_mm_t<EM_TYPE_BF16>(g, js, blocks, a); break;
     }
+}
+
+extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu_act *act, em_err *err) {
+    EMC_CHECK(outs && count >= 1 && count <= EM_GPU_MULTI_MAX, "GPU matmul: %d products in one launch (1..%d)", count,
+              EM_GPU_MULTI_MAX);
+    EMC_CHECK(act && act->n >= 1 && act->n <= EM_GPU_MAX_ROWS, "GPU matmul: activations of %d rows (1..%d)",
+              act ? act->n : 0, EM_GPU_MAX_ROWS);
+    const em_gpu_mat *w0 = outs[0].w;
+    EMC_CHECK(w0 && w0->data && em_gpu_mat_type_ok(w0->type), "GPU matmul: no matrix, or one of an unsupported type");
+    const int want = em_gpu_act_type(w0->type);
+    EMC_CHECK(act->type == want, "GPU matmul: %s activations for %s weights (prepare them for this type)",
+              em_type_name(act->type), em_type_name(w0->type));
+    if (want == EM_TYPE_F32)
+        EMC_CHECK(((uintptr_t)act->x & 15) == 0 && act->ldx % 4 == 0,
+                  "GPU matmul: F32 activations must be 16-byte aligned with ldx a multiple of 4");
+    mm_jobs js;
+    memset(&js, 0, sizeof js);
+    js.count = count;
+    js.cols = w0->cols;
+    uint64_t blocks = 0;
+    const int per_block = MM_WARPS * mm_outs(w0->type, act->n, w0->cols);
+    for (int i = 0; i < count; i++) {
+        const em_gpu_mat *w = outs[i].w;
+        EMC_CHECK(w && w->data && w->type == w0->type, "GPU matmul: product %d of a launch is not of type %s", i,
+                  em_type_name(w0->type));
+        EMC_CHECK(w->cols == act->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
+                  (long long)act->cols, (long long)w->cols);
+        EMC_CHECK(outs[i].d_y && outs[i].ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows",
+                  (long long)outs[i].ldy, (long long)w->rows);
+        js.job[i] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y, outs[i].ldy,
+                              (unsigned)blocks };
+        blocks += emc_blocks(w->rows, per_block);
+    }
+    EMC_CHECK(blocks < (1u << 31), "GPU matmul: %llu blocks in one launch", (unsigned long long)blocks);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    launch_mm(g, w0->type, js, (unsigned)blocks, act);
+    return emc_launched(err, "em_gpu_matmul");
 }
 
 extern "C" int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy,
                              em_err *err) {
-    EMC_CHECK(w && w->data && em_gpu_mat_type_ok(w->type), "GPU matmul: no matrix, or one of an unsupported type");
-    EMC_CHECK(act && act->n >= 1 && act->n <= EM_GPU_MAX_ROWS, "GPU matmul: activations of %d rows (1..%d)",
-              act ? act->n : 0, EM_GPU_MAX_ROWS);
-    EMC_CHECK(act->cols == w->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
-              (long long)act->cols, (long long)w->cols);
-    const int want = em_gpu_act_type(w->type);
-    EMC_CHECK(act->type == want, "GPU matmul: %s activations for %s weights (prepare them for this type)",
-              em_type_name(act->type), em_type_name(w->type));
-    EMC_CHECK(d_y && ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows", (long long)ldy,
-              (long long)w->rows);
-    if (want == EM_TYPE_F32)
-        EMC_CHECK(((uintptr_t)act->x & 15) == 0 && act->ldx % 4 == 0,
-                  "GPU matmul: F32 activations must be 16-byte aligned with ldx a multiple of 4");
-    int rc = emc_use(g, err);
-    if (rc) return rc;
-    const int n = act->n;
-    if (n <= 1) launch_mm<1>(w, act, d_y, ldy, g->stream);
-    else if (n <= 2) launch_mm<2>(w, act, d_y, ldy, g->stream);
-    else if (n <= 4) launch_mm<4>(w, act, d_y, ldy, g->stream);
-    else if (n <= 8) launch_mm<8>(w, act, d_y, ldy, g->stream);
-    else launch_mm<16>(w, act, d_y, ldy, g->stream);
-    return emc_launched(err, "em_gpu_matmul");
+    const em_gpu_mm_out one = { w, d_y, ldy };
+    return em_gpu_matmul_multi(g, &one, 1, act, err);
 }
 
 /* ---- per-head products (MLA's absorbed query and value up-projection) ------------------- */
@@ -316,6 +378,7 @@ extern "C" int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *a
  * d + (h n + j) cols/32): each head's n rows laid out as em_gpu_act_prepare lays out n rows. */
 static __global__ void k_quant_q8_0_heads(const float *x, int64_t ldx, int64_t xhs, int64_t cols, int n, int heads,
                                           int8_t *qs, float *d) {
+    emc_kernel_begin();
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     const int64_t bpr = cols / 32;
@@ -331,6 +394,7 @@ template <int T, int N>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     k_mm_heads(const uint8_t *wq, const uint8_t *ws, int64_t all_rows, int64_t hr, int64_t cols, const int8_t *xq,
                const float *xd, const float *x, int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs) {
+    emc_kernel_begin();
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
     if (r0 >= hr) return;
     const int64_t h = blockIdx.y, v0 = h * hr * cols; /* the head's first weight value */
@@ -358,23 +422,23 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 template <int T, int N>
 static void launch_heads_t(const em_gpu_mat *w, int heads, int64_t hr, const int8_t *xq, const float *xd,
                            const float *x, int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs,
-                           cudaStream_t s) {
+                           const em_gpu *g) {
     const dim3 grid(emc_blocks(hr, MM_WARPS * MM_OUTS), (unsigned)heads);
-    k_mm_heads<T, N><<<grid, MM_WARPS * 32, 0, s>>>((const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, hr,
+    emc_launch(g, k_mm_heads<T, N>, grid, MM_WARPS * 32, 0, (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, hr,
                                                     w->cols, xq, xd, x, ldx, xhs, n, y, ldy, yhs);
 }
 
 template <int N>
 static void launch_heads(const em_gpu_mat *w, int heads, int64_t hr, const int8_t *xq, const float *xd, const float *x,
-                         int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs, cudaStream_t s) {
+                         int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs, const em_gpu *g) {
     switch (w->type) {
-    case EM_TYPE_Q8_0: launch_heads_t<EM_TYPE_Q8_0, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
-    case EM_TYPE_Q4_K: launch_heads_t<EM_TYPE_Q4_K, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
-    case EM_TYPE_Q6_K: launch_heads_t<EM_TYPE_Q6_K, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
-    case EM_TYPE_MXFP4: launch_heads_t<EM_TYPE_MXFP4, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
-    case EM_TYPE_F32: launch_heads_t<EM_TYPE_F32, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
-    case EM_TYPE_F16: launch_heads_t<EM_TYPE_F16, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
-    case EM_TYPE_BF16: launch_heads_t<EM_TYPE_BF16, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, s); break;
+    case EM_TYPE_Q8_0: launch_heads_t<EM_TYPE_Q8_0, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
+    case EM_TYPE_Q4_K: launch_heads_t<EM_TYPE_Q4_K, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
+    case EM_TYPE_Q6_K: launch_heads_t<EM_TYPE_Q6_K, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
+    case EM_TYPE_MXFP4: launch_heads_t<EM_TYPE_MXFP4, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
+    case EM_TYPE_F32: launch_heads_t<EM_TYPE_F32, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
+    case EM_TYPE_F16: launch_heads_t<EM_TYPE_F16, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
+    case EM_TYPE_BF16: launch_heads_t<EM_TYPE_BF16, N>(w, heads, hr, xq, xd, x, ldx, xhs, n, y, ldy, yhs, g); break;
     }
 }
 
@@ -418,14 +482,14 @@ extern "C" int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, 
         xq = (const int8_t *)d_scratch;
         xd = (const float *)((uint8_t *)d_scratch + qbytes);
         const int64_t warps = (int64_t)rows * (cols / 32);
-        k_quant_q8_0_heads<<<emc_blocks(warps * 32, 256), 256, 0, g->stream>>>(d_x, ldx, x_head_stride, cols, n, n_heads,
+        emc_launch(g, k_quant_q8_0_heads, emc_blocks(warps * 32, 256), 256, 0, d_x, ldx, x_head_stride, cols, n, n_heads,
                                                                               (int8_t *)xq, (float *)xd);
         if ((rc = emc_launched(err, "k_quant_q8_0_heads"))) return rc;
     }
-    if (n <= 1) launch_heads<1>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
-    else if (n <= 2) launch_heads<2>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
-    else if (n <= 4) launch_heads<4>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
-    else if (n <= 8) launch_heads<8>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
-    else launch_heads<16>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g->stream);
+    if (n <= 1) launch_heads<1>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g);
+    else if (n <= 2) launch_heads<2>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g);
+    else if (n <= 4) launch_heads<4>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g);
+    else if (n <= 8) launch_heads<8>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g);
+    else launch_heads<16>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g);
     return emc_launched(err, "em_gpu_matmul_heads");
 }

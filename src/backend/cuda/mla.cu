@@ -29,6 +29,7 @@
  * fixed tree, the scale rounded once). */
 __global__ void k_mla_append(em_gpu_mla_dims d, float *cache, const int32_t *pos, const float *lat, int64_t ldl,
                              const float *w, float eps) {
+    emc_kernel_begin();
     __shared__ double part[MLA_THREADS];
     const int64_t row = (int64_t)pos[0] + blockIdx.x, C = d.kv_lora + d.rope;
     if (row < 0 || row >= d.capacity) return;
@@ -145,6 +146,7 @@ __device__ __forceinline__ void sc_halve(float (&v)[64], int w, bool up) {
 __global__ void __launch_bounds__(MLA_THREADS, 1)
     k_mla_scores(em_gpu_mla_dims d, const float *cache, const int32_t *pos, const float *qa, int64_t ldq, float *sc,
                  int64_t ldsc, bool vec_c, bool vec_q) {
+    emc_kernel_begin();
     extern __shared__ __align__(16) float smem[];
     const int t = blockIdx.y;
     const int64_t len = mla_len(d, pos, t);
@@ -210,6 +212,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1)
  * (it is exact); thread i sums e(u) for u = i, i + 256, ... in double, then the 256 sums meet
  * in halves 128 -> 1 (128 .. 32 through shared memory, 16 .. 1 by shuffles: the same pairs). */
 __global__ void __launch_bounds__(MLA_THREADS) k_mla_softmax(em_gpu_mla_dims d, const int32_t *pos, float *sc, int64_t ldsc) {
+    emc_kernel_begin();
     __shared__ double dred[MLA_THREADS];
     __shared__ float fred[MLA_THREADS / 32];
     __shared__ double total;
@@ -299,6 +302,7 @@ template <int RT>
 __global__ void __launch_bounds__(CX_THREADS)
     k_mla_context(em_gpu_mla_dims d, const float *cache, const int32_t *pos, int n, const float *sc, int64_t ldsc,
                   float *ctx, int64_t ldc, bool vec_c, bool vec_p) {
+    emc_kernel_begin();
     extern __shared__ __align__(16) float smem[];
     float *cs = smem, *ps = smem + CX_ST * CX_CSTAGE;
     constexpr int PSTAGE = cx_smem<RT>::PSTAGE;
@@ -425,7 +429,7 @@ extern "C" int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_c
     EMC_CHECK(d_cache && d_pos && (n == 0 || d_lat) && n >= 0 && n <= EM_GPU_MAX_ROWS && ldl >= d->kv_lora + d->rope,
               "GPU mla append: %d rows (ldl %lld) or a missing buffer", n, (long long)ldl);
     if ((rc = emc_use(g, err)) || n == 0) return rc;
-    k_mla_append<<<n, MLA_THREADS, 0, g->stream>>>(*d, d_cache, d_pos, d_lat, ldl, d_norm_w, eps);
+    emc_launch(g, k_mla_append, n, MLA_THREADS, 0, *d, d_cache, d_pos, d_lat, ldl, d_norm_w, eps);
     return emc_launched(err, "k_mla_append");
 }
 
@@ -455,7 +459,7 @@ static int mla_launch_context(em_gpu *g, const em_gpu_mla_dims *d, const float *
     int rc = mla_smem_optin(g, k_mla_context<RT>, bytes, &optin, err);
     if (rc) return rc;
     const dim3 grid(emc_blocks(d->kv_lora, CX_COLS), emc_blocks(d->n_head, CX_HEADS), emc_blocks(n, RT));
-    k_mla_context<RT><<<grid, CX_THREADS, bytes, g->stream>>>(*d, d_cache, d_pos, n, sc, ldsc, d_ctx, ldc, vec_c, vec_p);
+    emc_launch(g, k_mla_context<RT>, grid, CX_THREADS, bytes, *d, d_cache, d_pos, n, sc, ldsc, d_ctx, ldc, vec_c, vec_p);
     return emc_launched(err, "k_mla_context");
 }
 
@@ -477,9 +481,9 @@ extern "C" int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const floa
     const bool vec_c = C % 4 == 0 && aligned16(d_cache), vec_q = C % 4 == 0 && ldq % 4 == 0 && aligned16(d_qa);
     /* one tile per block where the cache fits one wave, else blocks loop over tiles */
     const dim3 sgrid((unsigned)(tiles < sms ? tiles : sms), (unsigned)n);
-    k_mla_scores<<<sgrid, MLA_THREADS, SC_SMEM, g->stream>>>(*d, d_cache, d_pos, d_qa, ldq, d_scratch, ldsc, vec_c, vec_q);
+    emc_launch(g, k_mla_scores, sgrid, MLA_THREADS, SC_SMEM, *d, d_cache, d_pos, d_qa, ldq, d_scratch, ldsc, vec_c, vec_q);
     if ((rc = emc_launched(err, "k_mla_scores"))) return rc;
-    k_mla_softmax<<<dim3((unsigned)n, (unsigned)d->n_head), MLA_THREADS, 0, g->stream>>>(*d, d_pos, d_scratch, ldsc);
+    emc_launch(g, k_mla_softmax, dim3((unsigned)n, (unsigned)d->n_head), MLA_THREADS, 0, *d, d_pos, d_scratch, ldsc);
     if ((rc = emc_launched(err, "k_mla_softmax"))) return rc;
     const bool vec_p = aligned16(d_scratch);
     if (n == 1) return mla_launch_context<1>(g, d, d_cache, d_pos, n, d_scratch, ldsc, d_ctx, ldc, vec_c, vec_p, err);

@@ -28,76 +28,105 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 /* Row j, output o: the warp's sum of acc[j][o], stored by lane o into row yr[j] of y
  * (outputs past rows skipped). */
-template <int N>
-__device__ __forceinline__ void store_rows(const float (&acc)[N][MM_OUTS], int n, int lane, float *y, int64_t ldy,
+template <int N, int OUTS>
+__device__ __forceinline__ void store_rows(const float (&acc)[N][OUTS], int n, int lane, float *y, int64_t ldy,
                                            const int (&yr)[N], int64_t r0, int64_t rows) {
 #pragma unroll
     for (int j = 0; j < N; j++) {
         if (j >= n) break;
 #pragma unroll
-        for (int o = 0; o < MM_OUTS; o++) {
+        for (int o = 0; o < OUTS; o++) {
             const float s = warp_sum(acc[j][o]);
             if (lane == o && r0 + o < rows) y[(int64_t)yr[j] * ldy + r0 + o] = s;
         }
     }
 }
 
-/* Q8_0 weights x Q8_0 activations: a warp computes MM_OUTS consecutive outputs; lane l takes
+/* Outputs a warp computes: MM_OUTS, or one for narrow passes (mm_outs), where the weights are
+ * the only traffic and a small matrix needs all the warps it can get. The arithmetic of an
+ * output is the same either way (see below). */
+#define MM_OUTS_NARROW 1
+/* The outputs per warp for a pass of n rows of cols values and weights of device type: one for
+ * narrow passes of Q8_0 and float weights (their bodies take OUTS) whose rows give each lane
+ * more than one step (a single step already has MM_OUTS loads in flight per lane, in a
+ * quarter of the blocks), MM_OUTS otherwise. */
+static constexpr bool mm_narrow_ok(int type) {
+    return type == EM_TYPE_Q8_0 || type == EM_TYPE_F32 || type == EM_TYPE_F16 || type == EM_TYPE_BF16;
+}
+static inline int mm_outs(int type, int n, int64_t cols) {
+    const int64_t step = type == EM_TYPE_Q8_0 ? 32 : type == EM_TYPE_F32 ? 4 : 8; /* values a lane takes a step */
+    return mm_narrow_ok(type) && n <= 2 && cols > 32 * step ? MM_OUTS_NARROW : MM_OUTS;
+}
+/* Column steps whose weight loads a one-output warp issues together (the rounds of its loop
+ * overlap in memory). */
+#define MM_STEPS_NARROW 4
+
+/* Q8_0 weights x Q8_0 activations: a warp computes OUTS consecutive outputs; lane l takes
  * blocks l, l + 32, ... of each; per block an exact integer dot (dp4a), then
  * sum += (d_w * d_a) * isum, as quant/'s scalar kernel. The activation block is loaded once
- * per lane and step and meets all MM_OUTS weight rows (the activations' L1 traffic per weight
- * byte falls by MM_OUTS). An output's chain is the same whatever N and however many outputs
- * the warp holds: blocks in ascending order, one rounded add each. */
-template <int N>
+ * per lane and step and meets all OUTS weight rows. An output's chain is the same whatever N,
+ * OUTS and the steps loaded together: blocks in ascending order, one rounded add each, then
+ * the fixed butterfly. */
+template <int N, int OUTS = MM_OUTS>
 __device__ __forceinline__ void mm_q8_0_warp(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols, int64_t r0,
                                              const int8_t *xq, const float *xd, int n, const int (&xr)[N], float *y,
                                              int64_t ldy, const int (&yr)[N]) {
+    constexpr int U = OUTS == 1 ? MM_STEPS_NARROW : 1;
     const int lane = threadIdx.x & 31;
     const int64_t bpr = cols / 32;
-    const int8_t *w[MM_OUTS];
-    const __half *dw[MM_OUTS];
+    const int8_t *w[OUTS];
+    const __half *dw[OUTS];
 #pragma unroll
-    for (int o = 0; o < MM_OUTS; o++) { /* a row past the end reads the last row; never stored */
+    for (int o = 0; o < OUTS; o++) { /* a row past the end reads the last row; never stored */
         const int64_t r = r0 + o < rows ? r0 + o : rows - 1;
         w[o] = wq + r * cols;
         dw[o] = wd + r * bpr;
     }
-    float acc[N][MM_OUTS];
+    float acc[N][OUTS];
 #pragma unroll
     for (int j = 0; j < N; j++)
 #pragma unroll
-        for (int o = 0; o < MM_OUTS; o++) acc[j][o] = 0.0f;
-    for (int64_t b = lane; b < bpr; b += 32) {
-        int4 w0[MM_OUTS], w1[MM_OUTS];
-        float s[MM_OUTS];
+        for (int o = 0; o < OUTS; o++) acc[j][o] = 0.0f;
+    for (int64_t b0 = lane; b0 < bpr; b0 += 32 * U) {
+        int4 w0[U][OUTS], w1[U][OUTS];
+        float s[U][OUTS];
 #pragma unroll
-        for (int o = 0; o < MM_OUTS; o++) {
-            w0[o] = ld_nc16(w[o] + b * 32);
-            w1[o] = ld_nc16(w[o] + b * 32 + 16);
+        for (int u = 0; u < U; u++) {
+            const int64_t b = b0 + 32 * u;
+            if (b >= bpr) break;
+#pragma unroll
+            for (int o = 0; o < OUTS; o++) {
+                w0[u][o] = ld_nc16(w[o] + b * 32);
+                w1[u][o] = ld_nc16(w[o] + b * 32 + 16);
+                s[u][o] = __half2float(dw[o][b]);
+            }
         }
 #pragma unroll
-        for (int o = 0; o < MM_OUTS; o++) s[o] = __half2float(dw[o][b]);
+        for (int u = 0; u < U; u++) {
+            const int64_t b = b0 + 32 * u;
+            if (b >= bpr) break;
 #pragma unroll
-        for (int j = 0; j < N; j++) {
-            if (j >= n) break;
-            const int4 *xa = (const int4 *)(xq + (int64_t)xr[j] * cols + b * 32);
-            const int4 a0 = xa[0], a1 = xa[1];
-            const float da = xd[(int64_t)xr[j] * bpr + b];
+            for (int j = 0; j < N; j++) {
+                if (j >= n) break;
+                const int4 *xa = (const int4 *)(xq + (int64_t)xr[j] * cols + b * 32);
+                const int4 a0 = xa[0], a1 = xa[1];
+                const float da = xd[(int64_t)xr[j] * bpr + b];
 #pragma unroll
-            for (int o = 0; o < MM_OUTS; o++) {
-                int i0 = __dp4a(w0[o].x, a0.x, 0);
-                i0 = __dp4a(w0[o].y, a0.y, i0);
-                i0 = __dp4a(w0[o].z, a0.z, i0);
-                i0 = __dp4a(w0[o].w, a0.w, i0);
-                i0 = __dp4a(w1[o].x, a1.x, i0);
-                i0 = __dp4a(w1[o].y, a1.y, i0);
-                i0 = __dp4a(w1[o].z, a1.z, i0);
-                i0 = __dp4a(w1[o].w, a1.w, i0);
-                acc[j][o] = __fadd_rn(acc[j][o], __fmul_rn(__fmul_rn(s[o], da), (float)i0));
+                for (int o = 0; o < OUTS; o++) {
+                    int i0 = __dp4a(w0[u][o].x, a0.x, 0);
+                    i0 = __dp4a(w0[u][o].y, a0.y, i0);
+                    i0 = __dp4a(w0[u][o].z, a0.z, i0);
+                    i0 = __dp4a(w0[u][o].w, a0.w, i0);
+                    i0 = __dp4a(w1[u][o].x, a1.x, i0);
+                    i0 = __dp4a(w1[u][o].y, a1.y, i0);
+                    i0 = __dp4a(w1[u][o].z, a1.z, i0);
+                    i0 = __dp4a(w1[u][o].w, a1.w, i0);
+                    acc[j][o] = __fadd_rn(acc[j][o], __fmul_rn(__fmul_rn(s[u][o], da), (float)i0));
+                }
             }
         }
     }
-    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+    store_rows<N, OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
 }
 
 /* ---- float weights (F32, F16, BF16) x F32 activations ------------------------------------ */
@@ -143,43 +172,57 @@ __device__ __forceinline__ void load_x(const float *p, float (&v)[8]) {
     }
 }
 
-/* Float weights x F32 activations: a warp computes MM_OUTS consecutive outputs; lane l takes
+/* Float weights x F32 activations: a warp computes OUTS consecutive outputs; lane l takes
  * 16-byte pieces l, l + 32, ... of each; per piece one fma chain over its values in order.
- * Row j reads activation row xr[j] (x + xr[j] * ldx) and writes output row yr[j]. */
-template <int T, int N>
+ * Row j reads activation row xr[j] (x + xr[j] * ldx) and writes output row yr[j]. As for
+ * Q8_0, an output's chain does not depend on N, OUTS or the steps loaded together. */
+template <int T, int N, int OUTS = MM_OUTS>
 __device__ __forceinline__ void mm_float_warp(const uint8_t *wdata, int64_t rows, int64_t cols, int64_t r0, const float *x,
                                               int64_t ldx, int n, const int (&xr)[N], float *y, int64_t ldy,
                                               const int (&yr)[N]) {
     constexpr int V = wpiece<T>::V;
+    constexpr int U = OUTS == 1 ? 2 * MM_STEPS_NARROW : 1; /* a float step is 16 bytes, a Q8_0 step 34 */
     const int lane = threadIdx.x & 31;
     const int64_t pieces = cols / V;
-    const uint8_t *w[MM_OUTS];
+    const uint8_t *w[OUTS];
 #pragma unroll
-    for (int o = 0; o < MM_OUTS; o++) w[o] = wdata + (r0 + o < rows ? r0 + o : rows - 1) * cols * (16 / V);
-    float acc[N][MM_OUTS];
+    for (int o = 0; o < OUTS; o++) w[o] = wdata + (r0 + o < rows ? r0 + o : rows - 1) * cols * (16 / V);
+    float acc[N][OUTS];
 #pragma unroll
     for (int j = 0; j < N; j++)
 #pragma unroll
-        for (int o = 0; o < MM_OUTS; o++) acc[j][o] = 0.0f;
-    for (int64_t p = lane; p < pieces; p += 32) {
-        float f[MM_OUTS][8];
+        for (int o = 0; o < OUTS; o++) acc[j][o] = 0.0f;
+    for (int64_t p0 = lane; p0 < pieces; p0 += 32 * U) {
+        int4 raw[U][OUTS];
 #pragma unroll
-        for (int o = 0; o < MM_OUTS; o++) wpiece<T>::get(ld_nc16(w[o] + p * 16), f[o]);
+        for (int u = 0; u < U; u++) {
+            if (p0 + 32 * u >= pieces) break;
 #pragma unroll
-        for (int j = 0; j < N; j++) {
-            if (j >= n) break;
-            float xa[8];
-            load_x<V>(x + (int64_t)xr[j] * ldx + p * V, xa);
+            for (int o = 0; o < OUTS; o++) raw[u][o] = ld_nc16(w[o] + (p0 + 32 * u) * 16);
+        }
 #pragma unroll
-            for (int o = 0; o < MM_OUTS; o++) {
-                float a = acc[j][o];
+        for (int u = 0; u < U; u++) {
+            const int64_t p = p0 + 32 * u;
+            if (p >= pieces) break;
+            float f[OUTS][8];
 #pragma unroll
-                for (int i = 0; i < V; i++) a = __fmaf_rn(f[o][i], xa[i], a);
-                acc[j][o] = a;
+            for (int o = 0; o < OUTS; o++) wpiece<T>::get(raw[u][o], f[o]);
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                if (j >= n) break;
+                float xa[8];
+                load_x<V>(x + (int64_t)xr[j] * ldx + p * V, xa);
+#pragma unroll
+                for (int o = 0; o < OUTS; o++) {
+                    float a = acc[j][o];
+#pragma unroll
+                    for (int i = 0; i < V; i++) a = __fmaf_rn(f[o][i], xa[i], a);
+                    acc[j][o] = a;
+                }
             }
         }
     }
-    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+    store_rows<N, OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
 }
 
 /* One warp per 32-value block; lane l quantizes value l (quant_q8_0_block: the block's quants
@@ -195,6 +238,7 @@ static __device__ __forceinline__ void quant_q8_0_block(float v, int lane, int8_
     if (lane == 0) *d = __half2float(__float2half_rn(dd));
 }
 static __global__ void k_quant_q8_0(const float *x, int64_t ldx, int64_t cols, int n, int8_t *qs, float *d) {
+    emc_kernel_begin();
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     const int64_t bpr = cols / 32;

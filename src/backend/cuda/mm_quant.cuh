@@ -162,7 +162,7 @@ __device__ __forceinline__ void mm_q4_K_warp(const uint8_t *wq, const uint8_t *w
             }
         }
     }
-    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+    store_rows<N, MM_OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
 }
 
 /* ---- Q6_K x Q8_0 ------------------------------------------------------------------------- */
@@ -228,7 +228,7 @@ __device__ __forceinline__ void mm_q6_K_warp(const uint8_t *wl, const uint8_t *w
             }
         }
     }
-    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+    store_rows<N, MM_OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
 }
 
 /* ---- MXFP4 x Q8_0 ------------------------------------------------------------------------ */
@@ -295,7 +295,7 @@ __device__ __forceinline__ void mm_mxfp4_warp(const uint8_t *wq, const uint8_t *
             }
         }
     }
-    store_rows<N>(acc, n, lane, y, ldy, yr, r0, rows);
+    store_rows<N, MM_OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
 }
 
 #endif

@@ -1,8 +1,8 @@
 /* backend/cuda/moe.cu: the routed experts of one MoE layer over the union of a pass's routes,
  * on the device, without a host sync: a union kernel (which experts the n rows chose, and
  * which rows each got), gate and up of every union expert in one launch (two when their types
- * differ), SwiGLU or SiTU, the Q8_0 quantization of the hidden rows (for integer down
- * weights), down in one launch, and the weighted sum per row in ascending expert order
+ * differ), SwiGLU or SiTU with the Q8_0 quantization of the hidden rows (for integer down
+ * weights) in one launch, down in one launch, and the weighted sum per row in ascending expert order
  * (model/moe.c's order). Launch shapes depend only on n, k and the weight types (the union's
  * size is read on the device: blocks past it exit), so a pass can be captured in a graph.
  * Experts of every device layout the products run: an expert's rows get the warp body of
@@ -53,6 +53,7 @@ extern "C" uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64
  * ascending slot order; a block-wide prefix over the experts with rows gives each its union
  * position (ascending expert order). */
 __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int n, int k, int n_expert, int *meta, int um) {
+    emc_kernel_begin();
     __shared__ int sid[EM_GPU_MAX_ROWS * MOE_MAX_K];
     __shared__ int wsum[32];
     const int nk = n * k, e = threadIdx.x, lane = e & 31, warp = e >> 5;
@@ -102,14 +103,14 @@ static moe_mat mat_of(const em_gpu_mat *m) {
     return v;
 }
 
-/* The warp body of weight type T (em_gpu_matmul's) on rows [row0, row0 + rows) of the stack,
- * outputs r0.. of that expert. */
-template <int T, int N>
+/* The warp body of weight type T (em_gpu_matmul's, OUTS outputs a warp: mm_outs) on rows
+ * [row0, row0 + rows) of the stack, outputs r0.. of that expert. */
+template <int T, int N, int OUTS>
 __device__ __forceinline__ void expert_warp(const moe_mat &w, int64_t row0, int64_t rows, int64_t r0, const moe_act &a,
                                             int n, const int (&xr)[N], float *y, int64_t ldy, const int (&yr)[N]) {
     const int64_t cols = w.cols;
     if constexpr (T == EM_TYPE_Q8_0) {
-        mm_q8_0_warp<N>((const int8_t *)w.data + row0 * cols, (const __half *)w.scales + row0 * (cols / 32), rows, cols, r0,
+        mm_q8_0_warp<N, OUTS>((const int8_t *)w.data + row0 * cols, (const __half *)w.scales + row0 * (cols / 32), rows, cols, r0,
                         a.qs, a.d, n, xr, y, ldy, yr);
     } else if constexpr (T == EM_TYPE_Q4_K) {
         mm_q4_K_warp<N>(w.data + row0 * (cols / 2), w.scales + row0 * (cols / 256) * 16, rows, cols, r0, a.qs, a.d, n, xr,
@@ -124,19 +125,20 @@ __device__ __forceinline__ void expert_warp(const moe_mat &w, int64_t row0, int6
                          ldy, yr);
     } else {
         constexpr int vb = T == EM_TYPE_F32 ? 4 : 2; /* bytes a value */
-        mm_float_warp<T, N>(w.data + row0 * cols * vb, rows, cols, r0, a.x, a.ldx, n, xr, y, ldy, yr);
+        mm_float_warp<T, N, OUTS>(w.data + row0 * cols * vb, rows, cols, r0, a.x, a.ldx, n, xr, y, ldy, yr);
     }
 }
 
 /* Union slot blockIdx.y: gate or up of its expert over its rows (input rows urows, output rows
  * uslots of the slot-indexed gt / up buffers). blockIdx.z picks the matrix: 0 w0 into y0, 1 w1
  * into y1 (both of type T; gate and up of different types take one launch each). */
-template <int T, int N>
+template <int T, int N, int OUTS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     k_moe_gate_up(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, const int *meta, int um) {
+    emc_kernel_begin();
     const int u = blockIdx.y;
     if (u >= meta[0]) return;
-    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
     if (r0 >= ffn) return;
     const int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
     const int64_t e = expert[u];
@@ -144,17 +146,39 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     int xr[N], yr[N];
 #pragma unroll
     for (int j = 0; j < N; j++) xr[j] = j < cnt ? urows[u * 16 + j] : 0, yr[j] = j < cnt ? uslots[u * 16 + j] : 0;
-    if (blockIdx.z) expert_warp<T, N>(w1, e * ffn, ffn, r0, a1, cnt, xr, y1, ffn, yr);
-    else expert_warp<T, N>(w0, e * ffn, ffn, r0, a0, cnt, xr, y0, ffn, yr);
+    if (blockIdx.z) expert_warp<T, N, OUTS>(w1, e * ffn, ffn, r0, a1, cnt, xr, y1, ffn, yr);
+    else expert_warp<T, N, OUTS>(w0, e * ffn, ffn, r0, a0, cnt, xr, y0, ffn, yr);
+}
+
+/* The MLP activation between the products (SwiGLU or SiTU, ops.cu's arithmetic). */
+typedef struct moe_glu {
+    int act;
+    float beta, inv, lin_beta, lin_inv;
+} moe_glu;
+
+__device__ __forceinline__ float glu_of(const moe_glu &a, float gv, float uv) {
+    return a.act == EM_GPU_ACT_SITU ? emc_situ(gv, uv, a.beta, a.inv, a.lin_beta, a.lin_inv) : emc_swiglu(gv, uv);
+}
+
+/* The hidden rows: h = act(gate, up) over count values, and (qs non-NULL) their Q8_0
+ * activations as k_quant_q8_0 makes them from h, in the same launch (one warp per 32 values). */
+__global__ void k_moe_act(const float *gt, const float *up, int64_t count, moe_glu glu, float *h, int8_t *qs, float *qd) {
+    emc_kernel_begin();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return; /* count is a multiple of 32: whole warps leave */
+    const float v = glu_of(glu, gt[i], up[i]);
+    h[i] = v;
+    if (qs) quant_q8_0_block(v, (int)(threadIdx.x & 31), qs + (i & ~(int64_t)31), qd + (i >> 5));
 }
 
 /* Union slot blockIdx.y: down of its expert over its rows' hidden rows (slot-indexed). */
-template <int T, int N>
+template <int T, int N, int OUTS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     k_moe_down(moe_mat w, moe_act a, int64_t cols, const int *meta, int um, float *out) {
+    emc_kernel_begin();
     const int u = blockIdx.y;
     if (u >= meta[0]) return;
-    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * MM_OUTS;
+    const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
     if (r0 >= cols) return;
     const int *expert = meta + 1, *count = expert + um, *uslots = count + um + 16 * um;
     const int64_t e = expert[u];
@@ -162,13 +186,14 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     int sr[N];
 #pragma unroll
     for (int j = 0; j < N; j++) sr[j] = j < cnt ? uslots[u * 16 + j] : 0;
-    expert_warp<T, N>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
+    expert_warp<T, N, OUTS>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
 }
 
 /* y[j][i] = 0; then + w * out for row j's experts in ascending id order (em_axpy's rounding:
  * the product rounded, then the sum). */
 __global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const float *out, int64_t cols, float *y,
                           int64_t ldy) {
+    emc_kernel_begin();
     __shared__ int ord[MOE_MAX_K];
     const int j = blockIdx.y;
     if (threadIdx.x == 0) { /* insertion sort of the row's k slots by expert id */
@@ -182,6 +207,7 @@ __global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const flo
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     float acc = 0.0f;
+#pragma unroll 8
     for (int t = 0; t < k; t++) {
         const int s = j * k + ord[t];
         acc = acc + wts[s] * out[(int64_t)s * cols + i];
@@ -189,57 +215,76 @@ __global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const flo
     y[(int64_t)j * ldy + i] = acc;
 }
 
-/* The smallest row bucket N >= n (an expert gets at most n rows) and type T's kernel. */
-template <int T, int N>
+/* The smallest row bucket N >= n (an expert gets at most n rows) and type T's kernel, with
+ * mm_outs(T, n, cols of the weights) outputs a warp. */
+template <int T, int N, int OUTS>
 static void launch_gate_up_n(const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1, const moe_act &a1,
-                             float *y1, int mats, int ffn, const int *meta, int um, cudaStream_t s) {
-    dim3 grid(emc_blocks(ffn, MM_WARPS * MM_OUTS), (unsigned)um, (unsigned)mats);
-    k_moe_gate_up<T, N><<<grid, MM_WARPS * 32, 0, s>>>(w0, a0, y0, w1, a1, y1, ffn, meta, um);
+                             float *y1, int mats, int ffn, const int *meta, int um, const em_gpu *g) {
+    dim3 grid(emc_blocks(ffn, MM_WARPS * OUTS), (unsigned)um, (unsigned)mats);
+    emc_launch(g, k_moe_gate_up<T, N, OUTS>, grid, MM_WARPS * 32, 0, w0, a0, y0, w1, a1, y1, ffn, meta, um);
 }
 template <int T>
 static void launch_gate_up_t(int n, const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1,
-                             const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, cudaStream_t s) {
-    if (n <= 1) launch_gate_up_n<T, 1>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
-    else if (n <= 2) launch_gate_up_n<T, 2>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
-    else if (n <= 4) launch_gate_up_n<T, 4>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
-    else if (n <= 8) launch_gate_up_n<T, 8>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
-    else launch_gate_up_n<T, 16>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s);
+                             const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, const em_gpu *g) {
+    if constexpr (mm_narrow_ok(T)) {
+        if (mm_outs(T, n, w0.cols) == MM_OUTS_NARROW) {
+            if (n <= 1) launch_gate_up_n<T, 1, MM_OUTS_NARROW>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+            else launch_gate_up_n<T, 2, MM_OUTS_NARROW>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+            return;
+        }
+    }
+    if (n <= 1) launch_gate_up_n<T, 1, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+    else if (n <= 2) launch_gate_up_n<T, 2, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+    else if (n <= 4) launch_gate_up_n<T, 4, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+    else if (n <= 8) launch_gate_up_n<T, 8, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+    else launch_gate_up_n<T, 16, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
 }
 /* mats 2: w0 and w1 (one type) in one launch; mats 1: w0 alone. */
 static void launch_gate_up(int type, int n, const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1,
-                           const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, cudaStream_t s) {
+                           const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, const em_gpu *g) {
     switch (type) {
-    case EM_TYPE_Q8_0: launch_gate_up_t<EM_TYPE_Q8_0>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
-    case EM_TYPE_Q4_K: launch_gate_up_t<EM_TYPE_Q4_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
-    case EM_TYPE_Q6_K: launch_gate_up_t<EM_TYPE_Q6_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
-    case EM_TYPE_MXFP4: launch_gate_up_t<EM_TYPE_MXFP4>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
-    case EM_TYPE_F32: launch_gate_up_t<EM_TYPE_F32>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
-    case EM_TYPE_F16: launch_gate_up_t<EM_TYPE_F16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
-    default: launch_gate_up_t<EM_TYPE_BF16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, s); break;
+    case EM_TYPE_Q8_0: launch_gate_up_t<EM_TYPE_Q8_0>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    case EM_TYPE_Q4_K: launch_gate_up_t<EM_TYPE_Q4_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    case EM_TYPE_Q6_K: launch_gate_up_t<EM_TYPE_Q6_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    case EM_TYPE_MXFP4: launch_gate_up_t<EM_TYPE_MXFP4>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    case EM_TYPE_F32: launch_gate_up_t<EM_TYPE_F32>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    case EM_TYPE_F16: launch_gate_up_t<EM_TYPE_F16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    default: launch_gate_up_t<EM_TYPE_BF16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
     }
 }
 
+template <int T, int N, int OUTS>
+static void launch_down_n(const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um, float *out,
+                          const em_gpu *g) {
+    const dim3 grid(emc_blocks(cols, MM_WARPS * OUTS), (unsigned)um, 1);
+    emc_launch(g, k_moe_down<T, N, OUTS>, grid, MM_WARPS * 32, 0, w, a, cols, meta, um, out);
+}
 template <int T>
 static void launch_down_t(int n, const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um, float *out,
-                          cudaStream_t s) {
-    dim3 grid(emc_blocks(cols, MM_WARPS * MM_OUTS), (unsigned)um, 1);
-    const int th = MM_WARPS * 32;
-    if (n <= 1) k_moe_down<T, 1><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
-    else if (n <= 2) k_moe_down<T, 2><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
-    else if (n <= 4) k_moe_down<T, 4><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
-    else if (n <= 8) k_moe_down<T, 8><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
-    else k_moe_down<T, 16><<<grid, th, 0, s>>>(w, a, cols, meta, um, out);
+                          const em_gpu *g) {
+    if constexpr (mm_narrow_ok(T)) {
+        if (mm_outs(T, n, w.cols) == MM_OUTS_NARROW) {
+            if (n <= 1) launch_down_n<T, 1, MM_OUTS_NARROW>(w, a, cols, meta, um, out, g);
+            else launch_down_n<T, 2, MM_OUTS_NARROW>(w, a, cols, meta, um, out, g);
+            return;
+        }
+    }
+    if (n <= 1) launch_down_n<T, 1, MM_OUTS>(w, a, cols, meta, um, out, g);
+    else if (n <= 2) launch_down_n<T, 2, MM_OUTS>(w, a, cols, meta, um, out, g);
+    else if (n <= 4) launch_down_n<T, 4, MM_OUTS>(w, a, cols, meta, um, out, g);
+    else if (n <= 8) launch_down_n<T, 8, MM_OUTS>(w, a, cols, meta, um, out, g);
+    else launch_down_n<T, 16, MM_OUTS>(w, a, cols, meta, um, out, g);
 }
 static void launch_down(int type, int n, const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um,
-                        float *out, cudaStream_t s) {
+                        float *out, const em_gpu *g) {
     switch (type) {
-    case EM_TYPE_Q8_0: launch_down_t<EM_TYPE_Q8_0>(n, w, a, cols, meta, um, out, s); break;
-    case EM_TYPE_Q4_K: launch_down_t<EM_TYPE_Q4_K>(n, w, a, cols, meta, um, out, s); break;
-    case EM_TYPE_Q6_K: launch_down_t<EM_TYPE_Q6_K>(n, w, a, cols, meta, um, out, s); break;
-    case EM_TYPE_MXFP4: launch_down_t<EM_TYPE_MXFP4>(n, w, a, cols, meta, um, out, s); break;
-    case EM_TYPE_F32: launch_down_t<EM_TYPE_F32>(n, w, a, cols, meta, um, out, s); break;
-    case EM_TYPE_F16: launch_down_t<EM_TYPE_F16>(n, w, a, cols, meta, um, out, s); break;
-    default: launch_down_t<EM_TYPE_BF16>(n, w, a, cols, meta, um, out, s); break;
+    case EM_TYPE_Q8_0: launch_down_t<EM_TYPE_Q8_0>(n, w, a, cols, meta, um, out, g); break;
+    case EM_TYPE_Q4_K: launch_down_t<EM_TYPE_Q4_K>(n, w, a, cols, meta, um, out, g); break;
+    case EM_TYPE_Q6_K: launch_down_t<EM_TYPE_Q6_K>(n, w, a, cols, meta, um, out, g); break;
+    case EM_TYPE_MXFP4: launch_down_t<EM_TYPE_MXFP4>(n, w, a, cols, meta, um, out, g); break;
+    case EM_TYPE_F32: launch_down_t<EM_TYPE_F32>(n, w, a, cols, meta, um, out, g); break;
+    case EM_TYPE_F16: launch_down_t<EM_TYPE_F16>(n, w, a, cols, meta, um, out, g); break;
+    default: launch_down_t<EM_TYPE_BF16>(n, w, a, cols, meta, um, out, g); break;
     }
 }
 
@@ -276,52 +321,67 @@ static int moe_check(const em_gpu_experts *x, const float *d_x, int64_t ldx, int
     return 0;
 }
 
-extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
-                          const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
-                          em_err *err) {
+extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                                   const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k,
+                                   void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
     int rc = moe_check(x, d_x, ldx, n, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
-    if (rc || (rc = emc_use(g, err))) return rc;
+    if (rc) return rc;
     const int64_t cols = x->gate->cols, nk = (int64_t)n * k;
+    EMC_CHECK(!x_act || (x_act->type == EM_TYPE_Q8_0 && x_act->n == n && x_act->cols == cols && x_act->qs && x_act->d),
+              "GPU MoE: prepared inputs must be Q8_0 activations of the %d rows of %lld columns", n, (long long)cols);
+    if ((rc = emc_use(g, err))) return rc;
     const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n);
     uint8_t *sc = (uint8_t *)d_scratch;
     const int *meta = (const int *)(sc + l.meta);
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
-    cudaStream_t s = g->stream;
-    k_moe_union<<<1, 1024, 0, s>>>(d_ids, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
+    emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
     if ((rc = emc_launched(err, "k_moe_union"))) return rc;
-    /* the input rows as gate and up take them: Q8_0 (quantized once) or the F32 rows */
+    /* the input rows as gate and up take them: Q8_0 (the caller's, or quantized once here) or
+     * the F32 rows */
     const int tg = x->gate->type, tu = x->up->type;
-    const moe_act xq = { (const int8_t *)(sc + l.xq), (const float *)(sc + l.xd), NULL, 0 }, xf = { NULL, NULL, d_x, ldx };
+    moe_act xq = { (const int8_t *)(sc + l.xq), (const float *)(sc + l.xd), NULL, 0 };
+    const moe_act xf = { NULL, NULL, d_x, ldx };
     if (em_gpu_act_type(tg) == EM_TYPE_Q8_0 || em_gpu_act_type(tu) == EM_TYPE_Q8_0) {
-        const int64_t xw = (int64_t)n * (cols / 32);
-        k_quant_q8_0<<<emc_blocks(xw * 32, 256), 256, 0, s>>>(d_x, ldx, cols, n, (int8_t *)(sc + l.xq), (float *)(sc + l.xd));
-        if ((rc = emc_launched(err, "k_quant_q8_0 (expert inputs)"))) return rc;
+        if (x_act) {
+            xq.qs = x_act->qs, xq.d = x_act->d;
+        } else {
+            const int64_t xw = (int64_t)n * (cols / 32);
+            emc_launch(g, k_quant_q8_0, emc_blocks(xw * 32, 256), 256, 0, d_x, ldx, cols, n, (int8_t *)(sc + l.xq),
+                       (float *)(sc + l.xd));
+            if ((rc = emc_launched(err, "k_quant_q8_0 (expert inputs)"))) return rc;
+        }
     }
     const moe_act ag = em_gpu_act_type(tg) == EM_TYPE_Q8_0 ? xq : xf, au = em_gpu_act_type(tu) == EM_TYPE_Q8_0 ? xq : xf;
     const moe_mat wg = mat_of(x->gate), wu = mat_of(x->up), wd = mat_of(x->down);
     if (tg == tu) {
-        launch_gate_up(tg, n, wg, ag, gt, wu, au, upb, 2, x->ffn, meta, l.um, s);
+        launch_gate_up(tg, n, wg, ag, gt, wu, au, upb, 2, x->ffn, meta, l.um, g);
     } else {
-        launch_gate_up(tg, n, wg, ag, gt, wg, ag, gt, 1, x->ffn, meta, l.um, s);
+        launch_gate_up(tg, n, wg, ag, gt, wg, ag, gt, 1, x->ffn, meta, l.um, g);
         if ((rc = emc_launched(err, "k_moe_gate_up (gate)"))) return rc;
-        launch_gate_up(tu, n, wu, au, upb, wu, au, upb, 1, x->ffn, meta, l.um, s);
+        launch_gate_up(tu, n, wu, au, upb, wu, au, upb, 1, x->ffn, meta, l.um, g);
     }
     if ((rc = emc_launched(err, "k_moe_gate_up"))) return rc;
-    rc = x->act == EM_GPU_ACT_SITU ? em_gpu_situ(g, gt, upb, nk * x->ffn, x->situ_beta, x->situ_lin_beta, gt, err)
-                                   : em_gpu_swiglu(g, gt, upb, nk * x->ffn, gt, err);
-    if (rc) return rc;
-    /* the hidden rows (slot-indexed, ffn apart) as down takes them */
-    moe_act ah = { NULL, NULL, gt, x->ffn };
-    if (em_gpu_act_type(x->down->type) == EM_TYPE_Q8_0) {
-        const int64_t hw = nk * (x->ffn / 32);
-        k_quant_q8_0<<<emc_blocks(hw * 32, 256), 256, 0, s>>>(gt, x->ffn, x->ffn, (int)nk, (int8_t *)(sc + l.hq),
-                                                             (float *)(sc + l.hd));
-        if ((rc = emc_launched(err, "k_quant_q8_0 (expert hidden rows)"))) return rc;
-        ah.qs = (const int8_t *)(sc + l.hq), ah.d = (const float *)(sc + l.hd), ah.x = NULL, ah.ldx = 0;
-    }
-    launch_down(x->down->type, n, wd, ah, cols, meta, l.um, (float *)(sc + l.out), s);
+    /* the hidden rows (slot-indexed, ffn apart) as down takes them: act(gate, up), and their
+     * Q8_0 activations for integer down weights, in one launch */
+    const bool sit = x->act == EM_GPU_ACT_SITU;
+    const moe_glu glu = { x->act, x->situ_beta, sit ? 1.0f / x->situ_beta : 0.0f, x->situ_lin_beta,
+                          sit && x->situ_lin_beta > 0.0f ? 1.0f / x->situ_lin_beta : 0.0f };
+    const bool q8_down = em_gpu_act_type(x->down->type) == EM_TYPE_Q8_0;
+    int8_t *hq = q8_down ? (int8_t *)(sc + l.hq) : NULL;
+    float *hd = q8_down ? (float *)(sc + l.hd) : NULL;
+    emc_launch(g, k_moe_act, emc_blocks(nk * x->ffn, 256), 256, 0, (const float *)gt, (const float *)upb, nk * x->ffn, glu,
+               gt, hq, hd);
+    if ((rc = emc_launched(err, "k_moe_act"))) return rc;
+    const moe_act ah = q8_down ? moe_act{ hq, hd, NULL, 0 } : moe_act{ NULL, NULL, gt, x->ffn };
+    launch_down(x->down->type, n, wd, ah, cols, meta, l.um, (float *)(sc + l.out), g);
     if ((rc = emc_launched(err, "k_moe_down"))) return rc;
     dim3 g3(emc_blocks(cols, 256), (unsigned)n);
-    k_moe_sum<<<g3, 256, 0, s>>>(d_ids, d_wts, k, (const float *)(sc + l.out), cols, d_y, ldy);
+    emc_launch(g, k_moe_sum, g3, 256, 0, d_ids, d_wts, k, (const float *)(sc + l.out), cols, d_y, ldy);
     return emc_launched(err, "k_moe_sum");
+}
+
+extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                          const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
+                          em_err *err) {
+    return em_gpu_moe_prepared(g, x, d_x, ldx, n, NULL, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
 }

@@ -4,30 +4,83 @@
  * as the CPU's C does (gcc's ISO C mode contracts nothing); where the CPU sums in double this
  * does too. A row's result depends only on that row: every op is width-invariant. Math library
  * functions (expf, cos, sin) are CUDA's, within their documented ulp of the CPU's libm. */
-#include "backend/cuda/cuda_impl.cuh"
+#include "backend/cuda/mm_kernels.cuh"
 
 #include <math.h>
+#include <string.h>
 
 /* ---- RMSNorm ----------------------------------------------------------------------------- */
 
-#define NORM_THREADS 256
+#define NORM_THREADS 1024
+#define NORM_HELD 4 /* values a thread keeps in registers: rows of up to 4096 read once */
 
-/* One block per row; thread t sums squares of values t, t + 256, ... in double; the block's
- * 256 sums meet in a fixed tree. */
-__global__ void k_rmsnorm(const float *x, int64_t ldx, const float *w, float eps, int64_t n, float *y, int64_t ldy) {
-    __shared__ double part[NORM_THREADS];
-    const float *xr = x + blockIdx.x * ldx;
-    float *yr = y + blockIdx.x * ldy;
+/* The sum of v over the warp, in one fixed butterfly (xor 16, 8, 4, 2, 1). */
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One block of 1024 threads per row. With y, x += y (+ y2) first (written back). Thread t
+ * takes values t, t + 1024, ... (its loads issued together), sums their squares in double in
+ * that order; the sums meet in a fixed tree (each warp's butterfly, then the 32 warp sums in
+ * warp 0's). The scale is rounded to fp32 once (compute/'s em_rmsnorm). With qs, the normed
+ * values are quantized from the registers that hold them: warp w's lanes hold 32-value block
+ * w + 32 u of the row (k_quant_q8_0's arithmetic; n a multiple of 32). */
+__global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(float *x, int64_t ldx, const float *y, const float *y2,
+                                                          int64_t ldy, const float *w, float eps, int64_t n, float *h,
+                                                          int64_t ldh, int8_t *qs, float *qd) {
+    emc_kernel_begin();
+    __shared__ double wpart[NORM_THREADS / 32];
+    __shared__ float sscale;
+    const int t = threadIdx.x, lane = t & 31;
+    float *xr = x + blockIdx.x * ldx, *hr = h + blockIdx.x * ldh;
+    const float *yr = y ? y + blockIdx.x * ldy : NULL, *y2r = y && y2 ? y2 + blockIdx.x * ldy : NULL;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) s += (double)xr[i] * (double)xr[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int h = NORM_THREADS / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
+    float held[NORM_HELD];
+    for (int64_t i0 = t; i0 < n; i0 += NORM_HELD * NORM_THREADS) {
+        float a[NORM_HELD], b[NORM_HELD], c[NORM_HELD];
+#pragma unroll
+        for (int u = 0; u < NORM_HELD; u++) {
+            const int64_t i = i0 + (int64_t)u * NORM_THREADS;
+            if (i >= n) break;
+            a[u] = xr[i];
+            if (yr) b[u] = yr[i];
+            if (y2r) c[u] = y2r[i];
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_HELD; u++) {
+            const int64_t i = i0 + (int64_t)u * NORM_THREADS;
+            if (i >= n) break;
+            float v = a[u];
+            if (yr) {
+                const float add = y2r ? b[u] + c[u] : b[u];
+                xr[i] = v = v + add;
+            }
+            held[u] = v;
+            s += (double)v * (double)v;
+        }
     }
-    const float scale = (float)(1.0 / sqrt(part[0] / (double)n + (double)eps));
-    for (int64_t i = threadIdx.x; i < n; i += NORM_THREADS) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+    s = warp_sum_d(s);
+    if (lane == 0) wpart[t >> 5] = s;
+    __syncthreads();
+    if (t < 32) {
+        const double all = warp_sum_d(wpart[t]);
+        if (t == 0) sscale = (float)(1.0 / sqrt(all / (double)n + (double)eps));
+    }
+    __syncthreads();
+    const float scale = sscale;
+    const bool in_regs = n <= NORM_HELD * NORM_THREADS;
+    for (int64_t i0 = t; i0 < n; i0 += NORM_HELD * NORM_THREADS) {
+#pragma unroll
+        for (int u = 0; u < NORM_HELD; u++) {
+            const int64_t i = i0 + (int64_t)u * NORM_THREADS;
+            if (i >= n) break; /* with qs, n is a multiple of 32: whole warps leave */
+            const float v = in_regs ? held[u] : xr[i];
+            const float hv = w ? v * scale * w[i] : v * scale;
+            hr[i] = hv;
+            if (qs) quant_q8_0_block(hv, lane, qs + blockIdx.x * n + (i - lane), qd + blockIdx.x * (n / 32) + (i >> 5));
+        }
+    }
 }
 
 extern "C" int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d_w, float eps, int rows,
@@ -36,20 +89,44 @@ extern "C" int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, con
               rows, (long long)n, (long long)ldx, (long long)ldy);
     int rc = emc_use(g, err);
     if (rc || rows == 0) return rc;
-    k_rmsnorm<<<rows, NORM_THREADS, 0, g->stream>>>(d_x, ldx, d_w, eps, n, d_y, ldy);
+    emc_launch(g, k_rmsnorm, rows, NORM_THREADS, 0, (float *)d_x, ldx, (const float *)NULL, (const float *)NULL, (int64_t)0, d_w, eps, n, d_y,
+               ldy, (int8_t *)NULL, (float *)NULL);
     return emc_launched(err, "k_rmsnorm");
+}
+
+extern "C" int em_gpu_add_rmsnorm(em_gpu *g, float *d_x, int64_t ldx, const float *d_y, const float *d_y2, int64_t ldy,
+                                  const float *d_w, float eps, int rows, int64_t n, float *d_h, int64_t ldh, void *d_scratch,
+                                  em_gpu_act *q, em_err *err) {
+    EMC_CHECK(d_x && d_h && rows >= 1 && rows <= EM_GPU_MAX_ROWS && n > 0 && ldx >= n && ldh >= n && (!d_y || ldy >= n),
+              "GPU add_rmsnorm: %d rows (1..%d) of %lld (ldx %lld, ldy %lld, ldh %lld)", rows, EM_GPU_MAX_ROWS,
+              (long long)n, (long long)ldx, (long long)ldy, (long long)ldh);
+    EMC_CHECK(!q || (n % 32 == 0 && d_scratch && ((uintptr_t)d_scratch & 15) == 0),
+              "GPU add_rmsnorm: Q8_0 activations need n a multiple of 32 (%lld) and 16-byte aligned scratch", (long long)n);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    int8_t *qs = NULL;
+    float *qd = NULL;
+    if (q) { /* em_gpu_act_prepare's layout */
+        memset(q, 0, sizeof *q);
+        qs = (int8_t *)d_scratch;
+        qd = (float *)((uint8_t *)d_scratch + (((uint64_t)rows * (uint64_t)n + 15) & ~(uint64_t)15));
+        q->type = EM_TYPE_Q8_0, q->n = rows, q->cols = n, q->x = d_h, q->ldx = ldh, q->qs = qs, q->d = qd;
+    }
+    emc_launch(g, k_rmsnorm, rows, NORM_THREADS, 0, d_x, ldx, d_y, d_y ? d_y2 : NULL, ldy, d_w, eps, n, d_h, ldh, qs, qd);
+    return emc_launched(err, "k_rmsnorm (add, Q8_0)");
 }
 
 /* ---- element-wise ------------------------------------------------------------------------- */
 
 __global__ void k_swiglu(const float *gt, const float *up, int64_t count, float *y) {
+    emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    const float v = gt[i];
-    y[i] = v / (1.0f + expf(-v)) * up[i]; /* compute/'s em_siluf(gate) * up */
+    y[i] = emc_swiglu(gt[i], up[i]);
 }
 
 __global__ void k_add(const float *a, const float *b, int64_t count, float *y) {
+    emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) y[i] = a[i] + b[i];
 }
@@ -58,7 +135,7 @@ extern "C" int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, 
     EMC_CHECK(d_gate && d_up && d_y && count >= 0, "GPU swiglu: missing buffer or %lld values", (long long)count);
     int rc = emc_use(g, err);
     if (rc || count == 0) return rc;
-    k_swiglu<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_gate, d_up, count, d_y);
+    emc_launch(g, k_swiglu, emc_blocks(count, 256), 256, 0, d_gate, d_up, count, d_y);
     return emc_launched(err, "k_swiglu");
 }
 
@@ -66,7 +143,7 @@ extern "C" int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t
     EMC_CHECK(d_a && d_b && d_y && count >= 0, "GPU add: missing buffer or %lld values", (long long)count);
     int rc = emc_use(g, err);
     if (rc || count == 0) return rc;
-    k_add<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_a, d_b, count, d_y);
+    emc_launch(g, k_add, emc_blocks(count, 256), 256, 0, d_a, d_b, count, d_y);
     return emc_launched(err, "k_add");
 }
 
@@ -74,15 +151,14 @@ extern "C" int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t
  * the same division): a = (beta * tanh(g inv)) * sigmoid(g), u, y = a * u. */
 __global__ void k_situ(const float *gt, const float *up, int64_t count, float beta, float inv, float lin_beta,
                        float lin_inv, float *y) {
+    emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    const float g = gt[i], v = up[i];
-    const float a = beta * tanhf(g * inv) * (1.0f / (1.0f + expf(-g)));
-    const float u = lin_beta > 0.0f ? lin_beta * tanhf(v * lin_inv) : v;
-    y[i] = a * u;
+    y[i] = emc_situ(gt[i], up[i], beta, inv, lin_beta, lin_inv);
 }
 
 __global__ void k_sigmoid_mul(float *x, const float *gt, int64_t count) {
+    emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) x[i] *= 1.0f / (1.0f + expf(-gt[i])); /* em_sigmoidf */
 }
@@ -95,7 +171,7 @@ extern "C" int em_gpu_situ(em_gpu *g, const float *d_gate, const float *d_up, in
     int rc = emc_use(g, err);
     if (rc || count == 0) return rc;
     const float inv = 1.0f / beta, lin_inv = lin_beta > 0.0f ? 1.0f / lin_beta : 0.0f;
-    k_situ<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_gate, d_up, count, beta, inv, lin_beta, lin_inv, d_y);
+    emc_launch(g, k_situ, emc_blocks(count, 256), 256, 0, d_gate, d_up, count, beta, inv, lin_beta, lin_inv, d_y);
     return emc_launched(err, "k_situ");
 }
 
@@ -103,7 +179,7 @@ extern "C" int em_gpu_sigmoid_mul(em_gpu *g, float *d_x, const float *d_gate, in
     EMC_CHECK(d_x && d_gate && count >= 0, "GPU sigmoid_mul: missing buffer or %lld values", (long long)count);
     int rc = emc_use(g, err);
     if (rc || count == 0) return rc;
-    k_sigmoid_mul<<<emc_blocks(count, 256), 256, 0, g->stream>>>(d_x, d_gate, count);
+    emc_launch(g, k_sigmoid_mul, emc_blocks(count, 256), 256, 0, d_x, d_gate, count);
     return emc_launched(err, "k_sigmoid_mul");
 }
 
@@ -138,6 +214,7 @@ __device__ float res_score(const float *r, const float *w, int64_t E, float eps,
 __global__ void __launch_bounds__(RES_THREADS) k_res_mix(const float *bank, int nb, int64_t ld_bank, const float *x,
                                                          int64_t ldx, const float *w, int64_t E, float eps, float *out,
                                                          int64_t ldo) {
+    emc_kernel_begin();
     __shared__ double ss[RES_THREADS], dt[RES_THREADS];
     __shared__ float p[RES_MAX_BANK + 1];
     const int64_t t = blockIdx.x;
@@ -184,7 +261,7 @@ extern "C" int em_gpu_res_mix(em_gpu *g, const float *d_bank, int n_bank, int64_
               (long long)rows * E);
     int rc = emc_use(g, err);
     if (rc || rows == 0) return rc;
-    k_res_mix<<<rows, RES_THREADS, 0, g->stream>>>(d_bank, n_bank, ld_bank, d_x, ldx, d_w, E, eps, d_out, ldo);
+    emc_launch(g, k_res_mix, rows, RES_THREADS, 0, d_bank, n_bank, ld_bank, d_x, ldx, d_w, E, eps, d_out, ldo);
     return emc_launched(err, "k_res_mix");
 }
 
@@ -229,6 +306,7 @@ __device__ float embed_mxfp4(const uint8_t *qs, const uint8_t *e, int64_t cols, 
  * the K types and MXFP4 above. */
 __global__ void k_embed(int type, const void *data, const __half *scales, int64_t rows, int64_t cols, const int32_t *tok,
                         float *y, int64_t ldy) {
+    emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     const int32_t t = tok[blockIdx.y];
@@ -260,7 +338,7 @@ extern "C" int em_gpu_embed(em_gpu *g, const em_gpu_mat *table, const int32_t *d
     int rc = emc_use(g, err);
     if (rc || n == 0) return rc;
     dim3 grid(emc_blocks(table->cols, 256), (unsigned)n);
-    k_embed<<<grid, 256, 0, g->stream>>>(table->type, table->data, (const __half *)table->scales, table->rows, table->cols,
+    emc_launch(g, k_embed, grid, 256, 0, table->type, table->data, (const __half *)table->scales, table->rows, table->cols,
                                          d_tok, d_y, ldy);
     return emc_launched(err, "k_embed");
 }
@@ -277,14 +355,19 @@ __device__ __forceinline__ bool am_better(float bv, int bi, float av, int ai) {
 }
 
 __global__ void k_argmax(const float *x, int64_t ldx, int64_t n, int32_t *out) {
+    emc_kernel_begin();
     __shared__ float sv[ARGMAX_THREADS];
     __shared__ int si[ARGMAX_THREADS];
     const float *xr = x + blockIdx.x * ldx;
     float bv = 0.0f;
     int bi = -1;
-    for (int64_t i = threadIdx.x; i < n; i += ARGMAX_THREADS) { /* ascending: strict > keeps the lowest */
-        const float v = xr[i];
-        if (!isnan(v) && (bi < 0 || v > bv)) bv = v, bi = (int)i;
+    for (int64_t i0 = threadIdx.x; i0 < n; i0 += 8 * ARGMAX_THREADS) { /* 8 loads issued together */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = i0 + u * ARGMAX_THREADS < n ? xr[i0 + u * ARGMAX_THREADS] : NAN;
+#pragma unroll
+        for (int u = 0; u < 8; u++) /* ascending: strict > keeps the lowest */
+            if (!isnan(v[u]) && (bi < 0 || v[u] > bv)) bv = v[u], bi = (int)(i0 + u * ARGMAX_THREADS);
     }
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
@@ -305,7 +388,7 @@ extern "C" int em_gpu_argmax_rows(em_gpu *g, const float *d_x, int64_t ldx, int 
               rows, (long long)n, (long long)ldx);
     int rc = emc_use(g, err);
     if (rc || rows == 0) return rc;
-    k_argmax<<<rows, ARGMAX_THREADS, 0, g->stream>>>(d_x, ldx, n, d_out);
+    emc_launch(g, k_argmax, rows, ARGMAX_THREADS, 0, d_x, ldx, n, d_out);
     return emc_launched(err, "k_argmax");
 }
 
@@ -314,6 +397,7 @@ extern "C" int em_gpu_argmax_rows(em_gpu *g, const float *d_x, int64_t ldx, int 
 /* One thread per (row, head, pair i < dims/2): em_rope_cos_sin then em_rope_apply. */
 __global__ void k_rope(float *x, int64_t ldx, int n_heads, int64_t head_stride, int half, const int32_t *pos,
                        const double *inv_freq, double attn_factor, int64_t total) {
+    emc_kernel_begin();
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= total) return;
     const int i = (int)(t % half);
@@ -333,58 +417,54 @@ extern "C" int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, in
     int rc = emc_use(g, err);
     if (rc || rows == 0) return rc;
     const int64_t total = (int64_t)rows * n_heads * (dims / 2);
-    k_rope<<<emc_blocks(total, 256), 256, 0, g->stream>>>(d_x, ldx, n_heads, head_stride, dims / 2, d_pos, d_inv_freq,
+    emc_launch(g, k_rope, emc_blocks(total, 256), 256, 0, d_x, ldx, n_heads, head_stride, dims / 2, d_pos, d_inv_freq,
                                                          attn_factor, total);
     return emc_launched(err, "k_rope");
 }
 
 /* ---- MoE router -------------------------------------------------------------------------- */
 
-#define ROUTE_THREADS 256
 #define ROUTE_MAX_EXPERTS 1024
 #define ROUTE_MAX_K 32
 
-/* Block-wide take_max of model/moe.c: the largest not-taken value (lowest index on ties);
- * marks it taken. All threads get the index. */
-__device__ int route_take_max(const float *v, unsigned char *taken, int n, float *sv, int *si) {
+/* take_max of model/moe.c by one warp: the largest not-taken value (lowest index on ties), each
+ * lane's best of values lane, lane + 32, ..., then the lanes' bests in a butterfly under the
+ * same order; marks it taken. Every lane gets the index. */
+__device__ int route_take_max(const float *v, unsigned char *taken, int n) {
+    const int lane = threadIdx.x & 31;
     float bv = 0.0f;
     int bi = -1;
-    for (int i = threadIdx.x; i < n; i += ROUTE_THREADS)
+    for (int i = lane; i < n; i += 32)
         if (!taken[i] && (bi < 0 || v[i] > bv)) bv = v[i], bi = i;
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (int h = ROUTE_THREADS / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h && am_better(sv[threadIdx.x + h], si[threadIdx.x + h], sv[threadIdx.x], si[threadIdx.x])) {
-            sv[threadIdx.x] = sv[threadIdx.x + h];
-            si[threadIdx.x] = si[threadIdx.x + h];
-        }
-        __syncthreads();
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
-    const int best = si[0];
-    __syncthreads();
-    if (threadIdx.x == 0 && best >= 0) taken[best] = 1;
-    __syncthreads();
-    return best;
+    __syncwarp();
+    if (lane == 0 && bi >= 0) taken[bi] = 1;
+    __syncwarp();
+    return bi;
 }
 
-__global__ void k_route(em_gpu_router r, const float *logits, int64_t ldl, const float *bias, int32_t *ids, float *wts) {
+/* One warp per row: selections are warp-wide (no block barriers). */
+__global__ void __launch_bounds__(32) k_route(em_gpu_router r, const float *logits, int64_t ldl, const float *bias,
+                                              int32_t *ids, float *wts) {
+    emc_kernel_begin();
     __shared__ float s[ROUTE_MAX_EXPERTS], choice[ROUTE_MAX_EXPERTS], gscore[ROUTE_MAX_EXPERTS];
     __shared__ unsigned char taken[ROUTE_MAX_EXPERTS];
-    __shared__ float sv[ROUTE_THREADS];
-    __shared__ int si[ROUTE_THREADS];
     __shared__ int chosen[ROUTE_MAX_K];
-    const int X = r.n_expert, G = r.n_group, per = X / (G > 0 ? G : 1);
+    const int X = r.n_expert, G = r.n_group, per = X / (G > 0 ? G : 1), lane = threadIdx.x;
     const float *lr = logits + blockIdx.x * ldl;
-    for (int e = threadIdx.x; e < X; e += ROUTE_THREADS) {
+    for (int e = lane; e < X; e += 32) {
         s[e] = 1.0f / (1.0f + expf(-lr[e])); /* em_sigmoidf */
         choice[e] = s[e] + bias[e];
         taken[e] = 0;
     }
-    __syncthreads();
+    __syncwarp();
     if (G > 1) {
-        /* one thread per group: the sum of its two best choices, take_max's order */
-        for (int gi = threadIdx.x; gi < G; gi += ROUTE_THREADS) {
+        /* one lane per group: the sum of its two best choices, take_max's order */
+        for (int gi = lane; gi < G; gi += 32) {
             const float *c = choice + gi * per;
             int b0 = -1, b1 = -1;
             for (int i = 0; i < per; i++)
@@ -393,20 +473,20 @@ __global__ void k_route(em_gpu_router r, const float *logits, int64_t ldl, const
                 if (i != b0 && (b1 < 0 || c[i] > c[b1])) b1 = i;
             gscore[gi] = per > 1 ? c[b0] + c[b1] : c[b0];
         }
-        __syncthreads();
-        for (int i = 0; i < r.n_group_used; i++) route_take_max(gscore, taken, G, sv, si);
-        for (int e = threadIdx.x; e < X; e += ROUTE_THREADS)
+        __syncwarp();
+        for (int i = 0; i < r.n_group_used; i++) route_take_max(gscore, taken, G);
+        for (int e = lane; e < X; e += 32)
             if (!taken[e / per]) choice[e] = -INFINITY; /* taken[] still holds the group flags here */
-        __syncthreads();
-        for (int e = threadIdx.x; e < X; e += ROUTE_THREADS) taken[e] = 0;
-        __syncthreads();
+        __syncwarp();
+        for (int e = lane; e < X; e += 32) taken[e] = 0;
+        __syncwarp();
     }
     for (int i = 0; i < r.k; i++) {
-        const int b = route_take_max(choice, taken, X, sv, si);
-        if (threadIdx.x == 0) chosen[i] = b;
+        const int b = route_take_max(choice, taken, X);
+        if (lane == 0) chosen[i] = b;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    __syncwarp();
+    if (lane == 0) {
         double sum = 0.0;
         float w[ROUTE_MAX_K];
         for (int i = 0; i < r.k; i++) {
@@ -435,6 +515,6 @@ extern "C" int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_lo
               rows, (long long)ldl);
     int rc = emc_use(g, err);
     if (rc || rows == 0) return rc;
-    k_route<<<rows, ROUTE_THREADS, 0, g->stream>>>(*r, d_logits, ldl, d_bias, d_ids, d_wts);
+    emc_launch(g, k_route, rows, 32, 0, *r, d_logits, ldl, d_bias, d_ids, d_wts);
     return emc_launched(err, "k_route");
 }

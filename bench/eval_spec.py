@@ -4,9 +4,11 @@ bench/eval_spec.sh; standard library only).
 
 For each prompt set (HumanEval: the raw prompt, code completion; MT-Bench: the first turn in
 Kimi's chat format, --chat) and each temperature (greedy, and 0.7 with no top-k/top-p/min-p
-filter), every prompt runs `ember run --json` three ways, interleaved so machine load hits all
-three alike: plain (--draft none), speculative with the confidence/cost scheduler (the default,
---verify-width 0) and speculative at --verify-width 8 (the whole 7-draft block every pass).
+filter), every prompt runs `ember run --json` four ways, interleaved so machine load hits all
+alike: plain (--draft none); speculative as a user gets it (spec: the confidence/cost scheduler,
+--verify-width 0, and the default --spec-policy auto, which decodes plainly while drafting does
+not pay); the scheduler drafting every pass (always: --spec-policy always); and --verify-width 8
+(w8: the whole 7-draft block every pass, --spec-policy always).
 Reported per set and temperature:
   - tau: tokens committed per target pass, summed over prompts (sum(passes + accepted) /
     sum(passes));
@@ -17,6 +19,7 @@ Reported per set and temperature:
     scheduler, passes that verified fewer than k drafts also count as rejections (a lower bound);
   - generation tok/s (ember's tok_per_s: tokens after the first over the time after the
     prompt), median over prompts, plain vs speculative, and the ratio of the medians;
+  - plain passes of spec: the passes its governor made without drafting;
   - at greedy: whether every speculative run's tokens equal the plain run's (exit status 1 when
     any differ).
 """
@@ -31,8 +34,10 @@ import tempfile
 MODES = [
     ("plain", ["--draft", "none"]),
     ("spec", []),
-    ("w8", ["--verify-width", "8"]),
+    ("always", ["--spec-policy", "always"]),
+    ("w8", ["--verify-width", "8", "--spec-policy", "always"]),
 ]
+SPEC_MODES = ("spec", "always", "w8")
 
 
 def load_prompts(path, limit):
@@ -71,6 +76,7 @@ def summarize(results, mode):
     passes = sum(r["spec"]["passes"] for r in results[mode])
     accepted = sum(r["spec"]["accepted"] for r in results[mode])
     drafted = sum(r["spec"]["drafted"] for r in results[mode])
+    plain_passes = sum(r["spec"].get("plain_passes", 0) for r in results[mode])
     hist = [0] * 9
     for r in results[mode]:
         for i, c in enumerate(r["spec"]["accept_hist"]):
@@ -80,6 +86,8 @@ def summarize(results, mode):
         "tau": (passes + accepted) / passes if passes else float("nan"),
         "accepted": accepted,
         "drafted": drafted,
+        "passes": passes,
+        "plain_passes": plain_passes,
         "hist": hist,
         "pos": survival_rates(hist, 8),
         "tok_s": statistics.median(rates) if rates else float("nan"),
@@ -123,17 +131,18 @@ def main():
                 for mode, _ in MODES:
                     row[mode] = summarize(results, mode)
                 if temp == 0:
-                    for mode in ("spec", "w8"):
+                    for mode in SPEC_MODES:
                         same = sum(a["tokens"] == b["tokens"] for a, b in zip(results["plain"], results[mode]))
                         row["identical_" + mode] = same
                         identical_ok &= same == len(files)
                 all_rows.append(row)
                 dump.append({"set": name, "temp": temp, "runs": results})
-                print("%s T=%g: tau spec %.2f, w8 %.2f; tok/s plain %.0f, spec %.0f, w8 %.0f%s" % (
-                    name, temp, row["spec"]["tau"], row["w8"]["tau"], row["plain"]["tok_s"], row["spec"]["tok_s"],
-                    row["w8"]["tok_s"], "; greedy identical %d/%d, %d/%d" % (
-                        row["identical_spec"], len(files), row["identical_w8"], len(files)) if temp == 0 else ""),
-                      file=sys.stderr, flush=True)
+                print("%s T=%g: tau spec %.2f, always %.2f, w8 %.2f; tok/s plain %.0f, spec %.0f, always %.0f, "
+                      "w8 %.0f%s" % (name, temp, row["spec"]["tau"], row["always"]["tau"], row["w8"]["tau"],
+                                     row["plain"]["tok_s"], row["spec"]["tok_s"], row["always"]["tok_s"],
+                                     row["w8"]["tok_s"], "; greedy identical %s" % ", ".join(
+                                         "%d/%d" % (row["identical_" + m], len(files)) for m in SPEC_MODES)
+                                     if temp == 0 else ""), file=sys.stderr, flush=True)
     print_tables(all_rows, args)
     if args.json_out:
         with open(args.json_out, "w") as f:
@@ -146,24 +155,26 @@ def main():
 
 def print_tables(rows, args):
     print("\n%d tokens per prompt, %d threads; tok/s = median over prompts of generation tok/s; "
-          "spec = confidence/cost scheduler (default), w8 = --verify-width 8\n" % (args.n, args.threads))
-    print("| set | temp | prompts | tau spec | tau w8 | accepted/drafted spec | accepted/drafted w8 "
-          "| tok/s plain | tok/s spec | spec/plain | tok/s w8 | w8/plain | greedy identical (spec, w8) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "spec = the scheduler with --spec-policy auto (the default), always = the scheduler drafting every "
+          "pass, w8 = --verify-width 8\n" % (args.n, args.threads))
+    print("| set | temp | prompts | tau spec | tau always | tau w8 | plain passes of spec | tok/s plain "
+          "| tok/s spec | spec/plain | tok/s always | always/plain | tok/s w8 | w8/plain "
+          "| greedy identical (spec, always, w8) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        p, s, w = r["plain"], r["spec"], r["w8"]
-        ident = ("%d/%d, %d/%d" % (r["identical_spec"], r["n_prompts"], r["identical_w8"], r["n_prompts"])
+        p, s, a, w = r["plain"], r["spec"], r["always"], r["w8"]
+        ident = (", ".join("%d/%d" % (r["identical_" + m], r["n_prompts"]) for m in SPEC_MODES)
                  if "identical_spec" in r else "n/a (sampled)")
-        print("| %s | %g | %d | %.2f | %.2f | %d/%d | %d/%d | %.0f | %.0f | %.2fx | %.0f | %.2fx | %s |" % (
-            r["set"], r["temp"], r["n_prompts"], s["tau"], w["tau"], s["accepted"], s["drafted"], w["accepted"],
-            w["drafted"], p["tok_s"], s["tok_s"], s["tok_s"] / p["tok_s"], w["tok_s"], w["tok_s"] / p["tok_s"],
-            ident))
+        print("| %s | %g | %d | %.2f | %.2f | %.2f | %d/%d | %.0f | %.0f | %.2fx | %.0f | %.2fx | %.0f | %.2fx | %s |" % (
+            r["set"], r["temp"], r["n_prompts"], s["tau"], a["tau"], w["tau"], s["plain_passes"], s["passes"],
+            p["tok_s"], s["tok_s"], s["tok_s"] / p["tok_s"], a["tok_s"], a["tok_s"] / p["tok_s"], w["tok_s"],
+            w["tok_s"] / p["tok_s"], ident))
     print("\nPer-position acceptance, S(k)/S(k-1) from the summed accept_hist (w8: conditional acceptance "
-          "of draft k; spec: a lower bound, narrower verifies count as rejections)\n")
+          "of draft k; always: a lower bound, narrower verifies count as rejections)\n")
     print("| set | temp | mode | k=1 | k=2 | k=3 | k=4 | k=5 | k=6 | k=7 | accept_hist 0..7 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        for mode in ("w8", "spec"):
+        for mode in ("w8", "always"):
             m = r[mode]
             print("| %s | %g | %s | %s | %s |" % (r["set"], r["temp"], mode, " | ".join("%.2f" % x for x in m["pos"]),
                                                   " ".join(str(c) for c in m["hist"][:8])))

@@ -49,7 +49,7 @@
 #include "decode/decode_impl.h"
 #include "text/text.h"
 
-#define MAX_GEN 64
+#define MAX_GEN 160
 
 static char g_model[600], g_model_q8[600], g_model_c[600];
 static em_tok *g_tok;
@@ -957,9 +957,10 @@ static int td_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_c
     int64_t pos = d->info.n_ctx; /* the anchor's */
     assert_true(pos + d->info.n_drafts + 1 < TD_MAX_POS);
     for (int64_t p = t->last_anchor_pos + 1; t->last_anchor_pos >= 0 && p < pos; p++) {
+        /* committed tokens between anchors were drafts, unless plain passes (the governor)
+         * came between: then this history may be off, which only makes the drafts worse */
         int i = (int)(p - t->last_anchor_pos - 1);
-        assert_true(i < t->n_last_prop); /* committed tokens between anchors were drafts */
-        t->hist[p] = t->last_prop[i];
+        t->hist[p] = i < t->n_last_prop ? t->last_prop[i] : -1;
     }
     t->hist[pos] = anchor;
     int n = n_max < d->info.n_drafts ? n_max : d->info.n_drafts, k;
@@ -1232,6 +1233,7 @@ typedef struct proxy {
     em_target base;
     em_target *in;
     double fixed, per_row; /* cost(n) = fixed + per_row * n */
+    bool nominal;          /* the cost as nominal_seconds too (what the nominal governor reads) */
     bool log;
     float *rows;           /* the last verify's logits [n][n_vocab] (the caller's, or own) */
     float *own;            /* [EM_DECODE_MAX_WIDTH][n_vocab]: logits the log needs when the caller
@@ -1284,7 +1286,8 @@ static int proxy_prefill(em_target *t, const int32_t *tok, int n, const em_rows 
 
 static em_cost proxy_cost(const em_target *t, int n) {
     const proxy *p = (const proxy *)t;
-    return (em_cost){ .seconds = p->fixed + p->per_row * n };
+    const double c = p->fixed + p->per_row * n;
+    return (em_cost){ .seconds = c, .nominal_seconds = p->nominal ? c : 0.0 };
 }
 
 static void proxy_reset(em_target *t) {
@@ -1474,7 +1477,7 @@ static void exact_free(exact *x) {
 
 /* LL_RUNS seeded runs of 4 tokens; the first three tokens' joint against the exact one. */
 static void lossless_case(const char *name, em_target *target, const exact *x, const int32_t *prompt, int n_prompt,
-                          const em_sampler_params *sp, int width) {
+                          const em_sampler_params *sp, int width, const em_decode_govern_params *govern) {
     int *count = calloc((size_t)x->n_cells, sizeof *count);
     assert_non_null(count);
     tdraft *d = td_create(TD_NOISY, g_tf, 3, true, 4242);
@@ -1482,8 +1485,11 @@ static void lossless_case(const char *name, em_target *target, const exact *x, c
     d->table = x->rows, d->n_table = x->n_rows;
     d->noise = 1.5f; /* the draft distribution differs from the target's */
     em_decode *s;
-    OK(em_decode_create(&s, target, &(em_decode_opts){ .drafter = &d->base, .verify_width = width }, E));
-    uint64_t drafted = 0, accepted = 0, widths[5] = { 0 }, outside = 0;
+    const int policy = govern ? EM_DECODE_SPEC_NOMINAL : EM_DECODE_SPEC_ALWAYS;
+    OK(em_decode_create(&s, target, &(em_decode_opts){ .drafter = &d->base, .verify_width = width, .spec_policy = policy },
+                        E));
+    if (govern) em_decode_set_govern(s, govern);
+    uint64_t drafted = 0, accepted = 0, widths[5] = { 0 }, outside = 0, plain = 0;
     for (int run = 0; run < LL_RUNS; run++) {
         em_decode_params p = { .n_max = 4, .ignore_eog = true, .sampling = *sp };
         p.sampling.seed = 1 + (uint64_t)run;
@@ -1491,7 +1497,7 @@ static void lossless_case(const char *name, em_target *target, const exact *x, c
         em_decode_result r;
         run_loop(s, prompt, n_prompt, &p, &c, &r);
         assert_int_equal(c.n, 4);
-        drafted += r.drafted, accepted += r.accepted;
+        drafted += r.drafted, accepted += r.accepted, plain += r.plain_passes;
         widths[r.passes < 5 ? r.passes : 4]++;
         int cell = -1;
         for (int i = 0; i < x->n_cells && cell < 0; i++)
@@ -1510,6 +1516,10 @@ static void lossless_case(const char *name, em_target *target, const exact *x, c
     if (x2 > chi2_crit(df)) fail_msg("%s: chi-square %.1f over %d dof exceeds %.1f", name, x2, df, chi2_crit(df));
     assert_true(tv < 0.1); /* sampling noise alone gives about 0.04 at these counts */
     assert_true(accepted > drafted / 10 && accepted < drafted); /* both paths ran: acceptance and residual */
+    if (govern) { /* the governor both drafted and went plain, on what it had seen */
+        fprintf(stderr, "note: lossless %s: %llu plain passes\n", name, (unsigned long long)plain);
+        assert_true(plain > LL_RUNS / 10 && drafted > 0);
+    }
     em_decode_free(s);
     d->base.ops->close(&d->base);
     free(count);
@@ -1526,15 +1536,86 @@ static void test_decode_lossless(void **state) {
     /* the scheduler on, over a proxy target whose cost makes the width depend on confidence */
     proxy px;
     proxy_init(&px, g_tf, 1.0, 0.6);
-    lossless_case("scheduled", &px.base, &x, prompt, 4, &sp, 0);
+    lossless_case("scheduled", &px.base, &x, prompt, 4, &sp, 0, NULL);
     /* a fixed width of 3 rows (2 drafts) */
-    lossless_case("width 3", g_tf, &x, prompt, 4, &sp, 3);
+    lossless_case("width 3", g_tf, &x, prompt, 4, &sp, 3, NULL);
+    /* the governor on (nominal costs where 2 drafts pay only when most stand; a probe of one
+     * pass, stretches of one or two), so whether a pass drafts depends on earlier draws */
+    proxy pg;
+    proxy_init(&pg, g_tf, 1.0, 0.6);
+    pg.nominal = true;
+    const em_decode_govern_params quick = { .probe = 1, .plain_first = 1, .backoff_min = 1, .backoff_max = 2,
+                                            .refresh = 2 };
+    lossless_case("governed width 3", &pg.base, &x, prompt, 4, &sp, 3, &quick);
     exact_free(&x);
     /* top-p and min-p filters too, on the fixed width */
     em_sampler_params sp2 = { .temperature = 1.3f, .top_k = LL_K, .top_p = 0.9f, .min_p = 0.05f, .seed = 0 };
     exact_build(&x, prompt, 4, &sp2);
-    lossless_case("top-p/min-p width 4", g_tf, &x, prompt, 4, &sp2, 4);
+    lossless_case("top-p/min-p width 4", g_tf, &x, prompt, 4, &sp2, 4, NULL);
     exact_free(&x);
+}
+
+/* ---- whether to draft: the governor -------------------------------------------------------- */
+
+#define GOV_N 150
+
+/* A drafter that never helps (random proposals, the whole block every pass) under the nominal
+ * policy: the loop settles on plain passes (stretches doubling up to 32 between probes of two
+ * passes), and the tokens are plain greedy's. One that always helps (the oracle) keeps
+ * drafting, with a plain pass now and then to keep the plain cost current. The timed policy
+ * gives the same tokens too. */
+static void test_decode_governed(void **state) {
+    (void)state;
+    NEED_MODEL();
+    int n_prompt;
+    int32_t *prompt = make_prompt(0, &n_prompt);
+    collect ref = { 0 };
+    plain_greedy(g_t, prompt, n_prompt, GOV_N, &ref);
+    int32_t *truth = concat(prompt, n_prompt, ref.ids, ref.n);
+    proxy px; /* nominal costs: a verify of n rows costs 1 + 0.25 n */
+    proxy_init(&px, g_tf, 1.0, 0.25);
+    px.nominal = true;
+    const em_decode_govern_params pace = { .probe = 2, .plain_first = 1, .backoff_min = 4, .backoff_max = 32,
+                                           .refresh = 16 };
+    /* a stretch longer than the feature ring (128 rows): the drafter's context catches up
+     * during it, before the ring would drop rows it has not read */
+    const em_decode_govern_params long_pace = { .probe = 1, .plain_first = 1, .backoff_min = 130, .backoff_max = 130,
+                                                .refresh = 16 };
+    const int policies[4] = { EM_DECODE_SPEC_NOMINAL, EM_DECODE_SPEC_ALWAYS, EM_DECODE_SPEC_TIMED,
+                              EM_DECODE_SPEC_NOMINAL };
+    for (int mode = TD_ORACLE; mode <= TD_RANDOM; mode++) {
+        for (int k = 0; k < 4; k++) {
+            tdraft *d = td_create(mode, g_tf, 7, false, 11);
+            d->truth = truth, d->n_truth = n_prompt + ref.n;
+            em_decode *s;
+            OK(em_decode_create(&s, &px.base, &(em_decode_opts){ .tok = g_tok, .drafter = &d->base,
+                                                                  .spec_policy = policies[k] }, E));
+            em_decode_set_govern(s, k == 3 ? &long_pace : &pace);
+            em_decode_params p = greedy(GOV_N);
+            collect c = { 0 };
+            em_decode_result r;
+            run_loop(s, prompt, n_prompt, &p, &c, &r);
+            if (c.n != ref.n || memcmp(c.ids, ref.ids, sizeof c.ids))
+                fail_msg("drafter %d policy %d: output differs from plain greedy", mode, policies[k]);
+            assert_true(r.plain_passes <= r.passes);
+            assert_true(r.drafted == 7 * (r.passes - r.plain_passes) || r.drafted < 7 * (r.passes - r.plain_passes));
+            fprintf(stderr, "note: governed drafter %d policy %d: %llu passes, %llu plain, %llu of %llu accepted\n",
+                    mode, policies[k], (unsigned long long)r.passes, (unsigned long long)r.plain_passes,
+                    (unsigned long long)r.accepted, (unsigned long long)r.drafted);
+            if (policies[k] == EM_DECODE_SPEC_ALWAYS) assert_int_equal(r.plain_passes, 0);
+            if (k == 0 && mode == TD_RANDOM) /* settled on plain */
+                assert_true(r.plain_passes * 4 >= r.passes * 3);
+            if (k == 3 && mode == TD_RANDOM) /* probe, plain, probe, a stretch, probe, a stretch (+ the last
+                                                pass, of one row: no drafting possible) */
+                assert_true(r.plain_passes >= 100 && r.passes - r.plain_passes <= 4);
+            if ((k == 0 || k == 3) && mode == TD_ORACLE) /* the first plain one, refreshes */
+                assert_true(r.plain_passes <= 1 + r.passes / 16 + 1);
+            em_decode_free(s);
+            d->base.ops->close(&d->base);
+        }
+    }
+    free(truth);
+    free(prompt);
 }
 
 /* ---- bad input ------------------------------------------------------------------------------- */
@@ -1707,6 +1788,7 @@ int main(void) {
         cmocka_unit_test(test_decode_greedy_identity), cmocka_unit_test(test_decode_widths_and_dtypes),
         cmocka_unit_test(test_decode_stops),    cmocka_unit_test(test_decode_commit_state),
         cmocka_unit_test(test_decode_lossless), cmocka_unit_test(test_decode_bad_input),
+        cmocka_unit_test(test_decode_governed),
         cmocka_unit_test(test_decode_dspark_fixtures), cmocka_unit_test(test_decode_long_prompt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

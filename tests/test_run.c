@@ -163,7 +163,7 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     json_t *spec = json_object_get(j, "spec");
     static const char *const spec_keys[] = { "passes", "drafted", "accepted", "tau", "fast_commits",
                                              "full_replays", "failed_fallbacks", "accept_hist",
-                                             "mean_verify_width", "draft_seconds" };
+                                             "mean_verify_width", "draft_seconds", "plain_passes" };
     assert_int_equal(json_object_size(spec), sizeof spec_keys / sizeof spec_keys[0]);
     json_int_t passes = get_int(spec, "passes");
     assert_int_equal(passes, !strcmp(finish, "length") ? n - 1 : n);
@@ -178,6 +178,7 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     assert_int_equal(json_integer_value(json_array_get(hist, 0)), passes);
     assert_true(fabs(get_num(spec, "mean_verify_width") - (passes ? 1.0 : 0.0)) < 1e-12);
     assert_true(get_num(spec, "draft_seconds") == 0);
+    assert_int_equal(get_int(spec, "plain_passes"), 0); /* counts passes that could have drafted */
 
     json_t *ex = json_object_get(j, "experts");
     static const char *const ex_keys[] = { "bytes_read", "hits", "misses", "cache_bytes" };
@@ -360,18 +361,32 @@ static void test_draft(void **state) {
     json_decref(j);
     free(text);
     free(spec_out);
-    free(out);
     /* flags that need --draft, bad values, a missing drafter file */
     assert_int_equal(run("-p a -n 2 --verify-width 4"), 2);
     expect_stderr("needs a drafter");
     assert_int_equal(run("-p a -n 2 --feature-dtype q4_0"), 2);
     expect_stderr("not f32, f16, bf16 or q8_0");
+    assert_int_equal(run("-p a -n 2 --spec-policy sometimes"), 2);
+    expect_stderr("--spec-policy: 'sometimes' is not auto, nominal or always");
+    /* the nominal policy: the same tokens (greedy), and every pass either drafted or counted plain */
+    snprintf(args, sizeof args, "-p 'Once upon' -n 16 --temp 0 --threads 1 --json --draft '%s' --spec-policy nominal",
+             draft);
+    assert_int_equal(run(args), 0);
+    j = split_json(&text, &len);
+    spec_out = read_text("out.txt");
+    assert_memory_equal(strstr(spec_out, "\"tokens\":"), plain, (size_t)(strchr(plain, ']') - plain));
+    spec = json_object_get(j, "spec");
+    assert_true(get_int(spec, "plain_passes") <= get_int(spec, "passes"));
+    json_decref(j);
+    free(text);
+    free(spec_out);
     snprintf(args, sizeof args, "-p a -n 2 --draft '%s'", em_test_path("nodraft.gguf"));
     assert_int_equal(run(args), 1);
     expect_stderr("nodraft.gguf");
     snprintf(args, sizeof args, "-p a -n 2 --draft '%s' --verify-width 9", draft);
     assert_int_equal(run(args), 1);
     expect_stderr("verify width 9");
+    free(out);
     /* a drafter that does not fit (the shipped one: 256 wide, and it taps layer 5 of this
      * 4-layer target): exit 1, naming both files and what differs */
     snprintf(args, sizeof args, "-p a -n 2 --draft '%s'", em_test_src("models/dspark-kimi-linear-19m-q8_0.gguf"));

@@ -43,7 +43,8 @@ static const char run_usage[] =
     "      --json             after the text, one JSON object on the last line of stdout:\n"
     "                         tokens, n_prompt, n_gen, tok_per_s, prompt_tok_per_s, finish,\n"
     "                         spec {passes, drafted, accepted, tau, fast_commits, full_replays,\n"
-    "                         failed_fallbacks, accept_hist, mean_verify_width, draft_seconds},\n"
+    "                         failed_fallbacks, accept_hist, mean_verify_width, draft_seconds,\n"
+    "                         plain_passes},\n"
     "                         experts {bytes_read, hits, misses, cache_bytes}\n"
     EM_MODEL_FLAGS_USAGE
     "\n"
@@ -222,11 +223,12 @@ static json_t *spec_json(const em_decode_result *r) {
     json_t *hist = json_array();
     for (int i = 0; hist && i <= top; i++) json_array_append_new(hist, json_integer((json_int_t)r->accept_hist[i]));
     if (!hist) return NULL;
-    return json_pack("{s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:o, s:f, s:f}", "passes", (json_int_t)r->passes, "drafted",
-                     (json_int_t)r->drafted, "accepted", (json_int_t)r->accepted, "tau", tau, "fast_commits",
-                     (json_int_t)r->fast_commits, "full_replays", (json_int_t)r->full_replays, "failed_fallbacks",
-                     (json_int_t)r->failed_fallbacks, "accept_hist", hist, "mean_verify_width",
-                     r->mean_verify_width, "draft_seconds", r->draft_seconds);
+    return json_pack("{s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:o, s:f, s:f, s:I}", "passes", (json_int_t)r->passes,
+                     "drafted", (json_int_t)r->drafted, "accepted", (json_int_t)r->accepted, "tau", tau,
+                     "fast_commits", (json_int_t)r->fast_commits, "full_replays", (json_int_t)r->full_replays,
+                     "failed_fallbacks", (json_int_t)r->failed_fallbacks, "accept_hist", hist, "mean_verify_width",
+                     r->mean_verify_width, "draft_seconds", r->draft_seconds, "plain_passes",
+                     (json_int_t)r->plain_passes);
 }
 
 static int print_json(const sink *k, const em_decode_result *r, const em_target *t, em_err *err) {
@@ -293,10 +295,10 @@ static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_op
                 r.n_prompt, prompt_rate(&r), r.n_gen, gen_rate(&r), finish_name(r.finish));
     if (!rc && d)
         fprintf(stderr, "ember run: speculative: %llu passes, %llu of %llu drafts accepted, %.2f tokens per pass, "
-                "mean verify width %.2f, drafter %.3f s\n", (unsigned long long)r.passes,
-                (unsigned long long)r.accepted, (unsigned long long)r.drafted,
+                "mean verify width %.2f, drafter %.3f s, %llu passes plain (speculation did not pay)\n",
+                (unsigned long long)r.passes, (unsigned long long)r.accepted, (unsigned long long)r.drafted,
                 r.passes ? (double)(r.passes + r.accepted) / (double)r.passes : 0.0, r.mean_verify_width,
-                r.draft_seconds);
+                r.draft_seconds, (unsigned long long)r.plain_passes);
     if (!rc && o->json) rc = print_json(&k, &r, t, err);
     if (!rc && (fflush(stdout) != 0 || ferror(stdout)))
         rc = em_err_set(err, EM_EIO, "writing to standard output failed");

@@ -18,7 +18,7 @@
 
 static const char *const value_flags[] = {
     "-m", "--model", "--threads", "-c", "--ctx-size", "--draft", "--device", "--draft-device",
-    "--moe-storage", "--expert-cache", "--verify-width", "--feature-dtype",
+    "--moe-storage", "--expert-cache", "--verify-width", "--feature-dtype", "--spec-policy",
 };
 
 bool em_model_flag(const char *a) {
@@ -103,6 +103,10 @@ int em_model_flag_parse(const em_cmd *cmd, const char *a, const char *v, em_mode
     else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) return parse_int(cmd, a, v, 1, 1 << 24, &f->n_ctx);
     else if (!strcmp(a, "--verify-width")) {
         return parse_int(cmd, a, v, 0, EM_DECODE_MAX_WIDTH, &f->verify_width);
+    } else if (!strcmp(a, "--spec-policy")) {
+        if (em_decode_spec_policy(v) < 0)
+            return em_cli_usage_error(cmd, "--spec-policy: '%s' is not auto, nominal or always", v);
+        f->spec_policy = v;
     } else return check_future_flag(cmd, a, v, f);
     return -1;
 }
@@ -238,5 +242,6 @@ int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter 
 em_decode_opts em_model_flags_decode_opts(const em_model_flags *f, const em_tok *tok, em_drafter *drafter) {
     int ftype = f->feature_dtype ? em_decode_feature_type(f->feature_dtype) : EM_TYPE_F32;
     return (em_decode_opts){ .tok = tok, .drafter = drafter, .verify_width = f->verify_width,
-                           .feature_type = ftype < 0 ? EM_TYPE_F32 : ftype };
+                           .feature_type = ftype < 0 ? EM_TYPE_F32 : ftype,
+                           .spec_policy = f->spec_policy ? em_decode_spec_policy(f->spec_policy) : EM_DECODE_SPEC_TIMED };
 }

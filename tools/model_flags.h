@@ -1,6 +1,6 @@
 /* tools/model_flags: the model flags `ember serve` takes exactly as `ember run` does (-m,
  * --draft, --device, --draft-device, --moe-storage, --expert-cache, --threads,
- * --feature-dtype, --verify-width, -c/--ctx-size): parsed once here, with the same checks and
+ * --feature-dtype, --verify-width, --spec-policy, -c/--ctx-size): parsed once here, with the same checks and
  * the same "not available yet" refusals (exit 2) for features still to come; and the default
  * model pair (models/ of the source tree, or $EMBER_MODELS) used when -m is not given. */
 #ifndef EM_TOOLS_MODEL_FLAGS_H
@@ -28,6 +28,7 @@ typedef struct em_model_flags {
     int n_threads;      /* 0: all CPUs */
     int n_ctx;          /* 0: the model's, at most EM_MODEL_DEFAULT_CTX */
     int verify_width;   /* --verify-width: 0 automatic; > 1 needs a drafter */
+    const char *spec_policy;   /* --spec-policy: auto, nominal or always (NULL: auto) */
     const char *moe_storage;   /* --moe-storage: "resident", "ssd" or "auto" (NULL: auto) */
     uint64_t expert_cache;     /* --expert-cache bytes; 0: derived from available memory */
     const char *feature_dtype; /* --feature-dtype: f32, f16, bf16 or q8_0 (NULL: default) */
@@ -53,6 +54,10 @@ typedef struct em_model_flags {
     "      --expert-cache B   ssd: expert cache budget, e.g. 8GiB (default: half the free memory)\n"   \
     "      --verify-width N   rows per target pass with --draft (the anchor and N-1 drafts); default\n" \
     "                         0: chosen per pass from the drafter's confidence and the target's cost\n" \
+    "      --spec-policy P    when passes draft: auto (default: only while speculation is faster\n"    \
+    "                         than plain decoding on this machine, timed; seeded sampling then\n"      \
+    "                         depends on the timings), nominal (the same from nominal costs:\n"         \
+    "                         seeded runs reproducible) or always\n"                                    \
     "      --feature-dtype T  storage of the target features the drafter reads: f32 (default), f16,\n"  \
     "                         bf16 or q8_0\n"
 

@@ -11,7 +11,8 @@
  * request from the callback, a full context, or an error. A pass may commit several tokens;
  * the callback still sees them one by one and nothing past the token that ends the call.
  * Greedy speculative output is token-identical to plain greedy output; sampled output has
- * exactly the target's (filtered) distribution, reproducible per seed. */
+ * exactly the target's (filtered) distribution, reproducible per seed (with a timed spec
+ * policy: per seed and per the passes' timings, see em_decode_spec_policy). */
 #ifndef EM_DECODE_H
 #define EM_DECODE_H
 
@@ -22,6 +23,17 @@
 #include "text/text.h"
 
 typedef struct em_decode em_decode;
+
+/* When a pass drafts (decode/govern.c): speculation is used only while it pays. */
+enum em_decode_spec_policy {
+    EM_DECODE_SPEC_ALWAYS = 0, /* every pass drafts (the default of a zeroed em_decode_opts) */
+    EM_DECODE_SPEC_TIMED,      /* passes are timed; while speculative passes commit fewer tokens a
+                                  second than plain ones, decode plainly and probe again later.
+                                  Greedy output is unchanged and sampling stays exact, but a
+                                  seeded sampled run depends on the timings (which passes drafted) */
+    EM_DECODE_SPEC_NOMINAL,    /* the same decision from the nominal costs of the target and
+                                  drafter: a seeded run is reproducible */
+};
 
 typedef struct em_decode_opts {
     const em_tok *tok;    /* for end-of-generation ids and streamed text; may be NULL */
@@ -34,7 +46,11 @@ typedef struct em_decode_opts {
                              per pass (confidence scheduling with the target's cost; the whole
                              block without a confidence head); 1..n_drafts+1 (and at most the
                              target's max_verify) fixes it; > 1 needs a drafter */
+    int spec_policy;      /* enum em_decode_spec_policy (with a drafter) */
 } em_decode_opts;
+
+/* The policy for a --spec-policy name (always, auto = timed, nominal); -1 when unknown. */
+int em_decode_spec_policy(const char *name);
 
 /* The feature type for a --feature-dtype name (f32, f16, bf16, q8_0); -1 when unknown. */
 int em_decode_feature_type(const char *name);
@@ -63,6 +79,7 @@ typedef struct em_decode_result {
     double prompt_seconds, gen_seconds;
     /* speculation counters (zero drafted while plain) */
     uint64_t passes, drafted, accepted;  /* target verifies; drafts verified; drafts accepted */
+    uint64_t plain_passes;               /* passes that did not draft though a drafter was there */
     uint64_t fast_commits, full_replays, failed_fallbacks;
     uint64_t accept_hist[EM_DECODE_MAX_WIDTH]; /* [i]: passes that accepted i drafts */
     double mean_verify_width;  /* rows per verify (1 while plain; 0 without a pass) */

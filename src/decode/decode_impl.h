@@ -4,6 +4,7 @@
  *   ring.c      the feature ring: captured target features of committed positions, stored as
  *               F32 / F16 / BF16 / Q8_0, read back as f32 for the drafter's context
  *   accept.c    greedy acceptance and lossless speculative rejection sampling
+ *   govern.c    whether a pass drafts: speculation only while it pays (timed or nominal costs)
  *
  * How many drafts to verify (confidence survival against the pass's cost) is the walk of
  * draft/schedule.c (draft.h), which the drafter runs slot by slot from plain data and the
@@ -61,5 +62,41 @@ void em_decode_accept_free(em_decode_accept *a); /* NULL-safe */
  * drafts accepted (>= 0) with the token after them in *next, or a negative EM_E*. */
 int em_decode_accept_sample(em_decode_accept *a, em_sampler *s, const float *logits, const int32_t *drafts,
                           const em_sample_dist *draft_dist, int K, int32_t *next, em_err *err);
+
+/* ---- whether to draft (govern.c) ---------------------------------------------------------- */
+
+/* The governor's pacing, in passes (em_decode_govern_defaults; tests set their own). */
+typedef struct em_decode_govern_params {
+    int probe;        /* speculative passes that make a probe (>= 1) */
+    int plain_first;  /* plain passes timed before the first decision (>= 1) */
+    int backoff_min;  /* plain passes after the first probe that does not pay (>= 1) */
+    int backoff_max;  /* at most this many in one stretch (the stretch doubles up to it) */
+    int refresh;      /* speculative passes between two plain ones that keep the plain figure current */
+} em_decode_govern_params;
+
+extern const em_decode_govern_params em_decode_govern_defaults;
+
+typedef struct em_decode_govern {
+    int policy;                  /* enum em_decode_spec_policy */
+    em_decode_govern_params p;
+    double spec_tokens, spec_seconds, plain_seconds; /* decayed averages per pass */
+    bool have_spec, have_plain;
+    int probe_left;              /* speculative passes left in the probe */
+    int plain_left;              /* plain passes to make before drafting again */
+    bool stretch;                /* plain_left is a stretch after a probe that did not pay */
+    int backoff;                 /* the next stretch's length */
+    int since_refresh;           /* speculative passes since the last plain one */
+} em_decode_govern;
+
+/* A session's pacing from now on (tests: short probes and stretches). */
+typedef struct em_decode em_decode;
+void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p);
+/* Starts over (each generate call): a probe first. p NULL: the defaults. */
+void em_decode_govern_reset(em_decode_govern *g, int policy, const em_decode_govern_params *p);
+/* Whether the next pass drafts. */
+bool em_decode_govern_draft(em_decode_govern *g);
+/* The pass just made: whether it drafted, the tokens it committed, what it cost (seconds,
+ * timed or nominal as the policy says). */
+void em_decode_govern_report(em_decode_govern *g, bool drafted, int committed, double seconds);
 
 #endif

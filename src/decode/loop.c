@@ -55,6 +55,8 @@ struct em_decode {
     const em_tok *tok;     /* NULL: no end-of-generation ids, no text */
     em_tok_stream *stream; /* NULL without tok */
     int fixed_width;       /* 0: scheduled per pass */
+    int spec_policy;       /* enum em_decode_spec_policy */
+    em_decode_govern_params govern; /* its pacing */
     int max_width;         /* rows a verify may take */
     int32_t n_vocab;
     int n_feat;            /* 0 without a drafter */
@@ -80,6 +82,7 @@ typedef struct gen {
     void *ud;
     em_decode_result *res;
     uint64_t rows_verified;
+    em_decode_govern gov;
     bool done;
 } gen;
 
@@ -91,6 +94,17 @@ int em_decode_feature_type(const char *name) {
         if (!strcmp(name, types[i].name)) return types[i].type;
     return -1;
 }
+
+int em_decode_spec_policy(const char *name) {
+    static const struct { const char *name; int policy; } policies[] = {
+        { "always", EM_DECODE_SPEC_ALWAYS }, { "auto", EM_DECODE_SPEC_TIMED }, { "nominal", EM_DECODE_SPEC_NOMINAL },
+    };
+    for (size_t i = 0; name && i < sizeof policies / sizeof policies[0]; i++)
+        if (!strcmp(name, policies[i].name)) return policies[i].policy;
+    return -1;
+}
+
+void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p) { s->govern = *p; }
 
 /* ---- create ------------------------------------------------------------------------------- */
 
@@ -176,6 +190,8 @@ int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *o
     int t = o.feature_type;
     if (t != EM_TYPE_F32 && t != EM_TYPE_F16 && t != EM_TYPE_BF16 && t != EM_TYPE_Q8_0)
         return em_err_set(err, EM_EINVAL, "spec: feature type %s is not f32, f16, bf16 or q8_0", em_type_name(t));
+    if (o.spec_policy < EM_DECODE_SPEC_ALWAYS || o.spec_policy > EM_DECODE_SPEC_NOMINAL)
+        return em_err_set(err, EM_EINVAL, "spec: policy %d is not always, timed or nominal", o.spec_policy);
     int rc = o.drafter ? check_drafter(info, &o.drafter->info, err) : EM_OK;
     int fixed = 0, max_width = 1;
     if (!rc) rc = resolve_width(&o, info, &fixed, &max_width, err);
@@ -187,6 +203,8 @@ int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *o
     s->drafter = max_width > 1 ? o.drafter : NULL; /* width 1 never drafts */
     s->tok = o.tok;
     s->fixed_width = fixed;
+    s->spec_policy = o.spec_policy;
+    s->govern = em_decode_govern_defaults;
     s->max_width = max_width;
     s->n_vocab = info->n_vocab;
     s->n_feat = s->drafter ? info->n_feat : 0;
@@ -348,6 +366,27 @@ static int emit(gen *g, int32_t id, em_err *err) {
     return EM_OK;
 }
 
+/* A plain pass with a drafter: the drafter's context catches up before the ring (which holds
+ * feat_rows rows) would drop rows it has not read, in one batch of context. */
+static int keep_drafter_near(gen *g, em_err *err) {
+    em_decode *s = g->s;
+    if (em_target_position(s->target) - s->drafter->info.n_ctx <= s->feat_rows - s->max_width) return EM_OK;
+    double t0 = em_time_now();
+    int rc = sync_drafter(g, err);
+    g->res->draft_seconds += em_time_now() - t0;
+    return rc;
+}
+
+/* What a pass of K drafts cost, for the governor: the clock's seconds since t0, or the
+ * nominal cost of the drafter's block and the target's verify (a plain pass: the verify). */
+static double pass_cost_seconds(const gen *g, bool drafted, int K, double t0) {
+    const em_decode *s = g->s;
+    if (s->spec_policy == EM_DECODE_SPEC_TIMED) return em_time_now() - t0;
+    if (!drafted) return em_target_cost(s->target, 1).nominal_seconds;
+    const pass_cost c = { s->target, s->drafter->info.block_seconds, s->drafter->info.slot_seconds };
+    return pass_seconds(&c, K + 1);
+}
+
 /* One pass of the target: anchor (+ drafts) in, the accepted tokens and the next anchor out. */
 static int step(gen *g, int32_t *anchor, em_err *err) {
     em_decode *s = g->s;
@@ -361,7 +400,10 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     int64_t wanted = (int64_t)g->p->n_max - g->res->n_gen; /* a pass emits at most its width */
     if (limit > wanted) limit = wanted;
     if (limit > s->max_width) limit = s->max_width;
-    int K = s->drafter && limit > 1 ? draft_block(g, *anchor, (int)limit, err) : 0;
+    const bool can_draft = s->drafter && limit > 1;
+    const bool drafts = can_draft && em_decode_govern_draft(&g->gov);
+    const double t0 = em_time_now();
+    int K = drafts ? draft_block(g, *anchor, (int)limit, err) : 0;
     if (K < 0) return K;
 
     s->rows[0] = *anchor;
@@ -374,7 +416,12 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     if (n_acc < 0) return n_acc;
     rc = em_target_commit(s->target, 1 + n_acc, err);
     if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
+    if (!rc && s->drafter && !drafts) rc = keep_drafter_near(g, err);
     if (rc) return rc;
+    if (can_draft) {
+        em_decode_govern_report(&g->gov, drafts, 1 + n_acc, pass_cost_seconds(g, drafts, K, t0));
+        g->res->plain_passes += !drafts;
+    }
 
     g->rows_verified += (uint64_t)(K + 1);
     g->res->drafted += (uint64_t)K;
@@ -437,6 +484,7 @@ int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const 
     int rc = check_call(s, prompt, n_prompt, p, err);
     if (rc) return rc;
     gen g = { .s = s, .p = p, .on_token = on_token, .ud = ud, .res = res, .greedy = p->sampling.temperature <= 0 };
+    em_decode_govern_reset(&g.gov, s->spec_policy, &s->govern);
     rc = em_sampler_create(&g.sampler, &p->sampling, s->n_vocab, err);
     if (rc) return em_err_prefix(err, "generate");
 

@@ -1,0 +1,82 @@
+/* decode/govern.c: whether a pass drafts. Speculation pays when the tokens a speculative pass
+ * commits, over what the pass costs (the drafter's proposal, the verify, the commit), beat one
+ * token over what a plain pass costs. The governor keeps decayed averages of both kinds of pass
+ * from the passes the loop reports, and answers, pass by pass, draft or not:
+ *
+ *   probe (a few speculative passes) -> without a plain figure yet, a few plain passes to get
+ *   one -> then after every speculative pass: still paying? stay; else a stretch of plain
+ *   passes, twice as long each time the next probe fails too (reset when one pays), then a
+ *   fresh probe. While speculating, one plain pass now and then keeps the plain figure current
+ *   (its cost grows with the context).
+ *
+ * What a pass costs is timed by the loop (EM_DECODE_SPEC_TIMED) or its nominal cost
+ * (EM_DECODE_SPEC_NOMINAL: decisions then depend on acceptance alone, so a seeded run is
+ * reproducible); EM_DECODE_SPEC_ALWAYS drafts every pass.
+ *
+ * Invariants: a decision depends only on passes already made (non-anticipating), so sampling
+ * keeps exactly the target's distribution and greedy output is the same tokens either way;
+ * the state is plain numbers, reset per generate call. Must not: know the target or the
+ * drafter. */
+#include "decode/decode.h"
+#include "decode/decode_impl.h"
+
+#include <string.h>
+
+#define GOV_DECAY 0.25 /* weight of the newest pass in the averages */
+
+const em_decode_govern_params em_decode_govern_defaults = {
+    .probe = 2, .plain_first = 1, .backoff_min = 16, .backoff_max = 256, .refresh = 64,
+};
+
+void em_decode_govern_reset(em_decode_govern *g, int policy, const em_decode_govern_params *p) {
+    memset(g, 0, sizeof *g);
+    g->policy = policy;
+    g->p = p ? *p : em_decode_govern_defaults;
+    g->probe_left = g->p.probe;
+    g->backoff = g->p.backoff_min;
+}
+
+bool em_decode_govern_draft(em_decode_govern *g) {
+    if (g->policy == EM_DECODE_SPEC_ALWAYS) return true;
+    return g->plain_left == 0;
+}
+
+/* Decayed averages; the first value after a (re)start is taken as it is. */
+static void average(double *avg, bool have, double v) { *avg = have ? (1.0 - GOV_DECAY) * *avg + GOV_DECAY * v : v; }
+
+/* Speculation pays when its tokens per second are at least plain decoding's. */
+static bool spec_pays(const em_decode_govern *g) { return g->spec_tokens * g->plain_seconds >= g->spec_seconds; }
+
+void em_decode_govern_report(em_decode_govern *g, bool drafted, int committed, double seconds) {
+    if (g->policy == EM_DECODE_SPEC_ALWAYS) return;
+    if (!drafted) {
+        average(&g->plain_seconds, g->have_plain, seconds);
+        g->have_plain = true;
+        if (g->plain_left > 0 && --g->plain_left == 0 && g->stretch) { /* a stretch ends: probe afresh */
+            g->stretch = false;
+            g->have_spec = false;
+            g->probe_left = g->p.probe;
+        }
+        return;
+    }
+    average(&g->spec_tokens, g->have_spec, (double)committed);
+    average(&g->spec_seconds, g->have_spec, seconds);
+    g->have_spec = true;
+    if (g->probe_left > 0 && --g->probe_left > 0) return;
+    if (!g->have_plain) { /* a plain figure first */
+        g->plain_left = g->p.plain_first;
+        return;
+    }
+    if (!spec_pays(g)) {
+        g->plain_left = g->backoff;
+        g->stretch = true;
+        g->backoff = g->backoff * 2 > g->p.backoff_max ? g->p.backoff_max : g->backoff * 2;
+        g->since_refresh = 0;
+        return;
+    }
+    g->backoff = g->p.backoff_min;
+    if (++g->since_refresh >= g->p.refresh) {
+        g->since_refresh = 0;
+        g->plain_left = 1;
+    }
+}

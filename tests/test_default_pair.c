@@ -3,7 +3,8 @@
  * 64 MT-Bench questions in Kimi's chat format), through the library's one decode loop:
  *  - speculative greedy output is token-identical to plain greedy output on all 128 prompts,
  *    at 32 tokens each, under the confidence/cost scheduler (verify width 0) and at the full
- *    block (verify width 8, 7 drafts per pass); same count and same finish reason;
+ *    block (verify width 8, 7 drafts per pass), and with the speculation governor deciding per
+ *    pass on timings (--spec-policy auto); same count and same finish reason;
  *  - the drafter is the trained one, not merely a harmless one: at width 8 it is accepted
  *    (tau over the whole set above 1.5; the eval measures about 2.5-3).
  *  - the chain run inside the drafter (greedy picks, seeded draws, the schedule's keep test)
@@ -53,6 +54,7 @@ typedef struct pair {
     em_target *target;
     em_drafter *drafter;
     em_decode *plain, *sched, *w8;
+    em_decode *governed;          /* the scheduler under --spec-policy auto (timed), as users run it */
     oldpath old;                  /* the drafter behind the old per-slot callbacks */
     em_decode *sched_old, *w8_old;
 } pair;
@@ -77,6 +79,10 @@ static int open_pair(pair *p, const char *target_path, const char *draft_path) {
     if (!rc)
         rc = em_decode_create(&p->w8, p->target,
                             &(em_decode_opts){ .tok = p->tok, .drafter = p->drafter, .verify_width = 8 }, &err);
+    if (!rc)
+        rc = em_decode_create(&p->governed, p->target,
+                              &(em_decode_opts){ .tok = p->tok, .drafter = p->drafter, .spec_policy = EM_DECODE_SPEC_TIMED },
+                              &err);
     if (!rc) oldpath_wrap(&p->old, p->drafter, p->target);
     if (!rc) rc = em_decode_create(&p->sched_old, p->target, &(em_decode_opts){ .tok = p->tok, .drafter = &p->old.base }, &err);
     if (!rc)
@@ -90,6 +96,7 @@ static void close_pair(pair *p) {
     em_decode_free(p->plain);
     em_decode_free(p->sched);
     em_decode_free(p->w8);
+    em_decode_free(p->governed);
     em_decode_free(p->sched_old);
     em_decode_free(p->w8_old);
     em_draft_close(p->drafter); /* before the target it borrows from */
@@ -149,7 +156,8 @@ static void expect_same_run(em_decode *s, em_decode *s_old, const int32_t *ids, 
                  (unsigned long long)ra.accepted, (unsigned long long)rb.accepted, (double)temp);
 }
 
-/* Runs every prompt of one file three ways; adds passes / accepted of the width-8 runs. */
+/* Runs every prompt of one file four ways (plain, scheduler, width 8, governed); adds passes / accepted
+ * of the width-8 runs. */
 static void check_set(const pair *p, const char *rel, bool chat, uint64_t *passes, uint64_t *accepted,
                       uint64_t *drafted_sched) {
     size_t len;
@@ -159,11 +167,14 @@ static void check_set(const pair *p, const char *rel, bool chat, uint64_t *passe
     for (char *line = strtok_r(text, "\n", &save); line && n_lines < N_PER_SET; line = strtok_r(NULL, "\n", &save)) {
         size_t n;
         int32_t *ids = encode_line(p, line, chat, &n);
-        tokens a, b, c;
-        em_decode_result ra, rb, rc;
+        tokens a, b, c, d;
+        em_decode_result ra, rb, rc, rd;
         generate(p->plain, ids, n, &a, &ra);
         generate(p->sched, ids, n, &b, &rb);
         generate(p->w8, ids, n, &c, &rc);
+        generate(p->governed, ids, n, &d, &rd);
+        if (a.n != d.n || memcmp(a.ids, d.ids, (size_t)a.n * sizeof a.ids[0]) || ra.finish != rd.finish)
+            fail_msg("%s line %d: the governed loop's greedy tokens differ from plain decoding's", rel, n_lines + 1);
         if (a.n != b.n || memcmp(a.ids, b.ids, (size_t)a.n * sizeof a.ids[0]) || ra.finish != rb.finish)
             fail_msg("%s line %d: the scheduler's greedy tokens differ from plain decoding's", rel, n_lines + 1);
         if (a.n != c.n || memcmp(a.ids, c.ids, (size_t)a.n * sizeof a.ids[0]) || ra.finish != rc.finish)

@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "draft/draft.h"
 #include "draft_oldpath.h"
@@ -1234,6 +1235,7 @@ typedef struct proxy {
     em_target *in;
     double fixed, per_row; /* cost(n) = fixed + per_row * n */
     bool nominal;          /* the cost as nominal_seconds too (what the nominal governor reads) */
+    long sleep_ns_per_row; /* a verify also sleeps this long a row (timings that load cannot turn) */
     bool log;
     float *rows;           /* the last verify's logits [n][n_vocab] (the caller's, or own) */
     float *own;            /* [EM_DECODE_MAX_WIDTH][n_vocab]: logits the log needs when the caller
@@ -1259,6 +1261,10 @@ static int proxy_verify(em_target *t, const int32_t *tok, int n, const em_rows *
         in.logits = p->own;
     }
     int rc = em_target_verify(p->in, tok, n, &in, err);
+    if (p->sleep_ns_per_row > 0) {
+        const long ns = p->sleep_ns_per_row * n;
+        nanosleep(&(struct timespec){ .tv_sec = ns / 1000000000L, .tv_nsec = ns % 1000000000L }, NULL);
+    }
     proxy_sync(p);
     p->rows = in.logits, p->n_rows = n;
     return rc;
@@ -1618,6 +1624,49 @@ static void test_decode_governed(void **state) {
     free(prompt);
 }
 
+/* The timed governor carries what it learnt to the session's next call of the same kind: over
+ * a target whose verify sleeps 300 us a row, speculation with a drafter that never helps
+ * cannot pay whatever the machine's load, so a long greedy call ends inside a plain stretch,
+ * and a short greedy call after it makes only plain passes; a sampled call starts with its own
+ * probe, and so does a greedy call after the pacing is set again. */
+static void test_decode_governed_memory(void **state) {
+    (void)state;
+    NEED_MODEL();
+    int n_prompt;
+    int32_t *prompt = make_prompt(1, &n_prompt);
+    proxy px;
+    proxy_init(&px, g_tf, 1.0, 0.25);
+    px.sleep_ns_per_row = 300000;
+    tdraft *d = td_create(TD_RANDOM, g_tf, 7, false, 3);
+    em_decode *s;
+    OK(em_decode_create(&s, &px.base, &(em_decode_opts){ .tok = g_tok, .drafter = &d->base,
+                                                          .spec_policy = EM_DECODE_SPEC_TIMED }, E));
+    const em_decode_govern_params pace = { .probe = 2, .plain_first = 1, .backoff_min = 4, .backoff_max = 32,
+                                           .refresh = 16 };
+    em_decode_set_govern(s, &pace);
+    collect c = { 0 };
+    em_decode_result r;
+    em_decode_params p = greedy(GOV_N);
+    run_loop(s, prompt, n_prompt, &p, &c, &r);
+    assert_true(r.plain_passes * 4 >= r.passes * 3); /* settled on plain */
+    p = greedy(8);
+    memset(&c, 0, sizeof c);
+    run_loop(s, prompt, n_prompt, &p, &c, &r);
+    assert_int_equal(r.drafted, 0); /* still in the stretch the first call left */
+    assert_true(r.plain_passes + 1 >= r.passes);
+    em_decode_params ps = sampled(8, 5, 0);
+    memset(&c, 0, sizeof c);
+    run_loop(s, prompt, n_prompt, &ps, &c, &r);
+    assert_true(r.drafted > 0); /* sampled calls learn on their own */
+    em_decode_set_govern(s, &pace);
+    memset(&c, 0, sizeof c);
+    run_loop(s, prompt, n_prompt, &p, &c, &r);
+    assert_true(r.drafted > 0); /* forgotten: a probe first */
+    em_decode_free(s);
+    d->base.ops->close(&d->base);
+    free(prompt);
+}
+
 /* ---- bad input ------------------------------------------------------------------------------- */
 
 static void test_decode_bad_input(void **state) {
@@ -1788,7 +1837,7 @@ int main(void) {
         cmocka_unit_test(test_decode_greedy_identity), cmocka_unit_test(test_decode_widths_and_dtypes),
         cmocka_unit_test(test_decode_stops),    cmocka_unit_test(test_decode_commit_state),
         cmocka_unit_test(test_decode_lossless), cmocka_unit_test(test_decode_bad_input),
-        cmocka_unit_test(test_decode_governed),
+        cmocka_unit_test(test_decode_governed), cmocka_unit_test(test_decode_governed_memory),
         cmocka_unit_test(test_decode_dspark_fixtures), cmocka_unit_test(test_decode_long_prompt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -29,8 +29,10 @@ enum em_decode_spec_policy {
     EM_DECODE_SPEC_ALWAYS = 0, /* every pass drafts (the default of a zeroed em_decode_opts) */
     EM_DECODE_SPEC_TIMED,      /* passes are timed; while speculative passes commit fewer tokens a
                                   second than plain ones, decode plainly and probe again later.
-                                  Greedy output is unchanged and sampling stays exact, but a
-                                  seeded sampled run depends on the timings (which passes drafted) */
+                                  What it learnt carries over to the session's next call of the
+                                  same kind (greedy or sampled). Greedy output is unchanged and
+                                  sampling stays exact, but a seeded sampled run depends on the
+                                  timings (which passes drafted) */
     EM_DECODE_SPEC_NOMINAL,    /* the same decision from the nominal costs of the target and
                                   drafter: a seeded run is reproducible */
 };

@@ -88,10 +88,11 @@ typedef struct em_decode_govern {
     int since_refresh;           /* speculative passes since the last plain one */
 } em_decode_govern;
 
-/* A session's pacing from now on (tests: short probes and stretches). */
+/* A session's pacing from now on, forgetting what its governors learnt (tests: short probes
+ * and stretches). */
 typedef struct em_decode em_decode;
 void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p);
-/* Starts over (each generate call): a probe first. p NULL: the defaults. */
+/* Starts over: a probe first. p NULL: the defaults. */
 void em_decode_govern_reset(em_decode_govern *g, int policy, const em_decode_govern_params *p);
 /* Whether the next pass drafts. */
 bool em_decode_govern_draft(em_decode_govern *g);

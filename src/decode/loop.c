@@ -37,7 +37,10 @@
  * from there to the end; draft_seconds is the drafter's share of both.
  *
  * Must not: know any architecture (only model.h and draft.h), or keep state between generate
- * calls beyond its buffers. */
+ * calls beyond its buffers and, under the timed spec policy, what the governor learnt (one
+ * governor for greedy calls, one for sampled ones: a server's next request starts from what
+ * the last ones showed instead of probing afresh; the nominal policy starts over every call,
+ * so that a seeded call does not depend on the calls before it). */
 #include "decode/decode.h"
 #include "decode/decode_impl.h"
 
@@ -57,6 +60,9 @@ struct em_decode {
     int fixed_width;       /* 0: scheduled per pass */
     int spec_policy;       /* enum em_decode_spec_policy */
     em_decode_govern_params govern; /* its pacing */
+    em_decode_govern learnt[2];     /* timed policy: the governor after the last greedy [0] and
+                                       sampled [1] call */
+    bool have_learnt[2];
     int max_width;         /* rows a verify may take */
     int32_t n_vocab;
     int n_feat;            /* 0 without a drafter */
@@ -104,7 +110,10 @@ int em_decode_spec_policy(const char *name) {
     return -1;
 }
 
-void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p) { s->govern = *p; }
+void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p) {
+    s->govern = *p;
+    s->have_learnt[0] = s->have_learnt[1] = false;
+}
 
 /* ---- create ------------------------------------------------------------------------------- */
 
@@ -484,7 +493,9 @@ int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const 
     int rc = check_call(s, prompt, n_prompt, p, err);
     if (rc) return rc;
     gen g = { .s = s, .p = p, .on_token = on_token, .ud = ud, .res = res, .greedy = p->sampling.temperature <= 0 };
-    em_decode_govern_reset(&g.gov, s->spec_policy, &s->govern);
+    const int kind = g.greedy ? 0 : 1;
+    if (s->spec_policy == EM_DECODE_SPEC_TIMED && s->have_learnt[kind]) g.gov = s->learnt[kind];
+    else em_decode_govern_reset(&g.gov, s->spec_policy, &s->govern);
     rc = em_sampler_create(&g.sampler, &p->sampling, s->n_vocab, err);
     if (rc) return em_err_prefix(err, "generate");
 
@@ -499,6 +510,10 @@ int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const 
     em_target_stats before = s->target->stats;
 
     rc = run(&g, prompt, n_prompt, err);
+    if (!rc && s->spec_policy == EM_DECODE_SPEC_TIMED) {
+        s->learnt[kind] = g.gov;
+        s->have_learnt[kind] = true;
+    }
 
     const em_target_stats *after = &s->target->stats;
     res->passes = after->verifies - before.verifies;

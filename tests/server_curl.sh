@@ -63,6 +63,7 @@ check "/metrics is Prometheus text ($ctype)" test "${ctype%%;*}" = text/plain
 mtext=$(curl -s "$A_URL/metrics")
 for m in requests_total prompt_tokens_total prompt_seconds_total tokens_predicted_total tokens_predicted_seconds_total \
     spec_passes_total spec_drafted_total spec_accepted_total expert_bytes_read_total expert_cache_hits_total \
+    expert_bytes_read_generating_total \
     requests_processing requests_deferred; do
     check "/metrics has ember_$m with HELP and TYPE" bash -c 'grep -q "^ember_$1 [0-9]" <<<"$2" && grep -q "^# TYPE ember_$1 " <<<"$2"' _ "$m" "$mtext"
 done

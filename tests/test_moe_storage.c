@@ -19,6 +19,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -430,6 +431,14 @@ static void test_cli(void **state) {
     json_t *o = last_json();
     assert_true(expert_field(o, "misses") > 0 && expert_field(o, "bytes_read") > 0);
     assert_true(expert_field(o, "cache_bytes") > 0 && expert_field(o, "cache_bytes") <= 64 * 1024);
+    /* generation's share of the reads, and that over the 3 tokens its passes committed */
+    const int64_t gen = expert_field(o, "gen_bytes_read");
+    assert_true(gen > 0 && gen < expert_field(o, "bytes_read"));
+    const double per = json_real_value(json_object_get(json_object_get(o, "experts"), "gen_bytes_per_token"));
+    const json_t *spec = json_object_get(o, "spec");
+    const double committed = (double)(json_integer_value(json_object_get(spec, "passes")) +
+                                      json_integer_value(json_object_get(spec, "accepted")));
+    assert_true(committed > 0 && fabs(per - (double)gen / committed) <= 1e-9 * per);
     json_t *toks_ssd = json_incref(json_object_get(o, "tokens"));
     json_decref(o);
     assert_int_equal(em_test_sh(1, "'%s' run -m '%s' -p hello -n 4 --json --moe-storage resident", bin, m), 0);
@@ -438,6 +447,7 @@ static void test_cli(void **state) {
     assert_true(expert_field(o, "hits") > 0);
     assert_int_equal(expert_field(o, "misses"), 0);
     assert_int_equal(expert_field(o, "bytes_read"), 0);
+    assert_int_equal(expert_field(o, "gen_bytes_read"), 0);
     assert_true(json_equal(toks_ssd, json_object_get(o, "tokens")));
     json_decref(o);
     json_decref(toks_ssd);

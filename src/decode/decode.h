@@ -87,6 +87,9 @@ typedef struct em_decode_result {
     double mean_verify_width;  /* rows per verify (1 while plain; 0 without a pass) */
     double draft_seconds;      /* in the drafter (context extension + proposals), part of the
                                   prompt and generation times */
+    uint64_t gen_bytes_read;   /* routed-expert bytes the target read from storage after the
+                                  prompt (em_target_expert_stats; 0 with resident experts): over
+                                  passes + accepted, the bytes a committed token cost */
 } em_decode_result;
 
 int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *opts, em_err *err);

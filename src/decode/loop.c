@@ -467,6 +467,12 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     return EM_OK;
 }
 
+/* Routed-expert bytes the target has read from storage so far (0 when it cannot say). */
+static uint64_t expert_bytes(const em_target *t) {
+    em_target_expert_counts c;
+    return em_target_expert_stats(t, -1, &c, NULL) ? 0 : c.bytes_read;
+}
+
 static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     em_decode *s = g->s;
     double t0 = em_time_now();
@@ -474,6 +480,7 @@ static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     double t1 = em_time_now();
     g->res->prompt_seconds = t1 - t0;
     if (rc) return rc;
+    const uint64_t bytes0 = expert_bytes(s->target);
     int32_t anchor = s->argmax[0];
     if (!g->greedy) rc = em_sampler_sample(g->sampler, s->logits, &anchor, err);
     else if (anchor < 0) /* as the sampler says it */
@@ -481,6 +488,8 @@ static int run(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     if (!rc) rc = emit(g, anchor, err);
     while (!rc && !g->done) rc = step(g, &anchor, err);
     g->res->gen_seconds = em_time_now() - t1;
+    const uint64_t bytes1 = expert_bytes(s->target);
+    g->res->gen_bytes_read = bytes1 > bytes0 ? bytes1 - bytes0 : 0;
     return rc;
 }
 

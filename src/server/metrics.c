@@ -53,6 +53,7 @@ void em_srv_metrics_generation(em_srv_metrics *m, const em_decode_result *r, int
     m->c.passes += r->passes;
     m->c.drafted += r->drafted;
     m->c.accepted += r->accepted;
+    m->c.expert_gen_bytes_read += r->gen_bytes_read;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -142,6 +143,10 @@ char *em_srv_metrics_render(em_srv_metrics *m, int queued, int processing, bool 
     counter(&o, "expert_bytes_read_total", "Bytes of routed experts read from storage.", (double)c.expert_bytes_read);
     counter(&o, "expert_cache_hits_total", "Routed-expert lookups served from the expert cache.", (double)c.expert_hits);
     counter(&o, "expert_cache_misses_total", "Routed-expert lookups that read storage.", (double)c.expert_misses);
+    counter(&o, "expert_bytes_read_generating_total",
+            "Bytes of routed experts read from storage while generating (after prompts); over spec_passes_total + "
+            "spec_accepted_total (the tokens the passes committed), the bytes a generated token cost.",
+            (double)c.expert_gen_bytes_read);
     if (o.failed) {
         free(o.buf);
         return NULL;

@@ -148,6 +148,7 @@ typedef struct em_srv_counters {
     double prompt_seconds, gen_seconds;
     uint64_t passes, drafted, accepted;
     uint64_t expert_bytes_read, expert_hits, expert_misses;
+    uint64_t expert_gen_bytes_read;   /* of those, read while generating (after prompts) */
 } em_srv_counters;
 
 typedef struct em_srv_metrics {

@@ -97,10 +97,9 @@ int em_gpu_join(em_gpu *g, em_err *err);
 
 /* Whether a kernel may start while the kernel before it finishes (programmatic dependent
  * launch: it prefetches its weights, then waits on the device for the earlier kernels'
- * results; docs/cuda.md "Launch overlap"). Results are bit-identical either way. On at open
+ * results; docs/cuda.md "Fewer, fuller launches"). Results are bit-identical either way. On at open
  * unless the environment has EMBER_GPU_PDL=0; a graph keeps the setting it was captured with. */
 void em_gpu_set_overlap(em_gpu *g, bool on);
-bool em_gpu_overlap(const em_gpu *g);
 
 /* ---- graphs and timing ------------------------------------------------------------------ */
 

@@ -20,10 +20,6 @@ int em_gpu_open(int index, em_gpu **out, em_err *err) {
 }
 void em_gpu_close(em_gpu *g) { (void)g; }
 void em_gpu_set_overlap(em_gpu *g, bool on) { (void)g, (void)on; }
-bool em_gpu_overlap(const em_gpu *g) {
-    (void)g;
-    return false;
-}
 const em_gpu_info *em_gpu_get_info(const em_gpu *g) {
     (void)g;
     return NULL;

@@ -434,15 +434,16 @@ static const float *res_input(gk *k, int n_bank, const float *x, const float *w,
  * next norm adds it in its own launch (em_gpu_add_rmsnorm); whatever reads x first makes it
  * (flush). */
 typedef struct gk_residual {
-    const float *y, *y2;
+    float *y;        /* y += y2 is made in place */
+    const float *y2;
 } gk_residual;
 
 static int flush(gk *k, gk_residual *r, int n, em_err *err) {
     const int64_t c = (int64_t)n * k->hp.n_embd;
     int rc = EM_OK;
-    if (r->y && r->y2) rc = em_gpu_add(k->gpu, r->y, r->y2, c, (float *)r->y, err);
+    if (r->y && r->y2) rc = em_gpu_add(k->gpu, r->y, r->y2, c, r->y, err);
     if (!rc && r->y) rc = em_gpu_add(k->gpu, k->B.x, r->y, c, k->B.x, err);
-    r->y = r->y2 = NULL;
+    r->y = NULL, r->y2 = NULL;
     return rc;
 }
 
@@ -467,7 +468,7 @@ static int norm_input(gk *k, gk_residual *r, int n_bank, const float *res_w, con
     } else {
         rc = em_gpu_add_rmsnorm(k->gpu, B->x + (int64_t)r0 * E, E, r->y, r->y2, E, norm_w, hp->rms_eps, n, E, out, E, q, qa,
                                 err);
-        r->y = r->y2 = NULL;
+        r->y = NULL, r->y2 = NULL;
     }
     xa->have_q = !rc && q;
     return rc;

@@ -52,7 +52,7 @@ int emc_launched(em_err *err, const char *kernel);
         if (!(cond)) return em_err_set(err, EM_EINVAL, __VA_ARGS__);        \
     } while (0)
 
-/* ---- programmatic dependent launch (docs/cuda.md, "Launch overlap") ----------------------
+/* ---- programmatic dependent launch (docs/cuda.md, "Fewer, fuller launches") ----------------------
  * With g->pdl, emc_launch lets a kernel start while the kernel before it in the stream (or the
  * graph) is still running. So every kernel of the backend keeps one rule: it reads nothing an
  * earlier kernel wrote, and writes nothing, before emc_wait_prior() (which returns once the

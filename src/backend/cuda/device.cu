@@ -119,7 +119,6 @@ extern "C" void em_gpu_close(em_gpu *g) {
 extern "C" void em_gpu_set_overlap(em_gpu *g, bool on) {
     if (g) g->pdl = on;
 }
-extern "C" bool em_gpu_overlap(const em_gpu *g) { return g && g->pdl; }
 
 extern "C" const em_gpu_info *em_gpu_get_info(const em_gpu *g) { return g ? &g->info : NULL; }
 

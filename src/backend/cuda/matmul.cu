@@ -200,7 +200,7 @@ extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_
     out->d = (const float *)((uint8_t *)d_scratch + qbytes);
     const int64_t warps = (int64_t)n * (cols / 32);
     emc_launch(g, k_quant_q8_0, emc_blocks(warps * 32, 256), 256, 0, d_x, ldx, cols, n, (int8_t *)out->qs,
-                                                                     (float *)out->d);
+               (float *)out->d);
     return emc_launched(err, "k_quant_q8_0");
 }
 
@@ -424,8 +424,8 @@ static void launch_heads_t(const em_gpu_mat *w, int heads, int64_t hr, const int
                            const float *x, int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs,
                            const em_gpu *g) {
     const dim3 grid(emc_blocks(hr, MM_WARPS * MM_OUTS), (unsigned)heads);
-    emc_launch(g, k_mm_heads<T, N>, grid, MM_WARPS * 32, 0, (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, hr,
-                                                    w->cols, xq, xd, x, ldx, xhs, n, y, ldy, yhs);
+    emc_launch(g, k_mm_heads<T, N>, grid, MM_WARPS * 32, 0, (const uint8_t *)w->data, (const uint8_t *)w->scales,
+               w->rows, hr, w->cols, xq, xd, x, ldx, xhs, n, y, ldy, yhs);
 }
 
 template <int N>
@@ -482,8 +482,8 @@ extern "C" int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, 
         xq = (const int8_t *)d_scratch;
         xd = (const float *)((uint8_t *)d_scratch + qbytes);
         const int64_t warps = (int64_t)rows * (cols / 32);
-        emc_launch(g, k_quant_q8_0_heads, emc_blocks(warps * 32, 256), 256, 0, d_x, ldx, x_head_stride, cols, n, n_heads,
-                                                                              (int8_t *)xq, (float *)xd);
+        emc_launch(g, k_quant_q8_0_heads, emc_blocks(warps * 32, 256), 256, 0, d_x, ldx, x_head_stride, cols, n,
+                   n_heads, (int8_t *)xq, (float *)xd);
         if ((rc = emc_launched(err, "k_quant_q8_0_heads"))) return rc;
     }
     if (n <= 1) launch_heads<1>(w, n_heads, head_rows, xq, xd, d_x, ldx, x_head_stride, n, d_y, ldy, y_head_stride, g);

@@ -20,10 +20,11 @@ check() { if "${@:2}"; then echo "ok: $1"; else echo "FAIL: $1"; fails=$((fails 
 
 # Starts `ember serve --port 0 ARGS`; waits for "ready" (or exit); sets PID and PORT.
 start() {
+    rm -f "$WORK/serve.err"  # not the child's redirection: it may truncate after the first grep
     "$BIN" serve --port 0 --threads 1 "$@" 2>"$WORK/serve.err" &
     PID=$!
     for _ in $(seq 300); do
-        grep -q "ready:" "$WORK/serve.err" && break
+        grep -qs "ready:" "$WORK/serve.err" && break
         kill -0 "$PID" 2>/dev/null || break
         sleep 0.1
     done

@@ -31,6 +31,10 @@
 # decode step reads ~0.64 GB of weights: attention 0.21 GB, routed experts 0.29 GB, LM head
 # 0.07 GB, dense + shared MLPs 0.06 GB.
 #
+# Besides the table: Ember's decode weight rate (weight bytes a step streams x steps/s) as a
+# share of a plain read of as many bytes of the model file timed right after each run, and
+# where its decode step's time goes (ember bench's phases).
+#
 # llama.cpp runs with its own defaults for speed: F16 K/V cache, flash attention auto,
 # n_ubatch 512, weights mmap'd (and repacked where its CPU backend has a repacked layout);
 # n_threads = n_threads_batch = THREADS. Ember runs with its defaults (prefill ubatch 128).
@@ -142,5 +146,28 @@ for key, name in (("prompt", "prompt tok/s"), ("decode", "decode tok/s" if w == 
     fb = f"{min(b):.2f} / {statistics.median(b):.2f} / {max(b):.2f}"
     ratio = statistics.median(a) / statistics.median(b)
     print(f"| {name:<16} | {fa:>28} | {fb:>28} | {ratio:>10.2f}x |")
+# the memory roofline: each Ember run's decode weight rate against its own plain read of as many
+# bytes of the model file, right after it (ember bench: decode_weight_gbs / read_same_bytes_gbs)
+roof = [(r["decode_weight_gbs"]["median"], r["read_same_bytes_gbs"]["median"]) for r in em
+        if "decode_weight_gbs" in r and r["read_same_bytes_gbs"]["median"] > 0]
+if roof:
+    fr = [m / rd for m, rd in roof]
+    print()
+    print(f"Ember decode streams {statistics.median(m for m, _ in roof):.2f} GB/s of weights "
+          f"({em[0]['weight_bytes_per_step'] / 1e9:.3f} GB a step); a plain {first['threads']}-thread read of as many "
+          f"bytes of the model right after each run: {statistics.median(rd for _, rd in roof):.2f} GB/s; "
+          f"per run {min(fr):.0%} / {statistics.median(fr):.0%} / {max(fr):.0%} of it (min / median / max)")
+phases = [r["decode_phases"] for r in em if "decode_phases" in r]
+if phases:
+    print()
+    print("Ember decode step by phase (medians over the runs):")
+    print(f"  {'phase':<18} {'ms':>8} {'share':>6} {'weight MB':>10} {'GB/s':>7} {'pool runs':>10}")
+    total = statistics.median(sum(p["ms_per_step"] for p in run) for run in phases)
+    for i, p0 in enumerate(phases[0]):
+        med = lambda k: statistics.median(run[i][k] for run in phases)
+        if med("ms_per_step") == 0:
+            continue
+        print(f"  {p0['name']:<18} {med('ms_per_step'):>8.3f} {100 * med('ms_per_step') / total:>5.1f}% "
+              f"{med('weight_mb_per_step'):>10.2f} {med('gb_per_s'):>7.2f} {med('pool_runs_per_step'):>10.1f}")
 EOF
 [ "${KEEP_JSON:-0}" = 1 ] || rm -f "$EM_OUT" "$LL_OUT" "$WORK/llama.err"

@@ -9,11 +9,14 @@
  *    bandwidth. Because other processes on a shared machine come and go, each matvec run is
  *    also paired with a plain N-thread read of the same weight bytes just before it, and the
  *    median matvec is given as a % of that paired read as well.
+ *    --path matmul times em_matmul_act with one activation row instead (decoding's path:
+ *    the register-tiled kernels where the type has them) in place of em_matvec.
  * Buffers are touched (written) before timing, and 2 MiB-aligned with MADV_HUGEPAGE so TLB
  * behaviour is the same for both measurements.
  *
  * usage: bench_quant [--threads N] [--types q8_0,q4_K,...] [--runs R] [--cols C]
- *                    [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512] */
+ *                    [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]
+ *                    [--path matvec|matmul] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +42,7 @@ static const int all_types[] = {
 
 typedef struct options {
     int threads, runs, isa;
+    bool matmul; /* --path matmul: em_matmul_act (decoding's path), not em_matvec */
     int64_t cols;
     uint64_t weight_bytes, bw_bytes; /* 0: automatic */
     int types[EM_TYPE_COUNT];
@@ -276,7 +280,8 @@ static void fill_matrix(int t, uint8_t *w, uint64_t row_bytes, int64_t rows, int
 static int usage(const char *msg) {
     if (msg) fprintf(stderr, "bench_quant: %s\n", msg);
     fprintf(stderr, "usage: bench_quant [--threads N] [--types q8_0,q4_K,...] [--runs R] [--cols C]\n"
-                    "                   [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]\n");
+                    "                   [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]\n"
+                    "                   [--path matvec|matmul]\n");
     return 2;
 }
 
@@ -319,6 +324,9 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--isa")) {
             o->isa = em_isa_from_name(v);
             if (o->isa < 0 || !em_isa_cpu_supports(o->isa)) return usage("--isa: not one this CPU runs");
+        } else if (!strcmp(a, "--path")) {
+            if (strcmp(v, "matvec") && strcmp(v, "matmul")) return usage("--path: matvec or matmul");
+            o->matmul = !strcmp(v, "matmul");
         } else if (!strcmp(a, "--types")) {
             char buf[512];
             snprintf(buf, sizeof buf, "%s", v);
@@ -376,13 +384,20 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
         fprintf(stderr, "bench_quant: %s\n", err.msg);
         return -1;
     }
+    em_mat m;
+    const em_act a = { .type = em_dot_act_type(t), .n = 1, .cols = o->cols, .stride = act_bytes, .data = act };
+    if (em_mat_init(&m, t, rows, o->cols, w, &err)) {
+        fprintf(stderr, "bench_quant: %s\n", err.msg);
+        return -1;
+    }
     /* Each run: a plain read of the same weight bytes, then the matvec, so both see the same
      * machine (other processes come and go). */
     double gbs[MAX_RUNS], sum_gbs[MAX_RUNS];
     for (int r = -1; r < o->runs; r++) {
         double t_sum = time_sum(pool, &g_sum_job, w, bytes);
         double t0 = em_time_now();
-        if (em_matvec_isa(pool, o->isa, t, w, rows, o->cols, act, y, &err)) {
+        if (o->matmul ? em_matmul_act(pool, &m, &a, y, rows, &err)
+                      : em_matvec_isa(pool, o->isa, t, w, rows, o->cols, act, y, &err)) {
             fprintf(stderr, "bench_quant: %s\n", err.msg);
             return -1;
         }
@@ -437,10 +452,10 @@ int main(int argc, char **argv) {
     }
     printf("read bandwidth GB/s (min / median / max): 1 thread %.2f / %.2f / %.2f, %d threads %.2f / %.2f / %.2f\n\n",
            bw.one.min, bw.one.median, bw.one.max, o.threads, bw.many.min, bw.many.median, bw.many.max);
-    printf("matvec with %d thread(s); GB/s = weight bytes streamed per second (min / median / max);\n"
+    printf("%s with %d thread(s); GB/s = weight bytes streamed per second (min / median / max);\n"
            "%%bw = median matvec vs the median %d-thread read bandwidth above; 'read same' = median plain read of\n"
            "the same weight bytes, timed right before each matvec run; %%same = median matvec vs that\n",
-           o.threads, o.threads);
+           o.matmul ? "em_matmul_act (1 row)" : "em_matvec", o.threads, o.threads);
     printf("%-6s %-6s %9s %8s %8s %8s %8s %8s %9s %8s\n", "type", "kernel", "row bytes", "rows", "min", "median",
            "max", "%bw", "read same", "%same");
     uint8_t *w = big_alloc(w_bytes);

@@ -66,6 +66,20 @@ if "$EMBER" bench -m "$W/tiny.gguf" "${B[@]}" --json >"$W/e1.json" 2>"$W/e1.err"
 else
     fail "ember bench --json: $(cat "$W/e1.err")"
 fi
+# the CPU breakdown: phases whose weight bytes add up to what a step streams, and the read reference
+python3 - "$W/e1.json" <<'EOF' && pass || fail "ember bench --json phases / read rate: $(cat "$W/e1.json")"
+import json, sys
+o = json.load(open(sys.argv[1]))
+ph = o["decode_phases"]
+assert len(ph) > 5 and all(p["ms_per_step"] >= 0 and p["pool_runs_per_step"] >= 0 for p in ph), ph
+mb = sum(p["weight_mb_per_step"] for p in ph if p["name"] != "embed")
+assert abs(mb * 1e6 - o["weight_bytes_per_step"]) <= 1e-6 * o["weight_bytes_per_step"] + 1, (mb, o["weight_bytes_per_step"])
+for key in ("decode_weight_gbs", "read_same_bytes_gbs"):
+    assert o[key]["unit"] == "GB/s" and len(o[key]["runs"]) == 2 and all(v > 0 for v in o[key]["runs"]), o[key]
+EOF
+"$EMBER" bench -m "$W/tiny.gguf" "${B[@]}" --phases >"$W/e6.txt" 2>&1 &&
+    grep -q '^decode step by phase' "$W/e6.txt" && grep -q '^  lm_head ' "$W/e6.txt" && grep -q '^read  ' "$W/e6.txt" &&
+    pass || fail "ember bench --phases: $(cat "$W/e6.txt")"
 "$EMBER" bench -m "$W/tiny.gguf" "${B[@]}" --verify-width 3 --json >"$W/e2.json" 2>"$W/e2.err" &&
     check_json "$W/e2.json" ember 2 3 4 && pass || fail "ember bench --verify-width 3: $(cat "$W/e2.json")"
 "$EMBER" bench -m "$W/tiny.gguf" -p 40 -n 0 --threads 2 --reps 3 --json >"$W/e3.json" 2>"$W/e3.err" &&

@@ -117,6 +117,47 @@ static void test_pool(void **state) {
     assert_non_null(strstr(err.msg, "thread count"));
 }
 
+/* em_phases: a lap charges the time since the last lap (or start) to its phase with the bytes
+ * and pool hand-offs given; off, or before a start, laps count nothing but themselves. */
+static void test_phases(void **state) {
+    (void)state;
+    static const char *const names[] = { "a", "b" };
+    em_pool *p;
+    assert_int_equal(em_pool_create(&p, 2, NULL), EM_OK);
+    em_phases ph;
+    em_phases_init(&ph, names, 2, p);
+    em_phases_start(&ph);
+    em_phases_lap(&ph, 0, 100); /* off: nothing */
+    assert_int_equal(ph.sum[0].laps, 0);
+    em_phases_enable(&ph, true);
+    em_phases_lap(&ph, 1, 7); /* on, not started: a lap with no time */
+    assert_int_equal(ph.sum[1].laps, 1);
+    assert_true(ph.sum[1].seconds == 0);
+    em_phases_start(&ph);
+    static pool_ctx c;
+    memset(&c, 0, sizeof c);
+    c.n_threads = 2;
+    const uint64_t runs0 = em_pool_runs(p);
+    em_pool_run(p, 64, pool_task, &c);
+    em_pool_run(p, 64, pool_task, &c);
+    assert_int_equal(em_pool_runs(p) - runs0, 2);
+    double t0 = em_time_now();
+    while (em_time_now() - t0 < 2e-3) {}
+    em_phases_lap(&ph, 0, 100);
+    em_phases_lap(&ph, 0, 20);
+    em_phases_lap(&ph, 5, 1); /* not a phase: ignored */
+    assert_int_equal(ph.sum[0].laps, 2);
+    assert_int_equal(ph.sum[0].bytes, 120);
+    assert_int_equal(ph.sum[0].pool_runs, 2);
+    assert_true(ph.sum[0].seconds >= 2e-3 && ph.sum[0].seconds < 10.0);
+    assert_int_equal(ph.sum[1].bytes, 7);
+    em_phases_enable(&ph, false);
+    assert_int_equal(ph.sum[0].laps, 0);
+    em_phases_lap(NULL, 0, 1); /* NULL-safe */
+    em_phases_start(NULL);
+    em_pool_free(p);
+}
+
 static void test_files(void **state) {
     (void)state;
     const char *path = em_test_path("data.bin");
@@ -374,7 +415,7 @@ static void test_half(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_err_messages), cmocka_unit_test(test_arena),
-        cmocka_unit_test(test_pool),         cmocka_unit_test(test_pool_stress),         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_pool), cmocka_unit_test(test_phases),         cmocka_unit_test(test_pool_stress),         cmocka_unit_test(test_files),
         cmocka_unit_test(test_guarded_mapping),
         cmocka_unit_test(test_sha256),       cmocka_unit_test(test_parse),
         cmocka_unit_test(test_half),

@@ -205,7 +205,7 @@ static void state_clone(em_kda_state *dst, const kcase *c) {
 
 static bool state_same(const em_kda_state *a, const em_kda_state *b, const em_kda_dims *d) {
     return memcmp(a->S, b->S, s_count(d) * sizeof(float)) == 0 &&
-           memcmp(a->conv, b->conv, conv_count(d) * sizeof(float)) == 0;
+           (conv_count(d) == 0 || memcmp(a->conv, b->conv, conv_count(d) * sizeof(float)) == 0);
 }
 
 /* ---- forward vs reference ------------------------------------------------------------- */

@@ -719,6 +719,61 @@ static void test_cost(void **state) {
     em_target_close(t);
 }
 
+/* The decode breakdown (ember bench): over verify(1) + commit(1) steps the phases charge every
+ * weight byte a step streams, which em_cost's weight_bytes counts from the model's tensor table
+ * independently (the embedding's rows are read, not streamed, and stay out of both), and every
+ * step ends the LM head and commits the KDA layers once. Off, nothing is reported. */
+static void check_phases(const char *path, const char *what) {
+    const em_model_opts mo = { .n_threads = 2 };
+    em_target *t = open_model(path, &mo);
+    em_err err = { 0 };
+    const int32_t prompt[] = { 5, 9, 2, 7 };
+    int32_t tok = 3, am = 0;
+    const em_rows one = { .argmax = &am };
+    em_target_phase ph[EM_PHASES_MAX];
+    assert_int_equal(em_target_phases(t, ph, EM_PHASES_MAX), 0);
+    assert_int_equal(em_target_prefill(t, prompt, 4, NULL, &err), EM_OK);
+    assert_int_equal(em_target_phases_enable(t, true, &err), EM_OK);
+    const int steps = 3;
+    for (int i = 0; i < steps; i++) {
+        assert_int_equal(em_target_verify(t, &tok, 1, &one, &err), EM_OK);
+        assert_int_equal(em_target_commit(t, 1, &err), EM_OK);
+        tok = am;
+    }
+    const int n = em_target_phases(t, ph, EM_PHASES_MAX);
+    assert_true(n > 0);
+    uint64_t bytes = 0;
+    double seconds = 0;
+    for (int i = 0; i < n; i++) {
+        assert_non_null(ph[i].name);
+        assert_true(ph[i].seconds >= 0);
+        seconds += ph[i].seconds;
+        if (strcmp(ph[i].name, "embed") != 0) bytes += ph[i].bytes;
+        if (!strcmp(ph[i].name, "lm_head")) assert_int_equal(ph[i].laps, steps);
+        if (!strcmp(ph[i].name, "kda.commit")) assert_int_equal(ph[i].laps, steps);
+    }
+    print_message("   %s: %d phases, %.3f ms a step, %llu weight bytes a step\n", what, n, seconds / steps * 1e3,
+                  (unsigned long long)(bytes / steps));
+    assert_true(seconds > 0);
+    if (bytes != steps * em_target_cost(t, 1).weight_bytes)
+        fail_msg("%s: the phases streamed %llu bytes in %d steps, em_cost says %llu a step", what,
+                 (unsigned long long)bytes, steps, (unsigned long long)em_target_cost(t, 1).weight_bytes);
+    assert_int_equal(em_target_phases_enable(t, false, &err), EM_OK);
+    assert_int_equal(em_target_phases(t, ph, EM_PHASES_MAX), 0);
+    em_target_close(t);
+}
+
+static void test_phases(void **state) {
+    (void)state;
+    NEED_MODELS();
+    check_phases(model_path("kimi_a", "q8_0"), "kimi_a q8_0");
+    k3_synth_opts o = k3_synth_defaults();
+    const char *k3 = em_test_path("phases_k3.gguf");
+    em_err err = { 0 };
+    if (k3_synth_write(k3, &o, &err)) fail_msg("k3_synth_write: %s", err.msg);
+    check_phases(k3, "kimi-k3");
+}
+
 /* ---- bad input ------------------------------------------------------------------------------ */
 
 typedef struct edit {
@@ -895,6 +950,7 @@ int main(void) {
         cmocka_unit_test(test_verify_rows_exact),
         cmocka_unit_test(test_row_requests),
         cmocka_unit_test(test_cost),
+        cmocka_unit_test(test_phases),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_bad_calls),
         cmocka_unit_test(test_cli),

@@ -8,11 +8,17 @@
  * mapped weights in. tests/compat/llama_ref.c `bench` runs the same protocol through
  * llama.cpp (the token ids come from the same generator). With routed experts on storage
  * (--moe-storage ssd, --expert-cache), also the bytes read from storage per decoded row and the
- * expert cache's hit rate during the decode steps. Owns only the protocol, timing and output. */
+ * expert cache's hit rate during the decode steps. A CPU target also reports where a decode
+ * step's time goes (its phases: seconds, weight bytes and pool hand-offs per step), and the
+ * memory rate the decode reached (weight bytes a step streams x steps/s) against a plain
+ * threaded read of as many bytes of the model file, timed right after each repetition's
+ * decode (the same machine state): the roofline the step is measured by. Owns only the
+ * protocol, timing and output. */
 #include "cli.h"
 
 #include "model/model.h"
 #include "model_flags.h"
+#include "quant/quant.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -42,7 +48,8 @@ static const char bench_usage[] =
     "      --expert-cache SIZE  the expert cache budget with ssd (e.g. 512M; default: automatic)\n"
     "                         with ssd the decode line is followed by storage bytes per row\n"
     "      --device D         cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n"
-    "      --json             one JSON object on stdout instead of the table\n";
+    "      --phases           also print where a decode step's time goes (a CPU target's phases)\n"
+    "      --json             one JSON object on stdout instead of the table (phases included)\n";
 
 #define MAX_REPS 1000
 
@@ -50,7 +57,7 @@ typedef struct bench_opts {
     const char *model;
     int n_prompt, n_gen, n_threads, reps, warmup, width, ubatch;
     unsigned long long seed;
-    bool json;
+    bool json, phases;
     int moe_storage;            /* enum em_moe_storage */
     int device, cuda_index;     /* --device (enum em_device_kind) */
     uint64_t expert_cache;
@@ -60,7 +67,85 @@ typedef struct bench_opts {
 typedef struct bench_rep {
     double prompt_s, decode_s;
     double bytes_read, hits, misses; /* routed experts from storage during the decode steps */
+    double read_gbs;                 /* the plain read of a step's weight bytes after it (0: none) */
 } bench_rep;
+
+/* ---- the read-rate reference --------------------------------------------------------------- */
+
+typedef uint64_t v2u64 __attribute__((vector_size(16)));
+
+typedef struct read_job {
+    const uint8_t *data;
+    uint64_t part; /* bytes per task, a multiple of 128 */
+    bool wide;     /* 32-byte loads (AVX2), as the products load */
+    uint64_t sums[64][8]; /* a cache line per thread (at most 64 threads count; more share) */
+} read_job;
+
+/* Sums of 16-byte words in four independent accumulators: the loop is bound by memory, not
+ * by an add chain. */
+static uint64_t sum16(const uint8_t *p, uint64_t n) {
+    v2u64 a0 = { 0, 0 }, a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;
+    for (uint64_t i = 0; i + 64 <= n; i += 64) {
+        memcpy(&v0, p + i, 16);
+        memcpy(&v1, p + i + 16, 16);
+        memcpy(&v2, p + i + 32, 16);
+        memcpy(&v3, p + i + 48, 16);
+        a0 += v0;
+        a1 += v1;
+        a2 += v2;
+        a3 += v3;
+    }
+    v2u64 a = a0 + a1 + a2 + a3;
+    return a[0] + a[1];
+}
+
+#if defined(__x86_64__)
+typedef uint64_t v4u64 __attribute__((vector_size(32)));
+
+/* The same with 32-byte loads; only called on AVX2 CPUs. */
+__attribute__((target("avx2"))) static uint64_t sum32(const uint8_t *p, uint64_t n) {
+    v4u64 a0 = { 0, 0, 0, 0 }, a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;
+    for (uint64_t i = 0; i + 128 <= n; i += 128) {
+        memcpy(&v0, p + i, 32);
+        memcpy(&v1, p + i + 32, 32);
+        memcpy(&v2, p + i + 64, 32);
+        memcpy(&v3, p + i + 96, 32);
+        a0 += v0;
+        a1 += v1;
+        a2 += v2;
+        a3 += v3;
+    }
+    v4u64 a = a0 + a1 + a2 + a3;
+    return a[0] + a[1] + a[2] + a[3];
+}
+#endif
+
+static void read_task(void *ctx, int task, int thread) {
+    read_job *j = ctx;
+    const uint8_t *p = j->data + (uint64_t)task * j->part;
+#if defined(__x86_64__)
+    if (j->wide) {
+        j->sums[thread & 63][0] += sum32(p, j->part);
+        return;
+    }
+#endif
+    j->sums[thread & 63][0] += sum16(p, j->part);
+}
+
+/* GB/s of the pool reading about `bytes` of the mapped model (whole 1 MiB tasks, as the
+ * products stream their matrices; one task under 1 MiB), or 0 when there is nothing to read. */
+static double read_rate(em_pool *pool, const em_mmap *map, uint64_t bytes, read_job *job) {
+    if (bytes > map->size) bytes = map->size;
+    const uint64_t part = bytes < (1u << 20) ? bytes / 128 * 128 : 1u << 20;
+    const int tasks = part ? (int)(bytes / part) : 0;
+    if (tasks == 0) return 0.0;
+    job->data = map->data;
+    job->part = part;
+    job->wide = em_isa_cpu_supports(EM_ISA_AVX2);
+    double t0 = em_time_now();
+    em_pool_run(pool, tasks, read_task, job);
+    return (double)tasks * (double)part / (em_time_now() - t0) / 1e9;
+}
 
 static void expert_counts(const em_target *t, em_target_expert_counts *c) {
     em_err ignored = { 0 };
@@ -83,9 +168,22 @@ static int32_t argmax(const float *row, int n) {
     return best;
 }
 
-/* Reset, timed prefill, timed decode steps. logits holds [width][n_vocab]. */
+/* What a repetition measures besides the target: its phases (summed over the timed
+ * repetitions) and the read-rate reference. */
+typedef struct bench_probe {
+    bool phases;          /* the target has a breakdown */
+    em_target_phase sum[EM_PHASES_MAX];
+    int n_phases;
+    uint64_t step_bytes;  /* weight bytes a decode step streams (em_cost) */
+    em_pool *pool;        /* NULL: no read reference */
+    em_mmap map;
+    read_job *job;
+} bench_probe;
+
+/* Reset, timed prefill, timed decode steps, then the read of as many bytes as the steps
+ * streamed (when pr->pool). logits holds [width][n_vocab]. */
 static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, float *logits,
-                      bench_rep *r, em_err *err) {
+                      bench_probe *pr, bool timed, bench_rep *r, em_err *err) {
     const int V = em_target_get_info(t)->n_vocab, W = o->width;
     em_target_reset(t);
     em_rows last = { .logits = logits, .last_only = true };
@@ -99,6 +197,7 @@ static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, 
     int32_t block[256];
     block[0] = argmax(logits, V);
     em_rows all = { .logits = logits };
+    if (pr->phases && (rc = em_target_phases_enable(t, true, err))) return rc;
     for (int i = 0; i < o->n_gen; i++) {
         for (int j = 1; j < W; j++) block[j] = next_token(&s, V);
         if ((rc = em_target_verify(t, block, W, &all, err)) || (rc = em_target_commit(t, W, err)))
@@ -106,6 +205,18 @@ static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, 
         block[0] = argmax(logits + (int64_t)(W - 1) * V, V);
     }
     double t2 = em_time_now();
+    em_target_phase ph[EM_PHASES_MAX];
+    const int n_ph = pr->phases ? em_target_phases(t, ph, EM_PHASES_MAX) : 0;
+    for (int i = 0; timed && i < n_ph; i++) {
+        pr->sum[i].name = ph[i].name;
+        pr->sum[i].seconds += ph[i].seconds;
+        pr->sum[i].laps += ph[i].laps;
+        pr->sum[i].bytes += ph[i].bytes;
+        pr->sum[i].pool_runs += ph[i].pool_runs;
+    }
+    if (timed) pr->n_phases = n_ph;
+    if (pr->phases) (void)em_target_phases_enable(t, false, err);
+    if (pr->pool) r->read_gbs = read_rate(pr->pool, &pr->map, pr->step_bytes, pr->job);
     expert_counts(t, &c1);
     r->prompt_s = t1 - t0;
     r->decode_s = t2 - t1;
@@ -152,11 +263,46 @@ static void print_metric(const char *name, int count, const char *what, const ch
            s.median, s.max);
 }
 
-static int report(const bench_opts *o, const em_target *t, const double *pp, const double *tg, const double *bpr,
-                  const double *hit) {
+/* Per repetition: prompt tok/s, decode tok/s (or rows/s), storage bytes and hit rate per row,
+ * the decode's weight GB/s and the read reference's GB/s. */
+typedef struct bench_results {
+    double *pp, *tg, *bpr, *hit, *mem, *read;
+} bench_results;
+
+/* The phases as JSON: per decode step (timed repetitions' sums / their steps). */
+static json_t *json_phases(const bench_probe *pr, double steps) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < pr->n_phases; i++) {
+        const em_target_phase *p = &pr->sum[i];
+        json_array_append_new(a, json_pack("{s:s, s:f, s:f, s:f, s:f}", "name", p->name, "ms_per_step",
+                                           p->seconds / steps * 1e3, "weight_mb_per_step", (double)p->bytes / steps / 1e6,
+                                           "gb_per_s", p->seconds > 0 ? (double)p->bytes / p->seconds / 1e9 : 0.0,
+                                           "pool_runs_per_step", (double)p->pool_runs / steps));
+    }
+    return a;
+}
+
+static void print_phases(const bench_probe *pr, double steps) {
+    double total = 0;
+    for (int i = 0; i < pr->n_phases; i++) total += pr->sum[i].seconds;
+    printf("decode step by phase (per step, over the timed repetitions):\n");
+    printf("  %-18s %9s %6s %10s %8s %10s\n", "phase", "ms", "share", "weight MB", "GB/s", "pool runs");
+    for (int i = 0; i < pr->n_phases; i++) {
+        const em_target_phase *p = &pr->sum[i];
+        if (p->laps == 0) continue;
+        printf("  %-18s %9.3f %5.1f%% %10.2f %8.2f %10.1f\n", p->name, p->seconds / steps * 1e3,
+               total > 0 ? 100.0 * p->seconds / total : 0.0, (double)p->bytes / steps / 1e6,
+               p->seconds > 0 ? (double)p->bytes / p->seconds / 1e9 : 0.0, (double)p->pool_runs / steps);
+    }
+}
+
+static int report(const bench_opts *o, const em_target *t, const bench_probe *pr, const bench_results *res) {
     em_target_expert_counts ec;
     expert_counts(t, &ec);
     const bool ssd = ec.storage == EM_MOE_SSD && o->n_gen > 0;
+    bool roof = pr->pool && o->n_gen > 0;
+    for (int i = 0; roof && i < o->reps; i++) roof = res->read[i] > 0;
+    const double steps = (double)o->n_gen * o->reps;
     const em_target_info *info = em_target_get_info(t);
     const char *unit = o->width == 1 ? "tok/s" : "rows/s";
     if (o->json) {
@@ -164,11 +310,17 @@ static int report(const bench_opts *o, const em_target *t, const double *pp, con
                                  "ember", "model", o->model, "arch", info->arch, "device", info->device, "threads", o->n_threads,
                                  "n_prompt", o->n_prompt, "n_gen", o->n_gen, "verify_width", o->width,
                                  "reps", o->reps, "warmup", o->warmup, "n_vocab", info->n_vocab, "seed",
-                                 (json_int_t)o->seed, "prompt", json_metric("tok/s", pp, o->reps));
-        if (root && o->n_gen > 0) json_object_set_new(root, "decode", json_metric(unit, tg, o->reps));
+                                 (json_int_t)o->seed, "prompt", json_metric("tok/s", res->pp, o->reps));
+        if (root && o->n_gen > 0) json_object_set_new(root, "decode", json_metric(unit, res->tg, o->reps));
+        if (root && roof) {
+            json_object_set_new(root, "weight_bytes_per_step", json_integer((json_int_t)pr->step_bytes));
+            json_object_set_new(root, "decode_weight_gbs", json_metric("GB/s", res->mem, o->reps));
+            json_object_set_new(root, "read_same_bytes_gbs", json_metric("GB/s", res->read, o->reps));
+        }
+        if (root && pr->n_phases > 0 && o->n_gen > 0) json_object_set_new(root, "decode_phases", json_phases(pr, steps));
         if (root && ssd) {
-            json_object_set_new(root, "storage_bytes_per_row", json_metric("bytes", bpr, o->reps));
-            json_object_set_new(root, "expert_hit_rate", json_metric("fraction", hit, o->reps));
+            json_object_set_new(root, "storage_bytes_per_row", json_metric("bytes", res->bpr, o->reps));
+            json_object_set_new(root, "expert_hit_rate", json_metric("fraction", res->hit, o->reps));
             json_object_set_new(root, "expert_cache_budget", json_integer((json_int_t)ec.cache_budget));
             json_object_set_new(root, "routed_bytes", json_integer((json_int_t)ec.file_bytes));
         }
@@ -184,17 +336,44 @@ static int report(const bench_opts *o, const em_target *t, const double *pp, con
     }
     printf("ember bench: %s (%s, %d layers, vocab %d) on %s, %d threads, %d reps after %d warm-up\n", o->model,
            info->arch, info->n_layer, info->n_vocab, info->device, o->n_threads, o->reps, o->warmup);
-    print_metric("prompt", o->n_prompt, "tokens", "tok/s", pp, o->reps);
+    print_metric("prompt", o->n_prompt, "tokens", "tok/s", res->pp, o->reps);
     if (o->n_gen > 0) {
         char name[32];
         snprintf(name, sizeof name, o->width == 1 ? "decode" : "verify%d", o->width);
-        print_metric(name, o->n_gen, "steps", unit, tg, o->reps);
+        print_metric(name, o->n_gen, "steps", unit, res->tg, o->reps);
+    }
+    if (roof) {
+        print_metric("weights", o->n_gen, "steps", "GB/s", res->mem, o->reps);
+        print_metric("read", o->n_gen, "steps", "GB/s", res->read, o->reps);
     }
     if (ssd) {
-        print_metric("storage", o->n_gen, "steps", "KiB/row", bpr, o->reps);
-        print_metric("hits", o->n_gen, "steps", "%", hit, o->reps);
+        print_metric("storage", o->n_gen, "steps", "KiB/row", res->bpr, o->reps);
+        print_metric("hits", o->n_gen, "steps", "%", res->hit, o->reps);
     }
+    if (o->phases && pr->n_phases > 0 && o->n_gen > 0) print_phases(pr, steps);
     return EM_EXIT_OK;
+}
+
+/* The breakdown and the read reference, where the target runs on the CPU (a GPU's steps are
+ * not bound by host memory). */
+static int probe_open(bench_probe *pr, em_target *t, const bench_opts *o, em_err *err) {
+    *pr = (bench_probe){ 0 };
+    if (strcmp(em_target_get_info(t)->device, "cpu") != 0 || o->n_gen == 0) return EM_OK;
+    em_err ignored = { 0 };
+    pr->phases = em_target_phases_enable(t, false, &ignored) == EM_OK;
+    pr->step_bytes = em_target_cost(t, o->width).weight_bytes;
+    if (pr->step_bytes == 0) return EM_OK;
+    pr->job = em_calloc(1, sizeof *pr->job, "read job", err);
+    if (!pr->job) return EM_ENOMEM;
+    int rc = em_mmap_open(&pr->map, o->model, err);
+    if (!rc) rc = em_pool_create(&pr->pool, o->n_threads, err);
+    return rc;
+}
+
+static void probe_close(bench_probe *pr) {
+    em_pool_free(pr->pool);
+    em_mmap_close(&pr->map);
+    free(pr->job);
 }
 
 static int run_bench(bench_opts *o, em_err *err) {
@@ -213,35 +392,39 @@ static int run_bench(bench_opts *o, em_err *err) {
     if (rc) return rc;
     if (o->n_threads == 0) o->n_threads = em_cpu_count();
     const int V = em_target_get_info(t)->n_vocab;
+    bench_probe pr;
+    rc = probe_open(&pr, t, o, err);
     int32_t *prompt = em_malloc((size_t)o->n_prompt * sizeof *prompt, "prompt ids", err);
     float *logits = em_malloc((size_t)o->width * (size_t)V * sizeof *logits, "logits", err);
-    double *pp = em_malloc((size_t)o->reps * sizeof *pp, "results", err);
-    double *tg = em_malloc((size_t)o->reps * sizeof *tg, "results", err);
-    double *bpr = em_malloc((size_t)o->reps * sizeof *bpr, "results", err);
-    double *hit = em_malloc((size_t)o->reps * sizeof *hit, "results", err);
-    rc = prompt && logits && pp && tg && bpr && hit ? EM_OK : EM_ENOMEM;
+    double *all = em_calloc(6 * (size_t)o->reps, sizeof *all, "results", err);
+    bench_results res = { 0 };
+    if (all)
+        res = (bench_results){ all, all + o->reps, all + 2 * o->reps, all + 3 * o->reps, all + 4 * o->reps,
+                               all + 5 * o->reps };
+    if (!rc && (!prompt || !logits || !all)) rc = EM_ENOMEM;
     uint64_t s = o->seed ? o->seed : 1;
     for (int i = 0; !rc && i < o->n_prompt; i++) prompt[i] = next_token(&s, V);
     for (int i = 0; !rc && i < o->warmup + o->reps; i++) {
         bench_rep r = { 0 };
-        rc = bench_once(t, o, prompt, logits, &r, err);
+        const int k = i - o->warmup;
+        rc = bench_once(t, o, prompt, logits, &pr, k >= 0, &r, err);
         if (rc) em_err_prefix(err, "repetition %d", i);
-        else if (i >= o->warmup) {
-            pp[i - o->warmup] = o->n_prompt / r.prompt_s;
-            tg[i - o->warmup] = r.decode_s > 0 ? (double)o->n_gen * o->width / r.decode_s : 0.0;
+        else if (k >= 0) {
             const double rows = (double)o->n_gen * o->width, looked = r.hits + r.misses;
+            res.pp[k] = o->n_prompt / r.prompt_s;
+            res.tg[k] = r.decode_s > 0 ? rows / r.decode_s : 0.0;
             /* JSON: bytes per row; the table: KiB per row, hit rate in % */
-            bpr[i - o->warmup] = rows > 0 ? r.bytes_read / rows / (o->json ? 1.0 : 1024.0) : 0.0;
-            hit[i - o->warmup] = looked > 0 ? r.hits / looked * (o->json ? 1.0 : 100.0) : 0.0;
+            res.bpr[k] = rows > 0 ? r.bytes_read / rows / (o->json ? 1.0 : 1024.0) : 0.0;
+            res.hit[k] = looked > 0 ? r.hits / looked * (o->json ? 1.0 : 100.0) : 0.0;
+            res.mem[k] = r.decode_s > 0 ? (double)pr.step_bytes * o->n_gen / r.decode_s / 1e9 : 0.0;
+            res.read[k] = r.read_gbs;
         }
     }
-    int status = rc ? -1 : report(o, t, pp, tg, bpr, hit);
-    free(bpr);
-    free(hit);
+    int status = rc ? -1 : report(o, t, &pr, &res);
+    probe_close(&pr);
+    free(all);
     free(prompt);
     free(logits);
-    free(pp);
-    free(tg);
     em_target_close(t);
     if (status > 0) return em_err_set(err, EM_ENOMEM, "out of memory for the report");
     return rc;
@@ -253,8 +436,8 @@ static int bench_main(int argc, char **argv) {
     const em_cmd *cmd = &em_cmd_bench;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--json")) {
-            o.json = true;
+        if (!strcmp(a, "--json") || !strcmp(a, "--phases")) {
+            *(a[2] == 'j' ? &o.json : &o.phases) = true;
             continue;
         }
         if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache") || !strcmp(a, "--device")) && i + 1 >= argc)

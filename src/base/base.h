@@ -90,8 +90,42 @@ int em_pool_create(em_pool **out, int n_threads, em_err *err);
 void em_pool_free(em_pool *p);
 int em_pool_threads(const em_pool *p);
 void em_pool_run(em_pool *p, int n_tasks, em_pool_fn fn, void *ctx);
+/* Runs handed to the pool's threads since create (runs done on the caller alone: one task,
+ * one thread, do not count). */
+uint64_t em_pool_runs(const em_pool *p);
 /* Number of online CPUs (at least 1). */
 int em_cpu_count(void);
+
+/* ---- phase timing (phases.c) -------------------------------------------------------- */
+
+#define EM_PHASES_MAX 24
+
+typedef struct em_phase_sum {
+    double seconds;     /* wall-clock time charged to the phase */
+    uint64_t laps;      /* times it ended */
+    uint64_t bytes;     /* weight bytes it streamed, as the caller counted them */
+    uint64_t pool_runs; /* pool hand-offs made during it */
+} em_phase_sum;
+
+/* A computation's time by phase (see phases.c). Embedded by value; off until enabled. */
+typedef struct em_phases {
+    const char *const *names; /* [n] */
+    int n;
+    bool on;
+    const em_pool *pool; /* whose hand-offs are counted, or NULL */
+    double last;         /* time of the last lap or start; 0: not started */
+    uint64_t runs;       /* em_pool_runs at that time */
+    em_phase_sum sum[EM_PHASES_MAX];
+} em_phases;
+
+void em_phases_init(em_phases *p, const char *const *names, int n, const em_pool *pool);
+/* Turns timing on or off and clears the sums. */
+void em_phases_enable(em_phases *p, bool on);
+void em_phases_clear(em_phases *p);
+/* Begins timing a computation (its first phase starts now). NULL-safe, as em_phases_lap. */
+void em_phases_start(em_phases *p);
+/* Ends `phase`: the time since the last lap or start is charged to it, with `bytes`. */
+void em_phases_lap(em_phases *p, int phase, uint64_t bytes);
 
 /* ---- files ------------------------------------------------------------------------- */
 

@@ -222,6 +222,10 @@ void em_pool_free(em_pool *p) {
 
 int em_pool_threads(const em_pool *p) { return p ? p->n_threads : 1; }
 
+uint64_t em_pool_runs(const em_pool *p) {
+    return p ? (uint64_t)atomic_load_explicit(&((em_pool *)p)->generation, memory_order_relaxed) : 0;
+}
+
 void em_pool_run(em_pool *p, int n_tasks, em_pool_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     if (!p || p->n_threads == 1 || n_tasks == 1) {

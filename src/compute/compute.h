@@ -41,6 +41,8 @@ typedef struct em_mat {
 int em_mat_init(em_mat *m, int type, int64_t rows, int64_t cols, const void *data, em_err *err);
 /* Rows [r0, r0 + n) of m as a matrix of their own (a slice of stacked experts or heads). */
 em_mat em_mat_rows(const em_mat *m, int64_t r0, int64_t n);
+/* Its bytes (rows x row_bytes; em_mat_init checked that they fit). */
+static inline uint64_t em_mat_bytes(const em_mat *m) { return m->row_bytes * (uint64_t)m->rows; }
 
 /* Activation rows prepared for one dot-kernel activation type: n rows of `cols` values of
  * `type` (em_dot_act_type of the weights they meet), row j at data + j * stride. For F32 the

@@ -5,8 +5,8 @@
  * Invariants:
  * - em_kda_forward never writes the committed state; forward_commit and commit write only
  *   the state they are given.
- * - One pool task per head (from KDA_PAR_ROWS rows on; fewer rows run on the caller); a
- *   head's result never depends on which thread ran it or on how many threads there are
+ * - One pool task per head (from KDA_PAR_WORK state values x rows per head on; less work
+ *   runs on the caller); a head's result never depends on which thread ran it or on how many threads there are
  *   (each thread has its own workspace; kernels are deterministic).
  * - Recurrent form per row: u = (diag(a) S)^T k and w = (diag(a) S)^T q are read in one pass
  *   over S, then delta = beta (v - u), o = w + (k.q) delta (= S_new^T q), and the update
@@ -37,9 +37,12 @@
 #endif
 
 #define KDA_SUB 16               /* sub-block rows inside a chunk (diagonal blocks pairwise) */
-/* Heads go to the pool from this many rows on; below, a head's work (about a microsecond a
- * row at head_dim 64) does not pay for the hand-off. The result is the same either way. */
-#define KDA_PAR_ROWS 4
+/* Heads go to the pool from this much work per head on (rows x head_dim^2: four rows at head
+ * dim 64, one at 128); below, a head's work (about a microsecond a row at head_dim 64) does
+ * not pay for the hand-off. At head_dim 128 one decode row is ~20 us a head, as S (64 KiB a
+ * head) comes back from memory after a token's weights streamed through the caches: both
+ * cores' bandwidth halves it. The result is the same either way. */
+#define KDA_PAR_WORK (4 * 64 * 64)
 #define KDA_MAX_HEAD_DIM 1024
 #define KDA_MAX_HEADS (1 << 16)
 
@@ -206,6 +209,14 @@ static size_t s_floats(const em_kda_dims *d) {
     return (size_t)d->n_head * (size_t)d->head_dim * (size_t)d->head_dim;
 }
 
+/* A zeroed S, 64-byte aligned inside *mem (what to free). calloc, not memset: a large zeroed
+ * block comes as fresh pages, so a model with many big states (Kimi-K3: 69 of 6 MiB) opens
+ * without touching them. */
+static float *alloc_S(const em_kda_dims *d, void **mem, em_err *err) {
+    *mem = em_calloc(1, s_floats(d) * sizeof(float) + 63, "kda state", err);
+    return *mem ? (float *)(((uintptr_t)*mem + 63) & ~(uintptr_t)63) : NULL;
+}
+
 size_t em_kda_state_floats(const em_kda_dims *d) {
     if (em_kda_dims_check(d, NULL) != EM_OK) return 0;
     return conv_floats(d) + s_floats(d);
@@ -217,19 +228,17 @@ int em_kda_state_init(em_kda_state *s, const em_kda_dims *d, em_err *err) {
     s->mem = NULL;
     int rc = em_kda_dims_check(d, err);
     if (rc) return rc;
-    /* S first so it is 64-byte aligned; conv (possibly empty) after it. calloc, not memset:
-     * a large zeroed block comes as fresh pages, so a model with many big states (Kimi-K3:
-     * 69 of 6 MiB) opens without touching them. */
-    size_t n = s_floats(d) + conv_floats(d);
-    s->mem = em_calloc(1, n * sizeof(float) + 63, "kda state", err);
-    if (!s->mem) return EM_ENOMEM;
-    s->S = (float *)(((uintptr_t)s->mem + 63) & ~(uintptr_t)63);
-    s->conv = s->S + s_floats(d);
+    if (!(s->S = alloc_S(d, &s->mem, err))) return EM_ENOMEM;
+    if (conv_floats(d) && !(s->conv = em_calloc(conv_floats(d), sizeof(float), "kda conv window", err))) {
+        em_kda_state_free(s);
+        return EM_ENOMEM;
+    }
     return EM_OK;
 }
 
 void em_kda_state_free(em_kda_state *s) {
     if (!s) return;
+    if (s->mem) free(s->conv); /* caller memory (mem NULL) is the caller's */
     free(s->mem);
     s->mem = NULL;
     s->S = s->conv = NULL;
@@ -313,6 +322,7 @@ struct em_kda_log {
     float *beta;      /* [max_rows][n_head] */
     float *pre;       /* [max_rows][3*d_inner] pre-conv q|k|v */
     float *S_final;   /* [n_head][D][D] state after all n rows, or NULL */
+    void *S_final_mem; /* its allocation (exchanged with a state's by commit) */
     float *hbuf;      /* [n_head][8*D] replay temporaries */
     float *mem;
 };
@@ -330,25 +340,22 @@ int em_kda_log_create(em_kda_log **out, const em_kda_dims *d, int max_rows, bool
     if (em_mul_overflow(di, 6, &per_row) || em_add_overflow(per_row, (uint64_t)d->n_head, &per_row) ||
         em_mul_overflow(per_row, (uint64_t)max_rows, &rows_f))
         return em_err_set(err, EM_EOVERFLOW, "kda log: %d rows overflow the size", max_rows);
-    extra = (keep_final ? s_floats(d) : 0) + (uint64_t)d->n_head * 8 * (uint64_t)d->head_dim;
+    extra = (uint64_t)d->n_head * 8 * (uint64_t)d->head_dim;
     if (em_add_overflow(rows_f, extra, &total) || em_mul_overflow(total, sizeof(float), &total) ||
         total > SIZE_MAX / 2)
         return em_err_set(err, EM_EOVERFLOW, "kda log: %d rows overflow the size", max_rows);
     em_kda_log *l = em_calloc(1, sizeof(*l), "kda log", err);
     if (!l) return EM_ENOMEM;
     l->mem = em_aligned_alloc(64, (size_t)total, "kda log buffers", err);
-    if (!l->mem) {
-        free(l);
+    if (l->mem && keep_final) l->S_final = alloc_S(d, &l->S_final_mem, err);
+    if (!l->mem || (keep_final && !l->S_final)) {
+        em_kda_log_free(l);
         return EM_ENOMEM;
     }
     l->d = *d;
     l->max_rows = max_rows;
     float *p = l->mem;
     size_t mr = (size_t)max_rows;
-    if (keep_final) {
-        l->S_final = p;
-        p += s_floats(d);
-    }
     l->hbuf = p, p += (size_t)d->n_head * 8 * (size_t)d->head_dim;
     l->k = p, p += mr * di;
     l->v = p, p += mr * di;
@@ -362,6 +369,7 @@ int em_kda_log_create(em_kda_log **out, const em_kda_dims *d, int max_rows, bool
 void em_kda_log_free(em_kda_log *l) {
     if (!l) return;
     free(l->mem);
+    free(l->S_final_mem);
     free(l);
 }
 
@@ -714,6 +722,10 @@ static int check_inputs(const char *fn, const em_kda_dims *d, const em_kda_param
     return EM_OK;
 }
 
+static bool par_worth(const em_kda_dims *d, int rows) {
+    return (size_t)rows * (size_t)d->head_dim * (size_t)d->head_dim >= KDA_PAR_WORK;
+}
+
 static int run_forward(kda_run *run, em_pool *pool, em_arena *scratch, const char *fn,
                        em_err *err) {
     const int nt = pool ? em_pool_threads(pool) : 1;
@@ -745,7 +757,7 @@ static int run_forward(kda_run *run, em_pool *pool, em_arena *scratch, const cha
     run->chunked = run->d->chunk_min_rows > 0 && run->n >= run->d->chunk_min_rows;
     for (run->t0 = 0; run->t0 < run->n; run->t0 += EM_KDA_CHUNK) {
         run->t1 = run->t0 + EM_KDA_CHUNK < run->n ? run->t0 + EM_KDA_CHUNK : run->n;
-        if (pool && run->n >= KDA_PAR_ROWS) {
+        if (pool && par_worth(run->d, run->t1 - run->t0)) {
             em_pool_run(pool, run->d->n_head, forward_head, run);
         } else {
             for (int h = 0; h < run->d->n_head; h++) forward_head(run, h, 0);
@@ -846,12 +858,21 @@ int em_kda_commit(const em_kda_dims *d, em_kda_state *st, em_kda_log *log, int k
     log->consumed = true;
     if (k == 0) return EM_OK;
     window_advance(st->conv, d, log->pre, 3 * d_inner_of(d), k);
-    if (k == log->n && log->S_final) {
-        memcpy(st->S, log->S_final, s_floats(d) * sizeof(float));
+    if (k == log->n && log->S_final) { /* every row: the forward's final state, taken */
+        if (!st->mem) {
+            memcpy(st->S, log->S_final, s_floats(d) * sizeof(float));
+            return EM_OK;
+        }
+        float *S = st->S;
+        void *mem = st->mem;
+        st->S = log->S_final;
+        st->mem = log->S_final_mem;
+        log->S_final = S;
+        log->S_final_mem = mem;
         return EM_OK;
     }
     kda_replay rp = { .d = d, .kern = kern_pick(), .log = log, .S = st->S, .k = k };
-    if (pool && k >= KDA_PAR_ROWS) {
+    if (pool && par_worth(d, k)) {
         em_pool_run(pool, d->n_head, replay_head, &rp);
     } else {
         for (int h = 0; h < d->n_head; h++) replay_head(&rp, h, 0);

@@ -54,14 +54,16 @@ typedef struct em_kda_params {
     const float *o_norm;                   /* [head_dim], shared by all heads */
 } em_kda_params;
 
-/* Recurrent state of one KDA layer for one sequence. conv and S point into one allocation
- * made by em_kda_state_init (freed by em_kda_state_free), or into caller memory: then the
- * caller sets both (3*(d_conv-1)*d_inner and n_head*head_dim^2 floats, em_kda_state_floats
- * in all; S 64-byte aligned is best) and never calls em_kda_state_free. */
+/* Recurrent state of one KDA layer for one sequence. conv and S are allocations made by
+ * em_kda_state_init (freed by em_kda_state_free), or caller memory: then the caller sets both
+ * (3*(d_conv-1)*d_inner and n_head*head_dim^2 floats, em_kda_state_floats in all; S 64-byte
+ * aligned is best), leaves mem NULL and never calls em_kda_state_free. An owned S (mem set)
+ * may be exchanged with a log's final state by em_kda_commit: S and mem then point into the
+ * log's former buffer, which the state owns from then on (and the log owns the old one). */
 typedef struct em_kda_state {
     float *conv; /* [3][d_conv-1][d_inner]: last pre-conv inputs of q, k, v; oldest first */
     float *S;    /* [n_head][head_dim (key)][head_dim (value)] fp32 */
-    void *mem;   /* the one allocation holding both (S 64-byte aligned inside it) */
+    void *mem;   /* the allocation S lies in (64-byte aligned inside it); NULL: caller memory */
 } em_kda_state;
 
 /* EM_EINVAL naming the field when dims are unusable (n_head outside 1..65536, head_dim
@@ -79,7 +81,7 @@ void em_kda_state_copy(em_kda_state *dst, const em_kda_state *src, const em_kda_
  * L2-normed k, post-conv v, decay g, beta, and the pre-conv q/k/v inputs (for the conv
  * window), i.e. what em_kda_commit needs. Sized for max_rows at create. With keep_final the
  * log also keeps the state S after all n rows (n_head*D*D floats), so commit(n) (every row
- * accepted) is a copy instead of a replay. */
+ * accepted) is an exchange of buffers (a copy into caller memory) instead of a replay. */
 typedef struct em_kda_log em_kda_log;
 
 int em_kda_log_create(em_kda_log **out, const em_kda_dims *d, int max_rows, bool keep_final,
@@ -115,8 +117,8 @@ int em_kda_forward_commit(const em_kda_dims *d, const em_kda_params *p, em_kda_s
 /* Fold the first k (0..n) logged transitions of the last forward into *st (ReplaySSM). st must
  * hold the state that forward was given as `committed` (unchanged since): afterwards the conv
  * window and S are what feeding those k rows one by one would leave (recurrent replay of k
- * rows, bit-identical to k one-row em_kda_forward_commit calls; a copy when k == n and the
- * log keeps the final state). The log is consumed: a second commit before the next forward
+ * rows, bit-identical to k one-row em_kda_forward_commit calls; when k == n and the log keeps
+ * the final state, that state: st's owned S buffer and the log's are exchanged, no copy). The log is consumed: a second commit before the next forward
  * is EM_EINVAL (it would fold the rows twice). pool may be NULL. */
 int em_kda_commit(const em_kda_dims *d, em_kda_state *st, em_kda_log *log, int k,
                   em_pool *pool, em_err *err);

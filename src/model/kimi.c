@@ -52,7 +52,17 @@ typedef struct kimi {
     uint64_t dense_bytes, expert_bytes;
     int n_moe;
     double cost_scale;       /* measured / estimated seconds, smoothed */
+    em_phases phases;        /* time by phase (off unless em_target_phases_enable) */
 } kimi;
+
+const char *const kimi_phase_names[KP_COUNT] = {
+    [KP_EMBED] = "embed", [KP_NORM] = "norms+residual", [KP_KDA_PROJ] = "kda.projections",
+    [KP_KDA_CORE] = "kda.recurrence", [KP_KDA_OUT] = "kda.output", [KP_MLA_PROJ] = "mla.projections",
+    [KP_MLA_ATTN] = "mla.attention", [KP_MLA_OUT] = "mla.output", [KP_ROUTER] = "moe.router",
+    [KP_EXPERT_PREP] = "moe.gather", [KP_EXPERT_UP] = "moe.gate_up", [KP_EXPERT_DOWN] = "moe.down",
+    [KP_EXPERT_SUM] = "moe.sum", [KP_MLP] = "dense_mlp", [KP_LM_HEAD] = "lm_head",
+    [KP_KDA_COMMIT] = "kda.commit",
+};
 
 /* ---- step helpers --------------------------------------------------------------------- */
 
@@ -78,6 +88,12 @@ static void rmsnorm_rows(const float *x, const float *w, float eps, int n, int64
 }
 
 /* ---- KDA layer: projections around the recurrent core ---------------------------------- */
+
+static uint64_t kda_proj_bytes(const kimi_kda_w *w) {
+    return em_mat_bytes(&w->q) + em_mat_bytes(&w->k) + em_mat_bytes(&w->v) + em_mat_bytes(&w->beta) +
+           em_mat_bytes(&w->f_a) + em_mat_bytes(&w->f_b) + em_mat_bytes(&w->g_a) + em_mat_bytes(&w->g_b) +
+           em_mat_bytes(&w->g);
+}
 
 static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float *h, float *y,
                      em_err *err) {
@@ -110,6 +126,7 @@ static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float
     em_acts_init(&ga, low_g, hd, hd, n);
     const em_mm_out from_low[] = { { &fa, &w->f_b, f, D }, { &ga, &w->g_b, g2, D } };
     if ((rc = em_mm_many(from_low, full_gate ? 1 : 2, pool, a, err))) return rc;
+    em_phases_lap(&k->phases, KP_KDA_PROJ, kda_proj_bytes(w));
 
     em_kda_state *st = &k->kda_state[ly->slot];
     if (mode == STEP_COMMIT)
@@ -118,9 +135,12 @@ static int kda_layer(kimi *k, const kimi_layer *ly, int n, int mode, const float
         rc = em_kda_forward(&k->kda_dims, &w->p, st, n, qkv, f, b, g2, o,
                             mode == STEP_LOGGED ? k->kda_log[ly->slot] : NULL, pool, a, err);
     if (rc) return rc;
+    em_phases_lap(&k->phases, KP_KDA_CORE, 0);
     em_acts oa;
     em_acts_init(&oa, o, D, D, n);
-    return em_mm(&oa, &w->out, y, hp->n_embd, pool, a, err);
+    rc = em_mm(&oa, &w->out, y, hp->n_embd, pool, a, err);
+    em_phases_lap(&k->phases, KP_KDA_OUT, em_mat_bytes(&w->out));
+    return rc;
 }
 
 /* ---- one forward step over n rows at positions pos.. ------------------------------------ */
@@ -226,22 +246,27 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
     kimi_resbank bank; /* K3 AttnRes (off for kimi-linear: every layer input is x) */
     if ((rc = kimi_res_init(&bank, hp, n, a, err))) return rc;
     int moe_index = 0;
+    em_phases *ph = &k->phases;
+    em_phases_start(ph);
     for (int t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)k->w.tok_embd.data + (uint64_t)tok[t] * k->w.tok_embd.row_bytes;
         if ((rc = em_dequantize(k->w.tok_embd.type, row, x + t * E, E, err))) return rc;
     }
+    em_phases_lap(ph, KP_EMBED, (uint64_t)n * k->w.tok_embd.row_bytes);
     for (int l = 0; l < hp->n_layer; l++) {
         const kimi_layer *ly = &k->w.layers[l];
         rmsnorm_rows(kimi_res_input(&bank, x, ly->attn_res, 0, n), ly->attn_norm, hp->rms_eps, n, E, h);
         const bool restart = kimi_res_push(&bank, l, x); /* the stream restarts from y */
+        em_phases_lap(ph, KP_NORM, 0);
         if (ly->kind == KIMI_KDA)
             rc = kda_layer(k, ly, n, mode, h, y, err);
         else
-            rc = kimi_mla_forward(hp, &ly->mla, k->mla_cache[ly->slot], pos, n, h, y, k->pool, a, err);
+            rc = kimi_mla_forward(hp, &ly->mla, k->mla_cache[ly->slot], pos, n, h, y, k->pool, a, ph, err);
         if (rc) return em_err_prefix(err, "layer %d (%s)", l, ly->kind == KIMI_KDA ? "KDA" : "MLA");
         if (restart) memcpy(x, y, (size_t)n * (size_t)E * sizeof(float));
         else for (int64_t i = 0; i < n * E; i++) x[i] += y[i];
         rmsnorm_rows(kimi_res_input(&bank, x, ly->ffn_res, 0, n), ly->ffn_norm, hp->rms_eps, n, E, h);
+        em_phases_lap(ph, KP_NORM, 0);
         const em_target_info *info = &k->base.info;
         kimi_route_out ro = {
             .ids = so->routes ? so->routes + (int64_t)moe_index * hp->n_expert_used : NULL,
@@ -250,15 +275,18 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
             .ld_margins = info->n_moe_layers,
         };
         if (ly->ffn.moe) moe_index++;
-        if ((rc = kimi_ffn_forward(hp, &ly->ffn, n, h, y, &ro, k->pool, a, err)))
+        if ((rc = kimi_ffn_forward(hp, &ly->ffn, n, h, y, &ro, k->pool, a, ph, err)))
             return em_err_prefix(err, "layer %d (%s)", l, ly->ffn.moe ? "MoE" : "MLP");
         for (int64_t i = 0; i < n * E; i++) x[i] += y[i];
         for (int f = 0; f < k->n_feature_layers && so->features; f++)
             if (k->feature_layer[f] == l)
                 for (int t = 0; t < n; t++)
                     memcpy(so->features + (int64_t)t * k->base.info.n_feat + f * E, x + t * E, (size_t)E * sizeof(float));
+        em_phases_lap(ph, KP_NORM, 0);
     }
-    return lm_head(k, &bank, x, n, so, h, err);
+    rc = lm_head(k, &bank, x, n, so, h, err);
+    em_phases_lap(&k->phases, KP_LM_HEAD, so->rows && (so->rows->logits || so->rows->argmax) ? em_mat_bytes(&k->w.output) : 0);
+    return rc;
 }
 
 /* ---- cost model --------------------------------------------------------------------------- */
@@ -282,11 +310,12 @@ static double raw_cost(const kimi *k, int n, int64_t pos, uint64_t *bytes_out) {
 
 static em_cost kimi_cost(const em_target *t, int n) {
     const kimi *k = (const kimi *)t;
-    double nominal = raw_cost(k, n, t->pos, NULL);
+    uint64_t weights;
+    double nominal = raw_cost(k, n, t->pos, &weights);
     double io_s; /* routed experts the cache would miss (experts/; 0 when resident) */
     uint64_t io = em_experts_cost(k->experts, n, k->hp.n_expert_used, &io_s);
     return (em_cost){ .seconds = nominal * k->cost_scale + io_s, .bytes_read = io,
-                      .nominal_seconds = nominal + (double)io / k->dev.disk_bps };
+                      .nominal_seconds = nominal + (double)io / k->dev.disk_bps, .weight_bytes = weights };
 }
 
 static int kimi_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err) {
@@ -381,8 +410,10 @@ static int kimi_commit(em_target *t, int n_keep, em_err *err) {
             return rc;
         }
     } else {
+        em_phases_start(&k->phases);
         for (int i = 0; i < k->hp.n_kda && !rc; i++)
             rc = em_kda_commit(&k->kda_dims, &k->kda_state[i], k->kda_log[i], n_keep, k->pool, err);
+        em_phases_lap(&k->phases, KP_KDA_COMMIT, 0);
         if (rc) {
             em_err_prefix(err, "commit of %d rows (sequence reset)", n_keep);
             kimi_reset(t);
@@ -423,6 +454,8 @@ static int kimi_shared_weights(const em_target *t, em_target_shared *out, em_err
     return EM_OK;
 }
 
+static em_phases *kimi_phases(em_target *t) { return &((kimi *)t)->phases; }
+
 static const em_target_ops kimi_ops = {
     .verify = kimi_verify,
     .commit = kimi_commit,
@@ -432,35 +465,34 @@ static const em_target_ops kimi_ops = {
     .close = kimi_close,
     .shared_weights = kimi_shared_weights,
     .expert_stats = kimi_expert_stats,
+    .phases = kimi_phases,
 };
 
 /* ---- open --------------------------------------------------------------------------------- */
 
-static uint64_t mat_bytes(const em_mat *m) { return m->row_bytes * (uint64_t)m->rows; }
-
 static void cost_setup(kimi *k) {
     const kimi_hparams *hp = &k->hp;
-    uint64_t b = mat_bytes(&k->w.output);
+    uint64_t b = em_mat_bytes(&k->w.output);
     for (int l = 0; l < hp->n_layer; l++) {
         const kimi_layer *ly = &k->w.layers[l];
         const kimi_kda_w *d = &ly->kda;
         const kimi_mla_w *m = &ly->mla;
         const kimi_ffn_w *f = &ly->ffn;
         if (ly->kind == KIMI_KDA)
-            b += mat_bytes(&d->q) + mat_bytes(&d->k) + mat_bytes(&d->v) + mat_bytes(&d->f_a) + mat_bytes(&d->f_b) +
-                 mat_bytes(&d->beta) + mat_bytes(&d->g_a) + mat_bytes(&d->g_b) + mat_bytes(&d->out) +
-                 mat_bytes(&d->g);
+            b += em_mat_bytes(&d->q) + em_mat_bytes(&d->k) + em_mat_bytes(&d->v) + em_mat_bytes(&d->f_a) + em_mat_bytes(&d->f_b) +
+                 em_mat_bytes(&d->beta) + em_mat_bytes(&d->g_a) + em_mat_bytes(&d->g_b) + em_mat_bytes(&d->out) +
+                 em_mat_bytes(&d->g);
         else
-            b += mat_bytes(&m->q) + mat_bytes(&m->q_a) + mat_bytes(&m->q_b) + mat_bytes(&m->kv_a) +
-                 mat_bytes(&m->k_b) + mat_bytes(&m->v_b) + mat_bytes(&m->out) + mat_bytes(&m->gate);
+            b += em_mat_bytes(&m->q) + em_mat_bytes(&m->q_a) + em_mat_bytes(&m->q_b) + em_mat_bytes(&m->kv_a) +
+                 em_mat_bytes(&m->k_b) + em_mat_bytes(&m->v_b) + em_mat_bytes(&m->out) + em_mat_bytes(&m->gate);
         if (f->moe) {
-            b += mat_bytes(&f->router) + mat_bytes(&f->gate_sh) + mat_bytes(&f->up_sh) + mat_bytes(&f->down_sh) +
-                 mat_bytes(&f->routed_down) + mat_bytes(&f->routed_up);
-            k->expert_bytes = (mat_bytes(&f->gate_exps) + mat_bytes(&f->up_exps) + mat_bytes(&f->down_exps)) /
+            b += em_mat_bytes(&f->router) + em_mat_bytes(&f->gate_sh) + em_mat_bytes(&f->up_sh) + em_mat_bytes(&f->down_sh) +
+                 em_mat_bytes(&f->routed_down) + em_mat_bytes(&f->routed_up);
+            k->expert_bytes = (em_mat_bytes(&f->gate_exps) + em_mat_bytes(&f->up_exps) + em_mat_bytes(&f->down_exps)) /
                               (uint64_t)hp->n_expert;
             k->n_moe++;
         } else {
-            b += mat_bytes(&f->gate) + mat_bytes(&f->up) + mat_bytes(&f->down);
+            b += em_mat_bytes(&f->gate) + em_mat_bytes(&f->up) + em_mat_bytes(&f->down);
         }
     }
     k->dense_bytes = b;
@@ -490,6 +522,7 @@ static int make_state(kimi *k, const em_model_opts *opts, em_err *err) {
     int rc = em_pool_create(&k->pool, opts->n_threads, err);
     if (rc) return rc;
     k->dev = em_device_costs_cpu(em_pool_threads(k->pool));
+    em_phases_init(&k->phases, kimi_phase_names, KP_COUNT, k->pool);
 
     k->kda_dims = (em_kda_dims){
         .n_head = hp->kda_heads, .head_dim = hp->kda_head_dim, .d_conv = hp->d_conv,

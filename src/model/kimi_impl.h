@@ -113,10 +113,19 @@ void kimi_unload(kimi_hparams *hp, kimi_weights *w);
 
 /* ---- layers --------------------------------------------------------------------------- */
 
+/* The phases of a CPU forward step (ember bench's breakdown; em_phases in base.h): every
+ * layer function laps the phase it just finished. Names: kimi_phase_names. */
+enum kimi_phase {
+    KP_EMBED, KP_NORM, KP_KDA_PROJ, KP_KDA_CORE, KP_KDA_OUT, KP_MLA_PROJ, KP_MLA_ATTN, KP_MLA_OUT,
+    KP_ROUTER, KP_EXPERT_PREP, KP_EXPERT_UP, KP_EXPERT_DOWN, KP_EXPERT_SUM, KP_MLP, KP_LM_HEAD,
+    KP_KDA_COMMIT, KP_COUNT
+};
+extern const char *const kimi_phase_names[KP_COUNT];
+
 /* MLA on n rows at positions pos..pos+n-1: h [n][n_embd] normed input; writes the latent cache
  * rows pos..pos+n-1 ([kv_lora normed c | rope k_pe] each) and y [n][n_embd]. */
 int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, int64_t pos, int n,
-                     const float *h, float *y, em_pool *pool, em_arena *arena, em_err *err);
+                     const float *h, float *y, em_pool *pool, em_arena *arena, em_phases *ph, em_err *err);
 
 /* Where an MoE layer reports its choices (all NULL: nowhere): row t's experts at
  * ids + t * ld_ids, its margin at margins + t * ld_margins. */
@@ -137,7 +146,7 @@ typedef struct kimi_route_out {
 /* FFN (dense SwiGLU or MoE + shared expert) on n rows: h normed input, y output; ro may be
  * NULL. */
 int kimi_ffn_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
-                     const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_err *err);
+                     const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_phases *ph, em_err *err);
 
 /* ---- block attention residuals (attnres.c) ------------------------------------------------ */
 

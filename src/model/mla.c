@@ -88,7 +88,7 @@ static int mla_query(const kimi_hparams *hp, const kimi_mla_w *w, em_acts *xa, i
 }
 
 int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, int64_t pos, int n,
-                     const float *h, float *y, em_pool *pool, em_arena *arena, em_err *err) {
+                     const float *h, float *y, em_pool *pool, em_arena *arena, em_phases *ph, em_err *err) {
     const int H = hp->mla_heads, R = hp->kv_lora, C = hp->kv_lora + hp->rope;
     const int64_t ldq = (int64_t)H * (hp->nope + hp->rope), ldo = (int64_t)H * hp->v_head;
     em_acts xa;
@@ -107,6 +107,8 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
         if (!rc) rc = em_mm(&xa, &w->kv_a, kv, C, pool, arena, err);
     }
     if (rc) return rc;
+    em_phases_lap(ph, KP_MLA_PROJ, em_mat_bytes(&w->q) + em_mat_bytes(&w->q_a) + em_mat_bytes(&w->q_b) +
+                                       em_mat_bytes(&w->kv_a));
     /* the new rows of the latent cache */
     em_rmsnorm_rows(kv, C, w->kv_a_norm, KIMI_MLA_NORM_EPS, n, R, cache + pos * C, C);
     for (int t = 0; t < n; t++)
@@ -135,6 +137,7 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     em_pool_run(pool, H, head_task, job);
     for (int i = 0; i < H; i++)
         if (job->rc[i]) return em_err_set(err, job->rc[i], "MLA head %d failed", i);
+    em_phases_lap(ph, KP_MLA_ATTN, em_mat_bytes(&w->k_b) + em_mat_bytes(&w->v_b));
 
     if (w->gate.rows > 0) { /* K3 output gate */
         float *g = em_falloc(arena, (uint64_t)n * ldo, "MLA output gate rows", err);
@@ -144,5 +147,7 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     }
     em_acts oa;
     em_acts_init(&oa, o, ldo, ldo, n);
-    return em_mm(&oa, &w->out, y, hp->n_embd, pool, arena, err);
+    rc = em_mm(&oa, &w->out, y, hp->n_embd, pool, arena, err);
+    em_phases_lap(ph, KP_MLA_OUT, em_mat_bytes(&w->out) + em_mat_bytes(&w->gate));
+    return rc;
 }

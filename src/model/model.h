@@ -64,12 +64,23 @@ typedef struct em_rows {
 /* An estimate of one verify: seconds (calibrated by the verifies timed so far), bytes it would
  * read from storage (0 when every weight is resident), and nominal_seconds: the same estimate
  * at the fixed rates of compute.h's nominal machine, which depends on nothing timed (the cache's
- * content aside), so decisions made on it are reproducible. */
+ * content aside), so decisions made on it are reproducible. weight_bytes: the weight bytes the
+ * verify streams through the processor wherever they live (the expected distinct experts of
+ * n rows; exact for one row), the figure a decode step's memory rate is measured by. */
 typedef struct em_cost {
     double seconds;
     uint64_t bytes_read;
     double nominal_seconds;
+    uint64_t weight_bytes;
 } em_cost;
+
+/* One phase of a target's forward steps (em_target_phases): wall-clock seconds, laps (times
+ * it ran), the weight bytes it streamed and the pool hand-offs it made, summed since enabled. */
+typedef struct em_target_phase {
+    const char *name;
+    double seconds;
+    uint64_t laps, bytes, pool_runs;
+} em_target_phase;
 
 /* Routed-expert storage counters (em_target_expert_stats). In resident mode every expert use
  * counts as a hit and nothing is read. An expert use is one (forward step, MoE layer, distinct
@@ -99,6 +110,8 @@ typedef struct em_target_ops {
     int (*shared_weights)(const em_target *t, em_target_shared *out, em_err *err);
     /* optional (NULL: no routed experts): counters of one layer (-1: all) */
     int (*expert_stats)(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
+    /* optional (NULL: no breakdown): the target's phase timer (base.h em_phases) */
+    em_phases *(*phases)(em_target *t);
 } em_target_ops;
 
 typedef struct em_target_info {
@@ -194,6 +207,13 @@ int em_target_shared_weights(const em_target *t, em_target_shared *out, em_err *
 /* Routed-expert counters since open, for one layer (a model layer index) or all (-1); a
  * target without routed experts gives zeros. */
 int em_target_expert_stats(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
+/* Per-phase timing of forward steps and commits (ember bench's breakdown): on clears the sums
+ * and starts timing (a clock read per phase, about twenty per layer), off stops it.
+ * EM_EUNSUPPORTED for a target without a breakdown. */
+int em_target_phases_enable(em_target *t, bool on, em_err *err);
+/* The phases' sums since enabled, at most max of them into out, in the target's order;
+ * returns how many (0: no breakdown). */
+int em_target_phases(em_target *t, em_target_phase *out, int max);
 /* Whether the model files of every open target (and drafter) are still what was mapped:
  * EM_EIO "model file PATH changed on disk while mapped (N bytes now, M mapped): restart to
  * reload" once one lost pages under a forward (truncated: the reads gave zeros instead of

@@ -126,6 +126,7 @@ typedef struct expert_job {
     uint64_t down_stride;
     em_pool *pool;
     shared_job *sh;           /* NULL, or the shared experts to compute along */
+    em_phases *ph;
 } expert_job;
 
 static em_act act_rows(const em_act *a, int64_t r0, int64_t m) {
@@ -133,6 +134,12 @@ static em_act act_rows(const em_act *a, int64_t r0, int64_t m) {
     v.n = m;
     v.data = (const uint8_t *)a->data + (uint64_t)r0 * a->stride;
     return v;
+}
+
+static uint64_t items_bytes(const em_mm_item *items, int n) {
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++) b += em_mat_bytes(items[i].w);
+    return b;
 }
 
 /* Runs experts v[0..n) (union indices idx) over their rows: em_experts_fn. */
@@ -160,6 +167,7 @@ static int run_experts(void *vctx, const int *idx, const em_expert_view *v, int 
             items[n_items++] = (em_mm_item){ sh->up, &sh->act_up, sh->u, Fs };
         }
         int rc = em_matmul_multi(job->pool, items, n_items, err);
+        em_phases_lap(job->ph, KP_EXPERT_UP, items_bytes(items, n_items));
         for (int j = 0; !rc && j < nc; j++) {
             const int i = idx[c0 + j], r0 = u->start[i], m = u->start[i + 1] - r0;
             float *g = job->g + r0 * F;
@@ -178,6 +186,7 @@ static int run_experts(void *vctx, const int *idx, const em_expert_view *v, int 
         }
         if (!rc) rc = em_matmul_multi(job->pool, items, n_items, err);
         if (rc) return em_err_prefix(err, "expert %d", v[c0].expert);
+        em_phases_lap(job->ph, KP_EXPERT_DOWN, items_bytes(items, n_items));
         if (sh) sh->pending = false;
     }
     return EM_OK;
@@ -199,13 +208,14 @@ static int gathered_acts(const em_mat *gate, const em_mat *up, const float *x, i
 
 /* y[n][E] = sum over the routed experts of the rows (ids/wts: n x K); sh (or NULL) rides along. */
 static int routed_experts(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, const int *ids,
-                          const float *wts, float *y, shared_job *sh, em_pool *pool, em_arena *arena, em_err *err) {
+                          const float *wts, float *y, shared_job *sh, em_pool *pool, em_arena *arena, em_phases *ph,
+                          em_err *err) {
     const int K = hp->n_expert_used;
     const int64_t E = w->gate_exps.cols, F = hp->n_ff_exp, nk = (int64_t)n * K;
     em_route_union u;
     int rc = em_route_union_build(&u, ids, wts, n, K, hp->n_expert, arena, err);
     if (rc) return rc;
-    expert_job job = { .hp = hp, .w = w, .u = &u, .pool = pool, .sh = sh };
+    expert_job job = { .hp = hp, .w = w, .u = &u, .pool = pool, .sh = sh, .ph = ph };
     float *xg = em_falloc(arena, (uint64_t)nk * E, "expert input rows", err);
     job.g = em_falloc(arena, (uint64_t)nk * F, "expert gate rows", err);
     job.up = em_falloc(arena, (uint64_t)nk * F, "expert up rows", err);
@@ -221,13 +231,16 @@ static int routed_experts(const kimi_hparams *hp, const kimi_ffn_w *w, int n, co
         job.down_buf = em_arena_alloc(arena, (size_t)down_bytes);
         if (!job.down_buf) return em_err_set(err, EM_ENOMEM, "out of memory for %llu activation bytes", (unsigned long long)down_bytes);
     }
+    em_phases_lap(ph, KP_EXPERT_PREP, 0);
     rc = em_experts_run(w->xs, w->layer, u.expert, u.n, n, K, run_experts, &job, err);
     if (rc) return em_err_prefix(err, "routed experts");
+    em_phases_lap(ph, KP_EXPERT_DOWN, 0); /* waits for storage, if any: reads the gate/up laps do not cover */
     /* the weighted sum: for every row its experts in ascending order, whatever the storage */
     memset(y, 0, (size_t)n * (size_t)E * sizeof(float));
     for (int i = 0; i < u.n; i++)
         for (int j = u.start[i]; j < u.start[i + 1]; j++)
             em_axpy(u.weight[j], job.out + (int64_t)j * E, E, y + (int64_t)u.row[j] * E);
+    em_phases_lap(ph, KP_EXPERT_SUM, 0);
     return EM_OK;
 }
 
@@ -288,7 +301,7 @@ static int latent_out(const kimi_hparams *hp, const kimi_ffn_w *w, int n, float 
 }
 
 static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
-                       const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_err *err) {
+                       const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_phases *ph, em_err *err) {
     const int X = hp->n_expert, K = hp->n_expert_used, E = hp->n_embd;
     float *logits = em_falloc(arena, (uint64_t)n * X, "router logits", err);
     float *scratch = em_falloc(arena, 3u * (uint64_t)X + (uint64_t)hp->n_group, "router scratch", err);
@@ -308,6 +321,7 @@ static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const
             for (int i = 0; i < K; i++) ro->ids[t * ro->ld_ids + i] = ids[t * K + i];
         if (ro && ro->margins) ro->margins[t * ro->ld_margins] = margin;
     }
+    em_phases_lap(ph, KP_ROUTER, em_mat_bytes(&w->router));
     shared_job sh = { 0 };
     float *ys = NULL;
     if (w->gate_sh.rows > 0) {
@@ -316,22 +330,27 @@ static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const
     }
     const float *xr = NULL; /* K3 latent MoE: the experts' input and sum at the latent width */
     float *yr = NULL;
-    if ((rc = latent_in(hp, w, n, h, y, &xr, &yr, pool, arena, err)) ||
-        (rc = routed_experts(hp, w, n, xr, ids, wts, yr, ys ? &sh : NULL, pool, arena, err)) ||
+    if ((rc = latent_in(hp, w, n, h, y, &xr, &yr, pool, arena, err))) return rc;
+    em_phases_lap(ph, KP_EXPERT_PREP, em_mat_bytes(&w->routed_down));
+    if ((rc = routed_experts(hp, w, n, xr, ids, wts, yr, ys ? &sh : NULL, pool, arena, ph, err)) ||
         (rc = latent_out(hp, w, n, yr, y, pool, arena, err)))
         return rc;
+    em_phases_lap(ph, KP_EXPERT_SUM, em_mat_bytes(&w->routed_up));
     if (ys) {
         if (sh.pending) { /* no routed run took it along */
             rc = swiglu_mlp(hp, &w->gate_sh, &w->up_sh, &w->down_sh, h, E, n, ys, E, pool, arena, err);
             if (rc) return em_err_prefix(err, "shared expert");
         }
         for (int64_t i = 0; i < (int64_t)n * E; i++) y[i] += ys[i];
+        em_phases_lap(ph, KP_EXPERT_SUM, 0);
     }
     return EM_OK;
 }
 
 int kimi_ffn_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const float *h, float *y,
-                     const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_err *err) {
-    if (w->moe) return moe_forward(hp, w, n, h, y, ro, pool, arena, err);
-    return swiglu_mlp(hp, &w->gate, &w->up, &w->down, h, hp->n_embd, n, y, hp->n_embd, pool, arena, err);
+                     const kimi_route_out *ro, em_pool *pool, em_arena *arena, em_phases *ph, em_err *err) {
+    if (w->moe) return moe_forward(hp, w, n, h, y, ro, pool, arena, ph, err);
+    int rc = swiglu_mlp(hp, &w->gate, &w->up, &w->down, h, hp->n_embd, n, y, hp->n_embd, pool, arena, err);
+    em_phases_lap(ph, KP_MLP, em_mat_bytes(&w->gate) + em_mat_bytes(&w->up) + em_mat_bytes(&w->down));
+    return rc;
 }

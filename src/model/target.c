@@ -217,3 +217,20 @@ int em_target_expert_stats(const em_target *t, int layer, em_target_expert_count
                           t->info.n_layer - 1);
     return t->ops->expert_stats ? t->ops->expert_stats(t, layer, out, err) : EM_OK;
 }
+
+int em_target_phases_enable(em_target *t, bool on, em_err *err) {
+    em_phases *p = t->ops->phases ? t->ops->phases(t) : NULL;
+    if (!p) return em_err_set(err, EM_EUNSUPPORTED, "phase timing: this target (%s) has no breakdown", t->info.device);
+    em_phases_enable(p, on);
+    return EM_OK;
+}
+
+int em_target_phases(em_target *t, em_target_phase *out, int max) {
+    const em_phases *p = t->ops->phases ? t->ops->phases(t) : NULL;
+    if (!p || !p->on) return 0;
+    int n = p->n < max ? p->n : max;
+    for (int i = 0; i < n; i++)
+        out[i] = (em_target_phase){ .name = p->names[i], .seconds = p->sum[i].seconds, .laps = p->sum[i].laps,
+                                    .bytes = p->sum[i].bytes, .pool_runs = p->sum[i].pool_runs };
+    return n;
+}

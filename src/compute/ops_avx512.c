@@ -160,46 +160,50 @@ void em_dot_rows_multi_avx512(const float *x, int64_t ldx, int64_t m, const floa
     }
 }
 
-/* Two queries share each row's loads: columns [i, i + 128) of y0 (rows 0..m0) and y1 (0..m1). */
-static void weighted_pair128(const float *p0, const float *p1, int64_t m0, int64_t m1, const float *x, int64_t ldx,
-                             float *y0, float *y1) {
-    __m512 a[8], b[8];
-    UNROLL for (int k = 0; k < 8; k++) a[k] = b[k] = _mm512_setzero_ps();
-    const int64_t mc = m0 < m1 ? m0 : m1;
-    int64_t u = 0;
-    for (; u < mc; u++) {
-        const __m512 pa = _mm512_set1_ps(p0[u]), pb = _mm512_set1_ps(p1[u]);
-        const float *xu = x + u * ldx;
-        UNROLL for (int k = 0; k < 8; k++) {
-            const __m512 v = _mm512_loadu_ps(xu + 16 * k);
-            a[k] = _mm512_fmadd_ps(pa, v, a[k]);
-            b[k] = _mm512_fmadd_ps(pb, v, b[k]);
+/* Rows of x in blocks of WR_BLOCK that stay in L1 while every query passes over them; a
+ * query's sums go back to y between blocks (an exact store and reload), so each value is still
+ * one fused multiply-add chain over u ascending from 0, em_weighted_rows's floats, while x is
+ * read from memory once for all the queries instead of once per query. */
+#define WR_BLOCK 16
+
+/* y[0..n) += the weighted rows [u0, u1) of query p (y holds the sums of the rows before u0). */
+static void weighted_block(const float *p, int64_t u0, int64_t u1, const float *x, int64_t ldx, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m512 a[8];
+        UNROLL for (int b = 0; b < 8; b++) a[b] = _mm512_loadu_ps(y + i + 16 * b);
+        for (int64_t u = u0; u < u1; u++) {
+            const __m512 pu = _mm512_set1_ps(p[u]);
+            const float *xu = x + u * ldx + i;
+            UNROLL for (int b = 0; b < 8; b++) a[b] = _mm512_fmadd_ps(pu, _mm512_loadu_ps(xu + 16 * b), a[b]);
         }
+        UNROLL for (int b = 0; b < 8; b++) _mm512_storeu_ps(y + i + 16 * b, a[b]);
     }
-    for (int64_t v = u; v < m0; v++) /* the rows only one of them sees, in order */
-        UNROLL for (int k = 0; k < 8; k++) a[k] = _mm512_fmadd_ps(_mm512_set1_ps(p0[v]), _mm512_loadu_ps(x + v * ldx + 16 * k), a[k]);
-    for (int64_t v = u; v < m1; v++)
-        UNROLL for (int k = 0; k < 8; k++) b[k] = _mm512_fmadd_ps(_mm512_set1_ps(p1[v]), _mm512_loadu_ps(x + v * ldx + 16 * k), b[k]);
-    UNROLL for (int k = 0; k < 8; k++) {
-        _mm512_storeu_ps(y0 + 16 * k, a[k]);
-        _mm512_storeu_ps(y1 + 16 * k, b[k]);
+    for (; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 a = _mm512_maskz_loadu_ps(mk, y + i);
+        for (int64_t u = u0; u < u1; u++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[u]), _mm512_maskz_loadu_ps(mk, x + u * ldx + i), a);
+        _mm512_mask_storeu_ps(y + i, mk, a);
     }
 }
 
 void em_weighted_rows_multi_avx512(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
                                    int64_t n, float *y, int64_t ldy) {
-    int t = 0;
-    for (; t + 2 <= nq; t += 2) {
-        const float *p0 = p + t * ldp, *p1 = p0 + ldp;
-        float *y0 = y + t * ldy, *y1 = y0 + ldy;
-        int64_t i = 0;
-        for (; i + 128 <= n; i += 128) weighted_pair128(p0, p1, m[t], m[t + 1], x + i, ldx, y0 + i, y1 + i);
-        if (i < n) {
-            em_weighted_rows_avx512(p0, x + i, ldx, m[t], n - i, y0 + i);
-            em_weighted_rows_avx512(p1, x + i, ldx, m[t + 1], n - i, y1 + i);
-        }
+    if (nq == 1) {
+        em_weighted_rows_avx512(p, x, ldx, m[0], n, y);
+        return;
     }
-    if (t < nq) em_weighted_rows_avx512(p + t * ldp, x, ldx, m[t], n, y + t * ldy);
+    int64_t most = 0;
+    for (int t = 0; t < nq; t++) {
+        for (int64_t i = 0; i < n; i++) y[t * ldy + i] = 0.0f;
+        if (m[t] > most) most = m[t];
+    }
+    for (int64_t u0 = 0; u0 < most; u0 += WR_BLOCK)
+        for (int t = 0; t < nq; t++) {
+            const int64_t u1 = u0 + WR_BLOCK < m[t] ? u0 + WR_BLOCK : m[t];
+            if (u1 > u0) weighted_block(p + t * ldp, u0, u1, x, ldx, n, y + t * ldy);
+        }
 }
 
 /* em_expf_poly of ops.c sixteen at a time (the same operations; 2^k by scalef, exact as

@@ -672,17 +672,23 @@ static double width_factor(int n) {
     return n <= 1 ? 1.0 : n <= 2 ? 1.05 : n <= 4 ? 1.12 : n <= 8 ? 1.44 : n <= 16 ? 3.2 : 3.2 * n / 16.0;
 }
 
-static double nominal_cost(const gk *k, int n, int64_t pos) {
+/* Weight bytes a pass of n rows streams: every dense matrix once, the expected union of the
+ * rows' routes per MoE layer. */
+static double pass_weight_bytes(const gk *k, int n) {
     const kimi_hparams *hp = &k->hp;
     double experts = 0.0;
     if (k->n_moe > 0) { /* the expected union of n rows' routes, per MoE layer */
         double p_miss = 1.0 - (double)hp->n_expert_used / hp->n_expert;
         experts = hp->n_expert * (1.0 - pow(p_miss, n));
     }
+    return (double)k->dense_bytes + experts * k->n_moe * (double)k->expert_bytes;
+}
+
+static double nominal_cost(const gk *k, int n, int64_t pos) {
+    const kimi_hparams *hp = &k->hp;
     const double cache = (double)(pos + n) * (hp->kv_lora + hp->rope) * sizeof(float) * hp->n_mla;
     const double state = 2.0 * (double)k->state_bytes;
-    const double bytes = (double)k->dense_bytes * width_factor(n) + experts * k->n_moe * (double)k->expert_bytes +
-                         cache + state;
+    const double bytes = pass_weight_bytes(k, n) + (double)k->dense_bytes * (width_factor(n) - 1.0) + cache + state;
     const double kernels = 12.0 * hp->n_layer + 8.0; /* about what a pass launches */
     return bytes / GK_NOMINAL_BPS + kernels * GK_NOMINAL_KERNEL_S;
 }
@@ -690,7 +696,8 @@ static double nominal_cost(const gk *k, int n, int64_t pos) {
 static em_cost gk_cost(const em_target *t, int n) {
     const gk *k = (const gk *)t;
     const double nominal = nominal_cost(k, n, t->pos);
-    return (em_cost){ .seconds = nominal * k->cost_scale, .bytes_read = 0, .nominal_seconds = nominal };
+    return (em_cost){ .seconds = nominal * k->cost_scale, .bytes_read = 0, .nominal_seconds = nominal,
+                      .weight_bytes = (uint64_t)pass_weight_bytes(k, n) };
 }
 
 static void cost_learn(gk *k, int n, int64_t pos, double seconds) {

@@ -78,7 +78,7 @@ typedef struct read_job {
     const uint8_t *data;
     uint64_t part; /* bytes per task, a multiple of 128 */
     bool wide;     /* 32-byte loads (AVX2), as the products load */
-    uint64_t sums[64][8]; /* a cache line per thread (at most 64 threads count; more share) */
+    uint64_t *sums; /* [threads][8]: a cache line per thread, so the reads are not dead */
 } read_job;
 
 /* Sums of 16-byte words in four independent accumulators: the loop is bound by memory, not
@@ -125,11 +125,11 @@ static void read_task(void *ctx, int task, int thread) {
     const uint8_t *p = j->data + (uint64_t)task * j->part;
 #if defined(__x86_64__)
     if (j->wide) {
-        j->sums[thread & 63][0] += sum32(p, j->part);
+        j->sums[8 * thread] += sum32(p, j->part);
         return;
     }
 #endif
-    j->sums[thread & 63][0] += sum16(p, j->part);
+    j->sums[8 * thread] += sum16(p, j->part);
 }
 
 /* GB/s of the pool reading about `bytes` of the mapped model (whole 1 MiB tasks, as the
@@ -364,15 +364,18 @@ static int probe_open(bench_probe *pr, em_target *t, const bench_opts *o, em_err
     pr->step_bytes = em_target_cost(t, o->width).weight_bytes;
     if (pr->step_bytes == 0) return EM_OK;
     pr->job = em_calloc(1, sizeof *pr->job, "read job", err);
-    if (!pr->job) return EM_ENOMEM;
+    if (!pr->job || !(pr->job->sums = em_calloc(8 * (size_t)o->n_threads, sizeof(uint64_t), "read sums", err)))
+        return EM_ENOMEM;
     int rc = em_mmap_open(&pr->map, o->model, err);
     if (!rc) rc = em_pool_create(&pr->pool, o->n_threads, err);
+    if (!rc) (void)read_rate(pr->pool, &pr->map, pr->step_bytes, pr->job); /* faults the mapping in, untimed */
     return rc;
 }
 
 static void probe_close(bench_probe *pr) {
     em_pool_free(pr->pool);
     em_mmap_close(&pr->map);
+    if (pr->job) free(pr->job->sums);
     free(pr->job);
 }
 

@@ -5,9 +5,9 @@
  * Invariants:
  * - em_kda_forward never writes the committed state; forward_commit and commit write only
  *   the state they are given.
- * - One pool task per head (from KDA_PAR_WORK state values x rows per head on; less work
- *   runs on the caller); a head's result never depends on which thread ran it or on how many threads there are
- *   (each thread has its own workspace; kernels are deterministic).
+ * - One pool task per head (from KDA_PAR_WORK rows x head_dim^2 per head on; less work runs
+ *   on the caller); a head's result never depends on which thread ran it or on how many
+ *   threads there are (each thread has its own workspace; kernels are deterministic).
  * - Recurrent form per row: u = (diag(a) S)^T k and w = (diag(a) S)^T q are read in one pass
  *   over S, then delta = beta (v - u), o = w + (k.q) delta (= S_new^T q), and the update
  *   S = diag(a) S + k delta^T is fused with the next row's read pass. commit replays rows

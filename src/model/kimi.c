@@ -203,6 +203,7 @@ static int lm_head(kimi *k, kimi_resbank *bank, const float *x, int n, const ste
             int32_t *am = argmax_dst(so->rows, so->r0 + first + j, so->n_req);
             if (am) *am = row_argmax(y + j * V, (int32_t)V);
         }
+        em_phases_lap(&k->phases, KP_LM_HEAD, em_mat_bytes(&k->w.output));
         return rc;
     }
     const int cap = count < HEAD_ROWS ? count : HEAD_ROWS;
@@ -229,6 +230,7 @@ static int lm_head(kimi *k, kimi_resbank *bank, const float *x, int n, const ste
             if (am) *am = row_argmax(y + j * V, (int32_t)V);
         }
     }
+    em_phases_lap(&k->phases, KP_LM_HEAD, em_mat_bytes(&k->w.output)); /* counted once, as em_cost counts it */
     return EM_OK;
 }
 
@@ -284,9 +286,7 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
                     memcpy(so->features + (int64_t)t * k->base.info.n_feat + f * E, x + t * E, (size_t)E * sizeof(float));
         em_phases_lap(ph, KP_NORM, 0);
     }
-    rc = lm_head(k, &bank, x, n, so, h, err);
-    em_phases_lap(&k->phases, KP_LM_HEAD, so->rows && (so->rows->logits || so->rows->argmax) ? em_mat_bytes(&k->w.output) : 0);
-    return rc;
+    return lm_head(k, &bank, x, n, so, h, err);
 }
 
 /* ---- cost model --------------------------------------------------------------------------- */
@@ -479,17 +479,16 @@ static void cost_setup(kimi *k) {
         const kimi_mla_w *m = &ly->mla;
         const kimi_ffn_w *f = &ly->ffn;
         if (ly->kind == KIMI_KDA)
-            b += em_mat_bytes(&d->q) + em_mat_bytes(&d->k) + em_mat_bytes(&d->v) + em_mat_bytes(&d->f_a) + em_mat_bytes(&d->f_b) +
-                 em_mat_bytes(&d->beta) + em_mat_bytes(&d->g_a) + em_mat_bytes(&d->g_b) + em_mat_bytes(&d->out) +
-                 em_mat_bytes(&d->g);
+            b += kda_proj_bytes(d) + em_mat_bytes(&d->out);
         else
             b += em_mat_bytes(&m->q) + em_mat_bytes(&m->q_a) + em_mat_bytes(&m->q_b) + em_mat_bytes(&m->kv_a) +
                  em_mat_bytes(&m->k_b) + em_mat_bytes(&m->v_b) + em_mat_bytes(&m->out) + em_mat_bytes(&m->gate);
         if (f->moe) {
-            b += em_mat_bytes(&f->router) + em_mat_bytes(&f->gate_sh) + em_mat_bytes(&f->up_sh) + em_mat_bytes(&f->down_sh) +
-                 em_mat_bytes(&f->routed_down) + em_mat_bytes(&f->routed_up);
-            k->expert_bytes = (em_mat_bytes(&f->gate_exps) + em_mat_bytes(&f->up_exps) + em_mat_bytes(&f->down_exps)) /
-                              (uint64_t)hp->n_expert;
+            b += em_mat_bytes(&f->router) + em_mat_bytes(&f->gate_sh) + em_mat_bytes(&f->up_sh) +
+                 em_mat_bytes(&f->down_sh) + em_mat_bytes(&f->routed_down) + em_mat_bytes(&f->routed_up);
+            k->expert_bytes =
+                (em_mat_bytes(&f->gate_exps) + em_mat_bytes(&f->up_exps) + em_mat_bytes(&f->down_exps)) /
+                (uint64_t)hp->n_expert;
             k->n_moe++;
         } else {
             b += em_mat_bytes(&f->gate) + em_mat_bytes(&f->up) + em_mat_bytes(&f->down);

@@ -9,6 +9,8 @@
 #include "testutil.h"
 
 #include "model/kda.h"
+#include "model/kda_kern.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -576,6 +578,40 @@ static void test_state_helpers_and_errors(void **state) {
     kcase_free(&c);
 }
 
+/* The AVX-512 table's state sweep (kda_avx512.c, row after row) gives the AVX2 sweep's floats
+ * bit for bit in every mode (update or not, u, w, both), in place and not, at head dims it
+ * takes (128, 256) and one it hands back to AVX2 (96). */
+static void test_sweep_avx512(void **state) {
+    (void)state;
+    if (!em_isa_cpu_supports(EM_ISA_AVX512)) skip();
+    const em_kda_kern *k2 = em_kda_kern_avx2(), *k5 = em_kda_kern_avx512();
+    static const int dims[] = { 128, 256, 96 };
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int D = dims[di];
+        const size_t dd = (size_t)D * (size_t)D;
+        uint64_t rng = 77 + di;
+        float *src = malloc(dd * sizeof(float)), *s2 = malloc(dd * sizeof(float)), *s5 = malloc(dd * sizeof(float));
+        float *v = malloc(9 * (size_t)D * sizeof(float));
+        assert_true(src && s2 && s5 && v);
+        for (size_t i = 0; i < dd; i++) src[i] = em_test_randf(&rng);
+        for (int i = 0; i < 5 * D; i++) v[i] = em_test_randf(&rng);
+        const float *a = v, *kk = v + D, *delta = v + 2 * D, *x = v + 3 * D, *y = v + 4 * D;
+        float *u2 = v + 5 * D, *w2 = v + 6 * D, *u5 = v + 7 * D, *w5 = v + 8 * D;
+        for (int mode = 0; mode < 8; mode++) {
+            const bool upd = mode & 1, rx = mode & 2, ry = mode & 4, in_place = mode == 7;
+            if (!upd && !rx && !ry) continue;
+            memcpy(s2, src, dd * sizeof(float));
+            memcpy(s5, src, dd * sizeof(float));
+            memset(u2, 0, 4 * (size_t)D * sizeof(float));
+            k2->sweep(s2, in_place ? s2 : src, D, upd ? a : NULL, kk, delta, rx ? x : NULL, ry ? y : NULL, u2, w2);
+            k5->sweep(s5, in_place ? s5 : src, D, upd ? a : NULL, kk, delta, rx ? x : NULL, ry ? y : NULL, u5, w5);
+            assert_memory_equal(s2, s5, dd * sizeof(float));
+            assert_memory_equal(u2, u5, 2 * (size_t)D * sizeof(float)); /* u and w, adjacent */
+        }
+        free(src), free(s2), free(s5), free(v);
+    }
+}
+
 /* Re-runs this executable with EMBER_ISA=scalar, covering the portable kernel table. */
 static void test_scalar_kernels(void **state) {
     (void)state;
@@ -597,6 +633,7 @@ int main(void) {
         cmocka_unit_test(test_commit_replay),
         cmocka_unit_test(test_prefill_path),
         cmocka_unit_test(test_threads_bit_exact),
+        cmocka_unit_test(test_sweep_avx512),
         cmocka_unit_test(test_scalar_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

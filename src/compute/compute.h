@@ -128,9 +128,8 @@ static inline float em_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x
 
 /* y = x * rsqrt(mean(x^2) + eps) * w (w NULL: no weight), over n values. */
 void em_rmsnorm(const float *x, const float *w, float eps, int64_t n, float *y);
-/* em_rmsnorm of rows x + r * ldx into y + r * ldy, r < rows, each row bit for bit em_rmsnorm's
- * (several rows' sums run side by side: faster, not reordered). y may be x (ldy == ldx);
- * no other overlap. */
+/* em_rmsnorm of rows x + r * ldx into y + r * ldy, r < rows, each row bit for bit em_rmsnorm's.
+ * y may be x (ldy == ldx); no other overlap. */
 void em_rmsnorm_rows(const float *x, int64_t ldx, const float *w, float eps, int64_t rows, int64_t n, float *y,
                      int64_t ldy);
 /* y = x * rsqrt(sum(x^2) + eps). */

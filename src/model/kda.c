@@ -171,7 +171,8 @@ static const em_kda_kern kern_scalar = {
 };
 
 static const em_kda_kern *kern_pick(void) {
-    return em_isa_default() >= EM_ISA_AVX2 ? em_kda_kern_avx2() : &kern_scalar;
+    const int isa = em_isa_default();
+    return isa >= EM_ISA_AVX512 ? em_kda_kern_avx512() : isa >= EM_ISA_AVX2 ? em_kda_kern_avx2() : &kern_scalar;
 }
 
 /* ==== dims, sizes, state ================================================================ */

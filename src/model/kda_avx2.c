@@ -336,3 +336,29 @@ static const em_kda_kern kern_avx2 = {
 };
 
 const em_kda_kern *em_kda_kern_avx2(void) { return &kern_avx2; }
+
+static void sweep_avx512_or_avx2(float *S, const float *src, int D, const float *a, const float *k,
+                                 const float *delta, const float *x, const float *y, float *u, float *w) {
+    if (em_kda_sweep_avx512_fits(D)) em_kda_sweep_avx512(S, src, D, a, k, delta, x, y, u, w);
+    else sweep_avx2(S, src, D, a, k, delta, x, y, u, w);
+}
+
+static const em_kda_kern kern_avx512 = {
+    .sweep = sweep_avx512_or_avx2,
+    .gemm = gemm_avx2,
+    .dot2 = dot2_avx2,
+    .vexp = vexp_avx2,
+    .add = add_avx2,
+    .mul = mul_avx2,
+    .muladd = muladd_avx2,
+    .axpy = axpy_avx2,
+    .scale = scale_avx2,
+    .wxpy = wxpy_avx2,
+    .delta = delta_avx2,
+    .silu = silu_avx2,
+    .gate_softplus = gate_softplus_avx2,
+    .gate_bounded = gate_bounded_avx2,
+    .norm_gate = norm_gate_avx2,
+};
+
+const em_kda_kern *em_kda_kern_avx512(void) { return &kern_avx512; }

@@ -1,6 +1,6 @@
 /* model/kda_kern.h (internal to model/kda*.c): the few numeric kernels the KDA core spends
- * its time in, as a table with a portable scalar implementation (kda.c) and an AVX2+FMA one
- * (kda_avx2.c). Within one table every kernel is deterministic and its accumulation order
+ * its time in, as a table with a portable scalar implementation (kda.c), an AVX2+FMA one
+ * (kda_avx2.c) and that one with an AVX-512 state sweep (kda_avx512.c). Within one table every kernel is deterministic and its accumulation order
  * does not depend on how a caller splits work, which is what makes a fused multi-row sweep
  * bit-identical to the same rows fed one call at a time. */
 #ifndef EM_MODEL_KDA_KERN_H
@@ -42,5 +42,12 @@ typedef struct em_kda_kern {
 
 /* AVX2+FMA table (kda_avx2.c); only call when the CPU supports it. */
 const em_kda_kern *em_kda_kern_avx2(void);
+/* The same table with the AVX-512 sweep where the head dim suits it (kda_avx2.c; only call
+ * on CPUs that run AVX-512); bit for bit the AVX2 table's results. */
+const em_kda_kern *em_kda_kern_avx512(void);
+/* The AVX-512 sweep (kda_avx512.c), for head dims em_kda_sweep_avx512_fits. */
+int em_kda_sweep_avx512_fits(int D);
+void em_kda_sweep_avx512(float *S, const float *src, int D, const float *a, const float *k, const float *delta,
+                         const float *x, const float *y, float *u, float *w);
 
 #endif

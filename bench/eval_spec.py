@@ -105,6 +105,8 @@ def main():
     ap.add_argument("--temps", default="0,0.7")
     ap.add_argument("--sets", default="humaneval,mt_bench")
     ap.add_argument("--json-out", help="also write every run's JSON summary here")
+    ap.add_argument("--plain-only", action="store_true",
+                    help="run only plain decoding (--draft none): its tok/s, e.g. before and after a change")
     ap.add_argument("model_args", nargs="*", help="after --: -m TARGET --draft DRAFT (default: the default pair)")
     args = ap.parse_args()
     sets = {"humaneval": ("humaneval_64.jsonl", False), "mt_bench": ("mt_bench_64.jsonl", True)}
@@ -120,23 +122,27 @@ def main():
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(text)
                 files.append(path)
+            modes = MODES[:1] if args.plain_only else MODES
             for temp in temps:
-                results = {m: [] for m, _ in MODES}
+                results = {m: [] for m, _ in modes}
                 for i, path in enumerate(files):
-                    for mode, extra in MODES:
+                    for mode, extra in modes:
                         results[mode].append(run_one(args, path, chat, temp, i + 1, extra))
                     print("\r%s T=%g: %d/%d" % (name, temp, i + 1, len(files)), end="", file=sys.stderr, flush=True)
                 print(file=sys.stderr)
                 row = {"set": name, "temp": temp, "n_prompts": len(files)}
-                for mode, _ in MODES:
+                for mode, _ in modes:
                     row[mode] = summarize(results, mode)
+                all_rows.append(row)
+                dump.append({"set": name, "temp": temp, "runs": results})
+                if args.plain_only:
+                    print("%s T=%g: tok/s plain %.0f" % (name, temp, row["plain"]["tok_s"]), file=sys.stderr, flush=True)
+                    continue
                 if temp == 0:
                     for mode in SPEC_MODES:
                         same = sum(a["tokens"] == b["tokens"] for a, b in zip(results["plain"], results[mode]))
                         row["identical_" + mode] = same
                         identical_ok &= same == len(files)
-                all_rows.append(row)
-                dump.append({"set": name, "temp": temp, "runs": results})
                 print("%s T=%g: tau spec %.2f, always %.2f, w8 %.2f; tok/s plain %.0f, spec %.0f, always %.0f, "
                       "w8 %.0f%s" % (name, temp, row["spec"]["tau"], row["always"]["tau"], row["w8"]["tau"],
                                      row["plain"]["tok_s"], row["spec"]["tok_s"], row["always"]["tok_s"],
@@ -154,6 +160,14 @@ def main():
 
 
 def print_tables(rows, args):
+    if args.plain_only:
+        print("\n%d tokens per prompt, %d threads, plain decoding (--draft none); tok/s = median over prompts of "
+              "generation tok/s (%s)\n" % (args.n, args.threads, args.ember))
+        print("| set | temp | prompts | tok/s plain |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print("| %s | %g | %d | %.0f |" % (r["set"], r["temp"], r["n_prompts"], r["plain"]["tok_s"]))
+        return
     print("\n%d tokens per prompt, %d threads; tok/s = median over prompts of generation tok/s; "
           "spec = the scheduler with --spec-policy auto (the default), always = the scheduler drafting every "
           "pass, w8 = --verify-width 8\n" % (args.n, args.threads))

@@ -10,13 +10,14 @@
  *    also paired with a plain N-thread read of the same weight bytes just before it, and the
  *    median matvec is given as a % of that paired read as well.
  *    --path matmul times em_matmul_act with one activation row instead (decoding's path:
- *    the register-tiled kernels where the type has them) in place of em_matvec.
+ *    the register-tiled kernels where the type has them) in place of em_matvec; with
+ *    --act-rows J, J rows (a verify or prefill width; GB/s still counts each weight once).
  * Buffers are touched (written) before timing, and 2 MiB-aligned with MADV_HUGEPAGE so TLB
  * behaviour is the same for both measurements.
  *
  * usage: bench_quant [--threads N] [--types q8_0,q4_K,...] [--runs R] [--cols C]
  *                    [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]
- *                    [--path matvec|matmul] */
+ *                    [--path matvec|matmul] [--act-rows J] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@ static const int all_types[] = {
 typedef struct options {
     int threads, runs, isa;
     bool matmul; /* --path matmul: em_matmul_act (decoding's path), not em_matvec */
+    int act_rows; /* --act-rows J: activation rows of the matmul path (1: decoding) */
     int64_t cols;
     uint64_t weight_bytes, bw_bytes; /* 0: automatic */
     int types[EM_TYPE_COUNT];
@@ -281,7 +283,7 @@ static int usage(const char *msg) {
     if (msg) fprintf(stderr, "bench_quant: %s\n", msg);
     fprintf(stderr, "usage: bench_quant [--threads N] [--types q8_0,q4_K,...] [--runs R] [--cols C]\n"
                     "                   [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]\n"
-                    "                   [--path matvec|matmul]\n");
+                    "                   [--path matvec|matmul] [--act-rows J]\n");
     return 2;
 }
 
@@ -299,7 +301,7 @@ static int parse_types(char *list, options *o) {
 }
 
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){ .threads = 2, .runs = 7, .isa = em_isa_default(), .cols = 4096 };
+    *o = (options){ .threads = 2, .runs = 7, .isa = em_isa_default(), .cols = 4096, .act_rows = 1 };
     for (int i = 0; i < N_ALL_TYPES; i++) o->types[o->n_types++] = all_types[i];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -324,6 +326,9 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--isa")) {
             o->isa = em_isa_from_name(v);
             if (o->isa < 0 || !em_isa_cpu_supports(o->isa)) return usage("--isa: not one this CPU runs");
+        } else if (!strcmp(a, "--act-rows")) {
+            if (em_parse_int(v, 1, 64, &x, "--act-rows", &err)) return usage(err.msg);
+            o->act_rows = (int)x;
         } else if (!strcmp(a, "--path")) {
             if (strcmp(v, "matvec") && strcmp(v, "matmul")) return usage("--path: matvec or matmul");
             o->matmul = !strcmp(v, "matmul");
@@ -376,16 +381,19 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
     int64_t rows = (int64_t)(cap / row_bytes);
     uint64_t bytes = (uint64_t)rows * row_bytes;
     fill_matrix(t, w, row_bytes, rows, o->cols, seed);
-    float *x = malloc((size_t)o->cols * sizeof *x), *y = malloc((size_t)rows * sizeof *y);
-    void *act = malloc(act_bytes);
+    const int J = o->matmul ? o->act_rows : 1;
+    float *x = malloc((size_t)o->cols * sizeof *x), *y = malloc((size_t)rows * (size_t)J * sizeof *y);
+    uint8_t *act = malloc(act_bytes * (size_t)J);
     if (!x || !y || !act) return -1;
-    for (int64_t i = 0; i < o->cols; i++) x[i] = (float)((int64_t)(xorshift(seed) % 2001) - 1000) / 1000.0f;
-    if (em_dot_quantize_act(t, x, act, o->cols, &err)) {
-        fprintf(stderr, "bench_quant: %s\n", err.msg);
-        return -1;
+    for (int j = 0; j < J; j++) {
+        for (int64_t i = 0; i < o->cols; i++) x[i] = (float)((int64_t)(xorshift(seed) % 2001) - 1000) / 1000.0f;
+        if (em_dot_quantize_act(t, x, act + (size_t)j * act_bytes, o->cols, &err)) {
+            fprintf(stderr, "bench_quant: %s\n", err.msg);
+            return -1;
+        }
     }
     em_mat m;
-    const em_act a = { .type = em_dot_act_type(t), .n = 1, .cols = o->cols, .stride = act_bytes, .data = act };
+    const em_act a = { .type = em_dot_act_type(t), .n = J, .cols = o->cols, .stride = act_bytes, .data = act };
     if (em_mat_init(&m, t, rows, o->cols, w, &err)) {
         fprintf(stderr, "bench_quant: %s\n", err.msg);
         return -1;
@@ -452,10 +460,12 @@ int main(int argc, char **argv) {
     }
     printf("read bandwidth GB/s (min / median / max): 1 thread %.2f / %.2f / %.2f, %d threads %.2f / %.2f / %.2f\n\n",
            bw.one.min, bw.one.median, bw.one.max, o.threads, bw.many.min, bw.many.median, bw.many.max);
-    printf("%s with %d thread(s); GB/s = weight bytes streamed per second (min / median / max);\n"
+    char what[64];
+    snprintf(what, sizeof what, o.matmul ? "em_matmul_act with %d activation row(s)" : "em_matvec", o.act_rows);
+    printf("%s, %d thread(s); GB/s = weight bytes streamed per second (min / median / max);\n"
            "%%bw = median matvec vs the median %d-thread read bandwidth above; 'read same' = median plain read of\n"
            "the same weight bytes, timed right before each matvec run; %%same = median matvec vs that\n",
-           o.matmul ? "em_matmul_act (1 row)" : "em_matvec", o.threads, o.threads);
+           what, o.threads, o.threads);
     printf("%-6s %-6s %9s %8s %8s %8s %8s %8s %9s %8s\n", "type", "kernel", "row bytes", "rows", "min", "median",
            "max", "%bw", "read same", "%same");
     uint8_t *w = big_alloc(w_bytes);

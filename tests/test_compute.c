@@ -107,8 +107,9 @@ static void test_matmul(void **state) {
 /* Q8_0 shapes for the register-tiled path (AVX-512 CPUs): row counts that leave a single
  * weight row after the pairs, activation counts that leave 1..3 after the fours, and widths
  * whose block count is not a multiple of 4 (the tail goes to the AVX2 dot kernel: 96 is
- * only tail, 160 one step and a block, 416 three steps and a block; 2176 is wider than the
- * activation-major form takes); row counts around the 16 (8 for rows of 1..3 blocks) outputs
+ * only tail, 160 one step and a block, 416 three steps and a block; 2176 and wider take the
+ * activation-major form only with 1-2 activation rows, up to 4096 columns: 2208 with a tail
+ * block, 4096 with 2 rows and with 3, 4160 past it); row counts around the 16 (8 for rows of 1..3 blocks) outputs
  * whose horizontal sums are formed together. The outputs must equal
  * the dot kernel pair by pair, bit for bit (check_matmul). */
 static void test_matmul_q8_0_tiles(void **state) {
@@ -118,7 +119,8 @@ static void test_matmul_q8_0_tiles(void **state) {
     static const int64_t shapes[][3] = { { 5, 96, 6 },   { 9, 160, 5 },  { 3, 32, 9 },    { 33, 416, 19 },
                                          { 2, 128, 2 },  { 1, 128, 7 },  { 67, 2048, 33 }, { 3, 2176, 10 },
                                          { 19, 64, 8 },  { 17, 64, 3 },  { 40, 256, 8 },   { 31, 128, 1 },
-                                         { 16, 256, 4 }, { 300, 256, 2 } };
+                                         { 16, 256, 4 }, { 300, 256, 2 }, { 9, 2176, 2 },  { 3, 2208, 1 },
+                                         { 21, 2304, 1 }, { 18, 4096, 2 }, { 5, 4096, 3 },  { 7, 4160, 1 } };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         check_matmul(NULL, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
         check_matmul(pool, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);

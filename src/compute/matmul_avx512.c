@@ -126,13 +126,19 @@ static inline __attribute__((always_inline)) void row_group(const uint8_t *w, ui
  * the correction belongs to the weight row (made once for all its activation rows) and a
  * pair loads only ua and the scales. */
 #define PRE_J 8
-#define PRE_STEPS 16 /* rows up to 2048 values; wider ones take the tiles above */
+#define PRE_STEPS 32 /* the precomputed steps: rows up to 4096 values */
+/* Up to 2048 values every width takes the activation-major form; wider rows only when few
+ * activation rows (decoding, narrow verifies) meet them. Measured with bench_quant --path
+ * matmul, 2 threads, weight GB/s against the tiles above: 4096 columns, 1 row +12-20%, 2 rows
+ * +12%, 4 rows -4%, 16 rows -14%; 2304 and 3072 columns, 1 row +20-30%, 2304 and 2 rows +9%. */
+#define PRE_STEPS_ANY 16
+#define WIDE_ROWS 2
 /* Software prefetch of the weight rows about PREFETCH_BYTES ahead of the row being read (at
  * least one row), into L2 (T1). Measured with bench_quant --path matmul on the development
  * VM (2 threads, 512 MiB of Q8_0, one activation row, as % of a plain read of the same bytes
  * just before): a fixed 4 rows ahead gave 81% on 2176-byte rows and 87% on 544-byte ones, 8
  * rows 78% and 91%, so the distance is in bytes; into L2 instead of L1 (T1, not T0) 87-88%
- * and 93-94% (the L1 fill buffers stay free for the loads); 6 or 12 KiB ahead alike. */
+ * and 93-94% (likely: the L1 fill buffers stay free for the loads); 6 or 12 KiB ahead alike. */
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 6144
 #endif
@@ -395,13 +401,21 @@ void em_mm_q8_0_avx512(const void *w, uint64_t row_bytes, int64_t nr, const void
         short_rows(wb, row_bytes, nr, act, stride, nj, nb, y, ldy);
         return;
     }
-    if (nb / 4 <= PRE_STEPS) {
+    if (nb / 4 <= PRE_STEPS_ANY || (nb / 4 <= PRE_STEPS && nj <= WIDE_ROWS)) {
         acts_major(wb, row_bytes, nr, act, stride, nj, nb, y, ldy, tail);
         return;
     }
+    /* Rows under a page: the software prefetch of acts_major. Measured (bench_quant --path
+     * matmul, % of a plain read of the same bytes): 2304 columns (Kimi-Linear-48B's width)
+     * 58% -> 75-82%, 3072 unchanged; at 4096 it cost 5 points, so longer rows are left to
+     * the hardware prefetchers. */
+    const uint64_t ahead = row_bytes < 4096 ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes * row_bytes : 0;
+    if (ahead) prefetch_rows(wb, 0, ahead);
     int64_t r = 0;
-    for (; r + TILE_R <= nr; r += TILE_R)
+    for (; r + TILE_R <= nr; r += TILE_R) {
+        if (ahead) prefetch_rows(wb + (uint64_t)r * row_bytes, ahead, TILE_R * row_bytes);
         row_group(wb + (uint64_t)r * row_bytes, row_bytes, act, stride, nj, nb, y + r, ldy, tail, TILE_R);
+    }
     if (r < nr) row_group(wb + (uint64_t)r * row_bytes, row_bytes, act, stride, nj, nb, y + r, ldy, tail, 1);
 }
 

@@ -128,76 +128,16 @@ static uint64_t llc_bytes(const char **source) {
 
 /* ---- read bandwidth ----------------------------------------------------------------------- */
 
-typedef uint64_t v2u64 __attribute__((vector_size(16)));
-typedef uint64_t v4u64 __attribute__((vector_size(32)));
-
-typedef struct sum_job {
-    const uint8_t *buf;
-    uint64_t part_bytes; /* a multiple of 128 */
-    bool wide;           /* 256-bit loads (AVX2) */
-    uint64_t sums[64][8]; /* one cache line per thread (--threads <= 64): no false sharing */
-} sum_job;
-
-/* Four independent accumulators in registers (named, not an array: an array the compiler
- * does not unroll lives on the stack, and its load-add-store chain would cap the loop well
- * below memory bandwidth). */
-static uint64_t sum_bytes(const uint8_t *p, uint64_t n) {
-    v2u64 a0 = { 0, 0 }, a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;
-    for (uint64_t i = 0; i + 64 <= n; i += 64) {
-        memcpy(&v0, p + i, 16);
-        memcpy(&v1, p + i + 16, 16);
-        memcpy(&v2, p + i + 32, 16);
-        memcpy(&v3, p + i + 48, 16);
-        a0 += v0;
-        a1 += v1;
-        a2 += v2;
-        a3 += v3;
-    }
-    v2u64 a = a0 + a1 + a2 + a3;
-    return a[0] + a[1];
+/* Seconds to read the first `bytes` of buf with the pool's threads (one contiguous part each). */
+static double time_sum(em_pool *pool, const uint8_t *buf, uint64_t bytes) {
+    return em_read_seconds(pool, buf, bytes, bytes / (uint64_t)em_pool_threads(pool));
 }
-
-/* The same with 256-bit loads, as the matvec kernels use; only called on AVX2 CPUs. */
-__attribute__((target("avx2"))) static uint64_t sum_bytes_wide(const uint8_t *p, uint64_t n) {
-    v4u64 a0 = { 0, 0, 0, 0 }, a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;
-    for (uint64_t i = 0; i + 128 <= n; i += 128) {
-        memcpy(&v0, p + i, 32);
-        memcpy(&v1, p + i + 32, 32);
-        memcpy(&v2, p + i + 64, 32);
-        memcpy(&v3, p + i + 96, 32);
-        a0 += v0;
-        a1 += v1;
-        a2 += v2;
-        a3 += v3;
-    }
-    v4u64 a = a0 + a1 + a2 + a3;
-    return a[0] + a[1] + a[2] + a[3];
-}
-
-static void sum_task(void *ctx, int task, int thread) {
-    sum_job *job = ctx;
-    const uint8_t *part = job->buf + (uint64_t)task * job->part_bytes;
-    job->sums[thread][0] += job->wide ? sum_bytes_wide(part, job->part_bytes) : sum_bytes(part, job->part_bytes);
-}
-
-/* Seconds to sum the first `bytes` of buf with the pool's threads (one contiguous part each). */
-static double time_sum(em_pool *pool, sum_job *job, const uint8_t *buf, uint64_t bytes) {
-    int parts = em_pool_threads(pool);
-    job->buf = buf;
-    job->wide = em_isa_cpu_supports(EM_ISA_AVX2);
-    job->part_bytes = bytes / (uint64_t)parts / 128 * 128;
-    double t0 = em_time_now();
-    em_pool_run(pool, parts, sum_task, job);
-    return em_time_now() - t0;
-}
-
-static sum_job g_sum_job; /* large; one measurement at a time; its sums keep the reads alive */
 
 /* GB/s of each of `runs` sums of buf (after one warm-up). */
 static void measure_bandwidth(em_pool *pool, const uint8_t *buf, uint64_t bytes, int runs, double *gbs) {
     uint64_t counted = bytes / (uint64_t)em_pool_threads(pool) / 128 * 128 * (uint64_t)em_pool_threads(pool);
     for (int r = -1; r < runs; r++) {
-        double dt = time_sum(pool, &g_sum_job, buf, bytes);
+        double dt = time_sum(pool, buf, bytes);
         if (r >= 0) gbs[r] = (double)counted / dt / 1e9;
     }
 }
@@ -402,7 +342,7 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
      * machine (other processes come and go). */
     double gbs[MAX_RUNS], sum_gbs[MAX_RUNS];
     for (int r = -1; r < o->runs; r++) {
-        double t_sum = time_sum(pool, &g_sum_job, w, bytes);
+        double t_sum = time_sum(pool, w, bytes);
         double t0 = em_time_now();
         if (o->matmul ? em_matmul_act(pool, &m, &a, y, rows, &err)
                       : em_matvec_isa(pool, o->isa, t, w, rows, o->cols, act, y, &err)) {

@@ -18,7 +18,7 @@
 
 #include "model/model.h"
 #include "model_flags.h"
-#include "quant/quant.h"
+#include "compute/compute.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -72,79 +72,13 @@ typedef struct bench_rep {
 
 /* ---- the read-rate reference --------------------------------------------------------------- */
 
-typedef uint64_t v2u64 __attribute__((vector_size(16)));
-
-typedef struct read_job {
-    const uint8_t *data;
-    uint64_t part; /* bytes per task, a multiple of 128 */
-    bool wide;     /* 32-byte loads (AVX2), as the products load */
-    uint64_t *sums; /* [threads][8]: a cache line per thread, so the reads are not dead */
-} read_job;
-
-/* Sums of 16-byte words in four independent accumulators: the loop is bound by memory, not
- * by an add chain. */
-static uint64_t sum16(const uint8_t *p, uint64_t n) {
-    v2u64 a0 = { 0, 0 }, a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;
-    for (uint64_t i = 0; i + 64 <= n; i += 64) {
-        memcpy(&v0, p + i, 16);
-        memcpy(&v1, p + i + 16, 16);
-        memcpy(&v2, p + i + 32, 16);
-        memcpy(&v3, p + i + 48, 16);
-        a0 += v0;
-        a1 += v1;
-        a2 += v2;
-        a3 += v3;
-    }
-    v2u64 a = a0 + a1 + a2 + a3;
-    return a[0] + a[1];
-}
-
-#if defined(__x86_64__)
-typedef uint64_t v4u64 __attribute__((vector_size(32)));
-
-/* The same with 32-byte loads; only called on AVX2 CPUs. */
-__attribute__((target("avx2"))) static uint64_t sum32(const uint8_t *p, uint64_t n) {
-    v4u64 a0 = { 0, 0, 0, 0 }, a1 = a0, a2 = a0, a3 = a0, v0, v1, v2, v3;
-    for (uint64_t i = 0; i + 128 <= n; i += 128) {
-        memcpy(&v0, p + i, 32);
-        memcpy(&v1, p + i + 32, 32);
-        memcpy(&v2, p + i + 64, 32);
-        memcpy(&v3, p + i + 96, 32);
-        a0 += v0;
-        a1 += v1;
-        a2 += v2;
-        a3 += v3;
-    }
-    v4u64 a = a0 + a1 + a2 + a3;
-    return a[0] + a[1] + a[2] + a[3];
-}
-#endif
-
-static void read_task(void *ctx, int task, int thread) {
-    read_job *j = ctx;
-    const uint8_t *p = j->data + (uint64_t)task * j->part;
-#if defined(__x86_64__)
-    if (j->wide) {
-        j->sums[8 * thread] += sum32(p, j->part);
-        return;
-    }
-#endif
-    j->sums[8 * thread] += sum16(p, j->part);
-}
-
-/* GB/s of the pool reading about `bytes` of the mapped model (whole 1 MiB tasks, as the
- * products stream their matrices; one task under 1 MiB), or 0 when there is nothing to read. */
-static double read_rate(em_pool *pool, const em_mmap *map, uint64_t bytes, read_job *job) {
+/* GB/s of the pool reading about `bytes` of the mapped model (1 MiB tasks, as the products
+ * stream their matrices; one task under 1 MiB), or 0 when there is nothing to read. */
+static double read_rate(em_pool *pool, const em_mmap *map, uint64_t bytes) {
     if (bytes > map->size) bytes = map->size;
     const uint64_t part = bytes < (1u << 20) ? bytes / 128 * 128 : 1u << 20;
-    const int tasks = part ? (int)(bytes / part) : 0;
-    if (tasks == 0) return 0.0;
-    job->data = map->data;
-    job->part = part;
-    job->wide = em_isa_cpu_supports(EM_ISA_AVX2);
-    double t0 = em_time_now();
-    em_pool_run(pool, tasks, read_task, job);
-    return (double)tasks * (double)part / (em_time_now() - t0) / 1e9;
+    const double s = em_read_seconds(pool, map->data, bytes, part);
+    return s > 0 ? (double)(bytes / part * part) / s / 1e9 : 0.0;
 }
 
 static void expert_counts(const em_target *t, em_target_expert_counts *c) {
@@ -177,7 +111,6 @@ typedef struct bench_probe {
     uint64_t step_bytes;  /* weight bytes a decode step streams (em_cost) */
     em_pool *pool;        /* NULL: no read reference */
     em_mmap map;
-    read_job *job;
 } bench_probe;
 
 /* Reset, timed prefill, timed decode steps, then the read of as many bytes as the steps
@@ -216,7 +149,7 @@ static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, 
     }
     if (timed) pr->n_phases = n_ph;
     if (pr->phases) (void)em_target_phases_enable(t, false, err);
-    if (pr->pool) r->read_gbs = read_rate(pr->pool, &pr->map, pr->step_bytes, pr->job);
+    if (pr->pool) r->read_gbs = read_rate(pr->pool, &pr->map, pr->step_bytes);
     expert_counts(t, &c1);
     r->prompt_s = t1 - t0;
     r->decode_s = t2 - t1;
@@ -363,20 +296,15 @@ static int probe_open(bench_probe *pr, em_target *t, const bench_opts *o, em_err
     pr->phases = em_target_phases_enable(t, false, &ignored) == EM_OK;
     pr->step_bytes = em_target_cost(t, o->width).weight_bytes;
     if (pr->step_bytes == 0) return EM_OK;
-    pr->job = em_calloc(1, sizeof *pr->job, "read job", err);
-    if (!pr->job || !(pr->job->sums = em_calloc(8 * (size_t)o->n_threads, sizeof(uint64_t), "read sums", err)))
-        return EM_ENOMEM;
     int rc = em_mmap_open(&pr->map, o->model, err);
     if (!rc) rc = em_pool_create(&pr->pool, o->n_threads, err);
-    if (!rc) (void)read_rate(pr->pool, &pr->map, pr->step_bytes, pr->job); /* faults the mapping in, untimed */
+    if (!rc) (void)read_rate(pr->pool, &pr->map, pr->step_bytes); /* faults the mapping in, untimed */
     return rc;
 }
 
 static void probe_close(bench_probe *pr) {
     em_pool_free(pr->pool);
     em_mmap_close(&pr->map);
-    if (pr->job) free(pr->job->sums);
-    free(pr->job);
 }
 
 static int run_bench(bench_opts *o, em_err *err) {

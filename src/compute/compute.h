@@ -170,6 +170,13 @@ void em_dot_rows_multi(const float *x, int64_t ldx, int64_t m, const float *q, i
 void em_weighted_rows_multi(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,
                             int64_t n, float *y, int64_t ldy);
 
+/* ---- the read reference (readrate.c) --------------------------------------------------
+ * Seconds for the pool to read the first (bytes / part) * part bytes of data, in tasks of
+ * `part` bytes (rounded down to 128) with wide loads, summing them; 0 when there is nothing
+ * to read or no memory for the sums. The rate the products' weight streaming is measured by
+ * (ember bench, bench_quant). pool may be NULL. */
+double em_read_seconds(em_pool *pool, const void *data, uint64_t bytes, uint64_t part);
+
 /* ---- nominal costs per device ------------------------------------------------------------
  * Rates that estimates use when they must not depend on timing: decode/ weighs a drafter's
  * block against a target's verify with them, so a seeded run chooses the same widths every

@@ -34,26 +34,13 @@ void em_dot_rows_avx512(const float *x, int64_t ldx, int64_t m, const float *q, 
     em_dot_rows_multi_avx512(x, ldx, m, q, n, 1, n, scale, s, m);
 }
 
-/* Columns in blocks of 8 x 16 held in registers while every row streams past. */
+static void weighted_block(const float *p, int64_t u0, int64_t u1, const float *x, int64_t ldx, int64_t n, float *y);
+
+/* Columns in blocks of 8 x 16 held in registers while every row streams past (the blocked
+ * form below over one block of every row, from zeros). */
 void em_weighted_rows_avx512(const float *p, const float *x, int64_t ldx, int64_t m, int64_t n, float *y) {
-    int64_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        __m512 a[8];
-        UNROLL for (int b = 0; b < 8; b++) a[b] = _mm512_setzero_ps();
-        for (int64_t u = 0; u < m; u++) {
-            const __m512 pu = _mm512_set1_ps(p[u]);
-            const float *xu = x + u * ldx + i;
-            UNROLL for (int b = 0; b < 8; b++) a[b] = _mm512_fmadd_ps(pu, _mm512_loadu_ps(xu + 16 * b), a[b]);
-        }
-        UNROLL for (int b = 0; b < 8; b++) _mm512_storeu_ps(y + i + 16 * b, a[b]);
-    }
-    for (; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        __m512 a = _mm512_setzero_ps();
-        for (int64_t u = 0; u < m; u++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(p[u]), _mm512_maskz_loadu_ps(mk, x + u * ldx + i), a);
-        _mm512_mask_storeu_ps(y + i, mk, a);
-    }
+    for (int64_t i = 0; i < n; i++) y[i] = 0.0f;
+    weighted_block(p, 0, m, x, ldx, n, y);
 }
 
 /* The accumulators of the scores of rows x[0..U) (U <= 16) for query q (four independent

@@ -317,23 +317,14 @@ static void gemm_avx2(int M, int N, int K, float alpha, const float *A, ptrdiff_
     }
 }
 
-static const em_kda_kern kern_avx2 = {
-    .sweep = sweep_avx2,
-    .gemm = gemm_avx2,
-    .dot2 = dot2_avx2,
-    .vexp = vexp_avx2,
-    .add = add_avx2,
-    .mul = mul_avx2,
-    .muladd = muladd_avx2,
-    .axpy = axpy_avx2,
-    .scale = scale_avx2,
-    .wxpy = wxpy_avx2,
-    .delta = delta_avx2,
-    .silu = silu_avx2,
-    .gate_softplus = gate_softplus_avx2,
-    .gate_bounded = gate_bounded_avx2,
-    .norm_gate = norm_gate_avx2,
-};
+/* Every kernel but the sweep, shared by both tables. */
+#define AVX2_KERNELS                                                                          \
+    .gemm = gemm_avx2, .dot2 = dot2_avx2, .vexp = vexp_avx2, .add = add_avx2, .mul = mul_avx2, \
+    .muladd = muladd_avx2, .axpy = axpy_avx2, .scale = scale_avx2, .wxpy = wxpy_avx2,           \
+    .delta = delta_avx2, .silu = silu_avx2, .gate_softplus = gate_softplus_avx2,               \
+    .gate_bounded = gate_bounded_avx2, .norm_gate = norm_gate_avx2
+
+static const em_kda_kern kern_avx2 = { .sweep = sweep_avx2, AVX2_KERNELS };
 
 const em_kda_kern *em_kda_kern_avx2(void) { return &kern_avx2; }
 
@@ -343,22 +334,6 @@ static void sweep_avx512_or_avx2(float *S, const float *src, int D, const float 
     else sweep_avx2(S, src, D, a, k, delta, x, y, u, w);
 }
 
-static const em_kda_kern kern_avx512 = {
-    .sweep = sweep_avx512_or_avx2,
-    .gemm = gemm_avx2,
-    .dot2 = dot2_avx2,
-    .vexp = vexp_avx2,
-    .add = add_avx2,
-    .mul = mul_avx2,
-    .muladd = muladd_avx2,
-    .axpy = axpy_avx2,
-    .scale = scale_avx2,
-    .wxpy = wxpy_avx2,
-    .delta = delta_avx2,
-    .silu = silu_avx2,
-    .gate_softplus = gate_softplus_avx2,
-    .gate_bounded = gate_bounded_avx2,
-    .norm_gate = norm_gate_avx2,
-};
+static const em_kda_kern kern_avx512 = { .sweep = sweep_avx512_or_avx2, AVX2_KERNELS };
 
 const em_kda_kern *em_kda_kern_avx512(void) { return &kern_avx512; }

@@ -27,7 +27,7 @@
 
 static const char bench_usage[] =
     "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--warmup K]\n"
-    "                   [--verify-width W] [--ubatch U] [--seed S] [--json]\n"
+    "                   [--verify-width W] [--ubatch U] [--seed S] [--json] [--phases]\n"
     "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE] [--device D]\n"
     "\n"
     "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
@@ -367,8 +367,12 @@ static int bench_main(int argc, char **argv) {
     const em_cmd *cmd = &em_cmd_bench;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--json") || !strcmp(a, "--phases")) {
-            *(a[2] == 'j' ? &o.json : &o.phases) = true;
+        if (!strcmp(a, "--json")) {
+            o.json = true;
+            continue;
+        }
+        if (!strcmp(a, "--phases")) {
+            o.phases = true;
             continue;
         }
         if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache") || !strcmp(a, "--device")) && i + 1 >= argc)

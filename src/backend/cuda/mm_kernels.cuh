@@ -61,6 +61,14 @@ static inline int mm_outs(int type, int n, int64_t cols) {
  * overlap in memory). */
 #define MM_STEPS_NARROW 4
 
+/* The 16 int8 products of w and a added to s, in dp4a order x, y, z, w (exact integers). */
+static __device__ __forceinline__ int dot16(int4 w, int4 a, int s) {
+    s = __dp4a(w.x, a.x, s);
+    s = __dp4a(w.y, a.y, s);
+    s = __dp4a(w.z, a.z, s);
+    return __dp4a(w.w, a.w, s);
+}
+
 /* Q8_0 weights x Q8_0 activations: a warp computes OUTS consecutive outputs; lane l takes
  * blocks l, l + 32, ... of each; per block an exact integer dot (dp4a), then
  * sum += (d_w * d_a) * isum, as quant/'s scalar kernel. The activation block is loaded once
@@ -113,14 +121,7 @@ __device__ __forceinline__ void mm_q8_0_warp(const int8_t *wq, const __half *wd,
                 const float da = xd[(int64_t)xr[j] * bpr + b];
 #pragma unroll
                 for (int o = 0; o < OUTS; o++) {
-                    int i0 = __dp4a(w0[u][o].x, a0.x, 0);
-                    i0 = __dp4a(w0[u][o].y, a0.y, i0);
-                    i0 = __dp4a(w0[u][o].z, a0.z, i0);
-                    i0 = __dp4a(w0[u][o].w, a0.w, i0);
-                    i0 = __dp4a(w1[u][o].x, a1.x, i0);
-                    i0 = __dp4a(w1[u][o].y, a1.y, i0);
-                    i0 = __dp4a(w1[u][o].z, a1.z, i0);
-                    i0 = __dp4a(w1[u][o].w, a1.w, i0);
+                    const int i0 = dot16(w1[u][o], a1, dot16(w0[u][o], a0, 0));
                     acc[j][o] = __fadd_rn(acc[j][o], __fmul_rn(__fmul_rn(s[u][o], da), (float)i0));
                 }
             }

@@ -76,12 +76,6 @@ static __device__ __forceinline__ int bsum16(int4 a, int s) {
     s = __dp4a(a.z, 0x01010101, s);
     return __dp4a(a.w, 0x01010101, s);
 }
-static __device__ __forceinline__ int dot16(int4 w, int4 a, int s) {
-    s = __dp4a(w.x, a.x, s);
-    s = __dp4a(w.y, a.y, s);
-    s = __dp4a(w.z, a.z, s);
-    return __dp4a(w.w, a.w, s);
-}
 static __device__ __forceinline__ int4 map4(int4 v, uint32_t mask, int shift) {
     return make_int4((int)(((uint32_t)v.x >> shift) & mask), (int)(((uint32_t)v.y >> shift) & mask),
                      (int)(((uint32_t)v.z >> shift) & mask), (int)(((uint32_t)v.w >> shift) & mask));

@@ -22,6 +22,11 @@ Reported per set and temperature:
   - plain passes of spec: the passes its governor made without drafting;
   - at greedy: whether every speculative run's tokens equal the plain run's (exit status 1 when
     any differ).
+With --expert-cache SIZE every run reads the routed experts from storage (--moe-storage ssd,
+O_DIRECT where the file system allows, a cache of SIZE) and a second table gives, per mode, the
+bytes read from storage per committed token (sum of experts.gen_bytes_read over prompts / sum
+of tokens the passes committed), its ratio to plain decoding's, and the read rate measured
+(bytes_read / read_seconds over every run of the mode).
 """
 import argparse
 import json
@@ -82,7 +87,12 @@ def summarize(results, mode):
         for i, c in enumerate(r["spec"]["accept_hist"]):
             hist[i] += c
     rates = [r["tok_per_s"] for r in results[mode] if r["n_gen"] > 1]
+    ex = [r.get("experts", {}) for r in results[mode]]
+    committed = passes + accepted
+    read_s = sum(e.get("read_seconds", 0.0) for e in ex)
     return {
+        "bytes_per_token": sum(e.get("gen_bytes_read", 0) for e in ex) / committed if committed else float("nan"),
+        "read_gbs": sum(e.get("bytes_read", 0) for e in ex) / read_s / 1e9 if read_s > 0 else float("nan"),
         "tau": (passes + accepted) / passes if passes else float("nan"),
         "accepted": accepted,
         "drafted": drafted,
@@ -107,8 +117,12 @@ def main():
     ap.add_argument("--json-out", help="also write every run's JSON summary here")
     ap.add_argument("--plain-only", action="store_true",
                     help="run only plain decoding (--draft none): its tok/s, e.g. before and after a change")
+    ap.add_argument("--expert-cache", metavar="SIZE",
+                    help="routed experts from storage through a cache of SIZE (e.g. 3MiB): adds bytes per token")
     ap.add_argument("model_args", nargs="*", help="after --: -m TARGET --draft DRAFT (default: the default pair)")
     args = ap.parse_args()
+    if args.expert_cache:
+        args.model_args = args.model_args + ["--moe-storage", "ssd", "--expert-cache", args.expert_cache]
     sets = {"humaneval": ("humaneval_64.jsonl", False), "mt_bench": ("mt_bench_64.jsonl", True)}
     temps = [float(t) for t in args.temps.split(",")]
     all_rows, identical_ok, dump = [], True, []
@@ -183,6 +197,18 @@ def print_tables(rows, args):
             r["set"], r["temp"], r["n_prompts"], s["tau"], a["tau"], w["tau"], s["plain_passes"], s["passes"],
             p["tok_s"], s["tok_s"], s["tok_s"] / p["tok_s"], a["tok_s"], a["tok_s"] / p["tok_s"], w["tok_s"],
             w["tok_s"] / p["tok_s"], ident))
+    if args.expert_cache:
+        print("\nRouted experts from storage (--moe-storage ssd --expert-cache %s): bytes read per committed "
+              "token (after the prompt), the ratio to plain decoding, and the read rate measured\n" % args.expert_cache)
+        print("| set | temp | KB/token plain | spec | spec/plain | always | always/plain | w8 | w8/plain "
+              "| read GB/s (plain, spec) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            b = {m: r[m]["bytes_per_token"] for m in ("plain",) + SPEC_MODES}
+            print("| %s | %g | %.0f | %.0f | %.2fx | %.0f | %.2fx | %.0f | %.2fx | %.2f, %.2f |" % (
+                r["set"], r["temp"], b["plain"] / 1e3, b["spec"] / 1e3, b["spec"] / b["plain"], b["always"] / 1e3,
+                b["always"] / b["plain"], b["w8"] / 1e3, b["w8"] / b["plain"], r["plain"]["read_gbs"],
+                r["spec"]["read_gbs"]))
     print("\nPer-position acceptance, S(k)/S(k-1) from the summed accept_hist (w8: conditional acceptance "
           "of draft k; always: a lower bound, narrower verifies count as rejections)\n")
     print("| set | temp | mode | k=1 | k=2 | k=3 | k=4 | k=5 | k=6 | k=7 | accept_hist 0..7 |")

@@ -439,6 +439,9 @@ static void test_cli(void **state) {
     const double committed = (double)(json_integer_value(json_object_get(spec, "passes")) +
                                       json_integer_value(json_object_get(spec, "accepted")));
     assert_true(committed > 0 && fabs(per - (double)gen / committed) <= 1e-9 * per);
+    /* the time spent waiting for those reads: positive, and below the whole run's */
+    const double rs = json_real_value(json_object_get(json_object_get(o, "experts"), "read_seconds"));
+    assert_true(rs > 0 && rs < 60);
     json_t *toks_ssd = json_incref(json_object_get(o, "tokens"));
     json_decref(o);
     assert_int_equal(em_test_sh(1, "'%s' run -m '%s' -p hello -n 4 --json --moe-storage resident", bin, m), 0);

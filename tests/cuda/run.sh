@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The one script the device machine runs (docs/cuda.md, "Testing on the device"). It builds
 # nothing: it runs the binaries carried beside it (scripts/gpu_bundle.sh made DIR/bin and
-# DIR/lib) with LD_LIBRARY_PATH=DIR/lib, writes full logs under $OUT when set, and prints a
-# short PASS/FAIL table last. Exit status: non-zero when any step failed.
+# DIR/lib) with LD_LIBRARY_PATH=DIR/lib, writes full logs under DIR/out (and, when $OUT is set,
+# all of them packed as $OUT/logs.tgz: the device tool brings back only a few files), and prints
+# a short PASS/FAIL table last. Exit status: non-zero when any step failed.
 # Usage: bash DIR/run.sh   (DIR: the folder holding this script, bin/ and lib/)
 set -uo pipefail
 dir=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-$dir/out}
+out=$dir/out
 mkdir -p "$out"
+[ -n "${OUT:-}" ] && trap 'tar czf "$OUT/logs.tgz" -C "$out" . 2>/dev/null' EXIT
 # a bundle made with gpu_bundle.sh --pack: unpacked in place
 if [ -f "$dir/bundle.tar.xz" ] && [ ! -d "$dir/bin" ]; then tar -C "$dir" -xJf "$dir/bundle.tar.xz" || exit 1; fi
 export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -191,10 +191,11 @@ def main():
     if not 1 <= a.keep < vocab:
         raise SystemExit("draft_vocab: --keep %d must be in [1, %d)" % (a.keep, vocab))
     _, _, tvalues, _, _ = read_gguf(a.target)
-    special = {tvalues.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")} - {None}
+    special = sorted({tvalues.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")}
+                     & set(range(vocab)))
     counts = count_tokens(a.ember, a.target, corpus_files(a.corpus, a.max_bytes))
-    ranked = sorted(range(vocab), key=lambda i: (-counts.get(i, 0), i))
-    keep = sorted((set(ranked[:a.keep - len(special)]) | special))[:a.keep]
+    ranked = special + sorted((i for i in range(vocab) if i not in special), key=lambda i: (-counts.get(i, 0), i))
+    keep = sorted(ranked[:a.keep])  # the end tokens first, then the most frequent; d2t ascending
     covered = sum(counts.get(i, 0) for i in keep) / max(1, sum(counts.values()))
     for n in DRAFT_ROWS:  # rows of vocab x row bytes, then under `align` bytes of padding
         t = names[n]

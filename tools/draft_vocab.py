@@ -83,11 +83,7 @@ def read_gguf(path):
     for _ in range(n_kv):
         start = r.at
         key = r.string()
-        t = r.unpack("<I")
-        vstart = r.at
-        values[key] = r.value(t)
-        r.at = vstart
-        r.skip_value(t)
+        values[key] = r.value(r.unpack("<I"))  # arrays are skipped (None)
         kvs.append((key, data[start:r.at]))
     tensors = []
     for _ in range(n_tensors):

@@ -482,6 +482,159 @@ static void test_faults(void **state) {
     model_close(&m);
 }
 
+/* ---- read-ahead ------------------------------------------------------------------------ */
+
+static em_expert_ref ref_of(int layer, int expert) { return (em_expert_ref){layer, expert}; }
+
+/* Reads ahead within half the budget, in list order; runs find what was read ahead (counted
+ * as hits and used), wait for it, and hand over the same bytes; without io_uring nothing is
+ * read ahead; bad references are refused. */
+static void test_prefetch(void **state) {
+    (void)state;
+    const char *path = em_test_path("m7.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    const int modes[2] = {EM_EXPERT_IO_AUTO, EM_EXPERT_IO_PREAD};
+    for (int mi = 0; mi < 2; mi++) {
+        em_err err = {0};
+        em_expert_cache *c;
+        em_expert_cache_opts o = {.budget = 1ull << 30, .io = modes[mi], .policy = EM_EXPERT_LRU};
+        assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+        const uint64_t slot = max_slot(c, &m);
+        em_expert_cache_free(c);
+        o.budget = 6 * slot;
+        assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+        bool uring;
+        em_expert_cache_io_info(c, &uring, NULL);
+        em_expert_ref bad[2] = {ref_of(1, 8), ref_of(0, 0)};
+        for (int b = 0; b < 2; b++) {
+            assert_int_equal(em_expert_cache_prefetch(c, &bad[b], 1, 2, &err), EM_EINVAL);
+            assert_non_null(strstr(err.msg, "no such routed expert"));
+        }
+        em_expert_cache_predict(c);
+        const em_expert_ref list[5] = {ref_of(1, 0), ref_of(1, 1), ref_of(2, 2), ref_of(2, 3), ref_of(1, 4)};
+        int done = em_expert_cache_prefetch(c, list, 5, 2, &err);
+        assert_int_equal(done, uring ? 3 : 0); /* half of 6 slots: three experts in flight */
+        assert_true(em_expert_cache_used(c) <= o.budget);
+        const int l1[3] = {0, 1, 5};
+        assert_int_equal(run_checked(c, &m, 1, l1, 3, &err), 0);
+        em_expert_stats st;
+        em_expert_cache_stats(c, -1, &st);
+        assert_int_equal(st.prefetch_used, uring ? 2 : 0);
+        assert_int_equal(st.misses, uring ? 1 : 3);
+        assert_int_equal(st.hits, uring ? 2 : 0);
+        /* the run used two of them: the share has room for the rest */
+        assert_int_equal(em_expert_cache_prefetch(c, list + 2, 3, 1, &err), uring ? 3 : 0);
+        const int l2[2] = {3, 2};
+        assert_int_equal(run_checked(c, &m, 2, l2, 2, &err), 0);
+        em_expert_cache_stats(c, -1, &st);
+        assert_int_equal(st.prefetch_used, uring ? 4 : 0);
+        assert_true(uring ? st.prefetched >= 4 : st.prefetched == 0); /* (1, 4) may be in flight */
+        assert_int_equal(st.reads, 3 * (st.misses + st.prefetched));
+        /* leaving with a read still in flight is safe (the cache waits for it) */
+        em_expert_cache_predict(c);
+        const em_expert_ref more[2] = {ref_of(2, 6), ref_of(2, 7)};
+        assert_int_equal(em_expert_cache_prefetch(c, more, 2, 2, &err), uring ? 2 : 0);
+        em_expert_cache_free(c);
+    }
+    model_close(&m);
+}
+
+/* Random read-aheads between random runs at every budget from 1 to 9 slots: the budget holds
+ * at all times, every run hands over the file's bytes, and hits + misses count the runs'
+ * experts. */
+static void test_prefetch_budget(void **state) {
+    (void)state;
+    const char *path = em_test_path("m8.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    em_err err = {0};
+    em_expert_cache *c;
+    em_expert_cache_opts o = {.budget = 1ull << 30};
+    assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+    const uint64_t slot = max_slot(c, &m);
+    em_expert_cache_free(c);
+    uint64_t prefetched = 0;
+    for (int policy = 0; policy < 2; policy++)
+        for (uint64_t b = 1; b <= 9; b++) {
+            o = (em_expert_cache_opts){.budget = b * slot, .policy = policy};
+            assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+            uint64_t seed = 7 + b;
+            int accesses = 0;
+            for (int step = 0; step < 60; step++) {
+                if (em_test_rand(&seed) % 3 == 0) em_expert_cache_predict(c);
+                em_expert_ref list[8];
+                int nl = (int)(em_test_rand(&seed) % 9);
+                for (int i = 0; i < nl; i++)
+                    list[i] = ref_of(1 + (int)(em_test_rand(&seed) % 2), (int)(em_test_rand(&seed) % 8));
+                int done = em_expert_cache_prefetch(c, list, nl, 1 + (int)(em_test_rand(&seed) % 3), &err);
+                assert_true(done >= 0 && done <= nl);
+                assert_true(em_expert_cache_used(c) <= b * slot);
+                int ex[8], n = 1 + (int)(em_test_rand(&seed) % 8), used = 0;
+                for (int e = 0; e < 8 && used < n; e++)
+                    if (em_test_rand(&seed) % 2) ex[used++] = e;
+                assert_int_equal(run_checked(c, &m, 1 + (int)(em_test_rand(&seed) % 2), ex, used, &err), 0);
+                accesses += used;
+                assert_true(em_expert_cache_used(c) <= b * slot);
+            }
+            em_expert_stats s;
+            em_expert_cache_stats(c, -1, &s);
+            assert_int_equal(s.hits + s.misses, (uint64_t)accesses);
+            assert_true(s.prefetch_used <= s.prefetched);
+            prefetched += s.prefetched;
+            em_expert_cache_free(c);
+        }
+    bool uring;
+    assert_int_equal(em_expert_cache_create(&c, m.s, &o, &err), 0);
+    em_expert_cache_io_info(c, &uring, NULL);
+    em_expert_cache_free(c);
+    if (uring) assert_true(prefetched > 0);
+    model_close(&m);
+}
+
+/* A read-ahead that fails (the file shrank) is dropped unseen; the run that needs the expert
+ * reads it and reports the failure, naming the file; restored, the same run works. */
+static void test_prefetch_fault(void **state) {
+    (void)state;
+    const char *path = em_test_path("m9.gguf");
+    write_model(path, 3, 8, 32, 24);
+    model m;
+    model_open(&m, path);
+    size_t n;
+    void *orig = em_test_read(path, &n);
+    const char *copy = em_test_path("m9copy.gguf");
+    em_test_write(copy, orig, n);
+    em_err err = {0};
+    em_gguf *gc;
+    model mc = {.g = m.g};
+    assert_int_equal(em_gguf_open(&gc, copy, &err), 0);
+    assert_int_equal(em_expert_store_open(&mc.s, gc, &err), 0);
+    em_gguf_close(gc);
+    em_expert_cache *c;
+    em_expert_cache_opts o = {.budget = 1ull << 30};
+    assert_int_equal(em_expert_cache_create(&c, mc.s, &o, &err), 0);
+    assert_int_equal(truncate(copy, (off_t)(n / 2)), 0);
+    em_expert_cache_predict(c);
+    const em_expert_ref list[3] = {ref_of(2, 5), ref_of(2, 6), ref_of(2, 7)};
+    assert_true(em_expert_cache_prefetch(c, list, 3, 2, &err) >= 0);
+    const int want[3] = {5, 6, 7};
+    assert_int_not_equal(run_checked(c, &mc, 2, want, 3, &err), 0);
+    print_message("read ahead from a file that shrank: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, copy));
+    for (int e = 5; e < 8; e++) assert_false(em_expert_cache_holds(c, 2, e));
+    int fd = open(copy, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, orig, n, 0), (ssize_t)n);
+    close(fd);
+    assert_int_equal(run_checked(c, &mc, 2, want, 3, &err), 0);
+    em_expert_cache_free(c);
+    em_expert_store_close(mc.s);
+    free(orig);
+    model_close(&m);
+}
+
 /* ---- provider ------------------------------------------------------------------------- */
 
 /* The file's expert tensors as a model hands them to a provider (layer 0 has none). */
@@ -644,6 +797,8 @@ int main(void) {
         cmocka_unit_test(test_io_paths),
         cmocka_unit_test(test_union_dedup),   cmocka_unit_test(test_budget),
         cmocka_unit_test(test_policies),      cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_prefetch),      cmocka_unit_test(test_prefetch_budget),
+        cmocka_unit_test(test_prefetch_fault),
         cmocka_unit_test(test_provider_policy), cmocka_unit_test(test_provider_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

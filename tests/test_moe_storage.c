@@ -1,13 +1,15 @@
 /* Routed experts through experts/ (model/moe.c): the kimi fixtures converted by the CLI, run
  * resident and from storage (--moe-storage ssd) with every cache budget from one expert slot
- * to all of them, through prefill, decoding (verify 1 + commit 1) and verify(n) + commit(k).
+ * to all of them, with and without read-ahead, through prefill, decoding (verify 1 + commit 1)
+ * and verify(n) + commit(k).
  *
  *  - logits: SSD runs are bit-identical (memcmp) to the resident run, at every budget;
  *  - counters: hits + misses = expert uses (one use = one distinct expert of one MoE layer in
  *    one forward step, counted independently from the routes the target reports); three
- *    reads per miss; bytes read lie between misses x an expert's file bytes and misses x its
- *    cache slot; with room for every expert each (layer, expert) ever used misses exactly
- *    once (the route union reads an expert shared by rows once); resident mode counts every
+ *    reads per miss and per expert read ahead; bytes read lie between those counts x an
+ *    expert's file bytes and x its cache slot; with room for every expert each (layer,
+ *    expert) ever used is read exactly once, by a miss or ahead (the route union reads an
+ *    expert shared by rows once); read-ahead happens and is used; resident mode counts every
  *    use as a hit and reads nothing;
  *  - cost hints: storage bytes only in SSD mode, growing with the verify width, zero once
  *    the cache holds every expert;
@@ -56,12 +58,17 @@ static int setup(void **state) {
         }                    \
     } while (0)
 
-static em_target *open_model(const char *path, int storage, uint64_t budget) {
-    em_model_opts o = { .n_threads = 2, .moe_storage = storage, .expert_cache_bytes = budget };
+static em_target *open_model_ahead(const char *path, int storage, uint64_t budget, bool ahead) {
+    em_model_opts o = { .n_threads = 2, .moe_storage = storage, .expert_cache_bytes = budget,
+                        .expert_no_prefetch = !ahead };
     em_target *t = NULL;
     em_err err = { 0 };
     if (em_model_open(&t, path, &o, &err)) fail_msg("open %s: %s", path, err.msg);
     return t;
+}
+
+static em_target *open_model(const char *path, int storage, uint64_t budget) {
+    return open_model_ahead(path, storage, budget, false);
 }
 
 /* ---- the scenario: prefill, decoding, verify + commit -------------------------------------- */
@@ -102,7 +109,8 @@ static int forward(em_target *t, record *r, const int32_t *tok, int n, bool pref
     assert_true(n * info->n_route <= (int)(sizeof routes / sizeof routes[0]));
     assert_true(r->rows + n <= MAX_ROWS);
     em_rows out = { .logits = r->logits + (size_t)r->rows * (size_t)info->n_vocab, .routes = routes };
-    int rc = prefill ? em_target_prefill(t, tok, n, &out, err) : em_target_verify(t, tok, n, &out, err);
+    int rc = prefill ? EM_OK : em_target_prefetch(t, tok, n, err); /* as the loop does while drafting */
+    if (!rc) rc = prefill ? em_target_prefill(t, tok, n, &out, err) : em_target_verify(t, tok, n, &out, err);
     if (rc) return rc;
     r->rows += n;
     count_uses(r, info, routes, n);
@@ -182,8 +190,11 @@ static void test_bit_identical(void **state) {
         em_target_close(t);
 
         const int all = n_moe * n_expert, budgets[] = { 1, 2, 3, 5, 8, 13, all };
-        for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
-            t = open_model(paths[m], EM_MOE_SSD, (uint64_t)budgets[b] * slot);
+        uint64_t ahead_used = 0;
+        for (size_t bi = 0; bi < 2 * sizeof budgets / sizeof budgets[0]; bi++) {
+            const size_t b = bi / 2;
+            const bool ahead = bi % 2;
+            t = open_model_ahead(paths[m], EM_MOE_SSD, (uint64_t)budgets[b] * slot, ahead);
             em_cost before = em_target_cost(t, 1), wider = em_target_cost(t, 4);
             assert_true(before.bytes_read > 0 && wider.bytes_read > before.bytes_read);
             record r;
@@ -191,20 +202,30 @@ static void test_bit_identical(void **state) {
             assert_int_equal(r.rows, ref.rows);
             assert_int_equal(r.uses, ref.uses);
             if (memcmp(r.logits, ref.logits, (size_t)r.rows * (size_t)V * sizeof(float)) != 0)
-                fail_msg("%s: ssd logits with a budget of %d slots differ from resident", paths[m], budgets[b]);
+                fail_msg("%s: ssd logits with a budget of %d slots (read-ahead %s) differ from resident", paths[m],
+                         budgets[b], ahead ? "on" : "off");
             c = counts(t);
             assert_int_equal(c.storage, EM_MOE_SSD);
             assert_int_equal(c.hits + c.misses, r.uses);
-            assert_int_equal(c.reads, 3 * c.misses);
-            assert_true(c.bytes_read >= c.misses * per_expert && c.bytes_read <= c.misses * slot);
+            const uint64_t got = c.misses + c.prefetched; /* experts read */
+            assert_int_equal(c.reads, 3 * got);
+            assert_true(c.bytes_read >= got * per_expert && c.bytes_read <= got * slot);
+            assert_true(c.prefetch_used <= c.prefetched);
+            if (!ahead) assert_int_equal(c.prefetched, 0);
+            ahead_used += c.prefetch_used;
             assert_true(c.cache_bytes <= c.cache_budget && c.cache_budget == (uint64_t)budgets[b] * slot);
             if (budgets[b] == all) { /* nothing evicted: each used expert read once */
-                assert_int_equal(c.misses, r.n_used);
-                print_message("%s: %llu expert uses, %d distinct, all-slot cache: %llu hits, %llu misses\n",
-                              paths[m], (unsigned long long)r.uses, r.n_used, (unsigned long long)c.hits,
-                              (unsigned long long)c.misses);
+                assert_int_equal(c.misses + c.prefetch_used, r.n_used);
+                print_message("%s: %llu expert uses, %d distinct, all-slot cache, read-ahead %s: %llu hits, "
+                              "%llu misses, %llu read ahead\n", paths[m], (unsigned long long)r.uses, r.n_used,
+                              ahead ? "on" : "off", (unsigned long long)c.hits, (unsigned long long)c.misses,
+                              (unsigned long long)c.prefetched);
             }
             if (budgets[b] == 1) assert_int_equal(c.hits, 0); /* one slot: every use reads */
+            if (budgets[b] == 5 && ahead)
+                print_message("%s: 5-slot cache, read-ahead: %llu hits, %llu misses, %llu read ahead, %llu of them used\n",
+                              paths[m], (unsigned long long)c.hits, (unsigned long long)c.misses,
+                              (unsigned long long)c.prefetched, (unsigned long long)c.prefetch_used);
             uint64_t layer_hits = 0, layer_misses = 0;
             for (int l = 0; l < info->n_layer; l++) {
                 em_target_expert_counts lc;
@@ -217,6 +238,7 @@ static void test_bit_identical(void **state) {
             free(r.logits);
             em_target_close(t);
         }
+        assert_true(ahead_used > 0); /* tokens seen before: their experts were read ahead and used */
         free(ref.logits);
     }
 }
@@ -394,6 +416,10 @@ static void test_bad_options(void **state) {
     em_target_close(t);
     t = open_model(paths[0], EM_MOE_SSD, 1ull << 30);
     assert_int_equal(em_experts_fault_arm(t->experts, 7, 0, &err), EM_EINVAL);
+    const int32_t bad_tok[2] = { 1, em_target_get_info(t)->n_vocab };
+    assert_int_equal(em_target_prefetch(t, bad_tok, 2, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "not in the vocabulary"));
+    assert_int_equal(em_target_prefetch(t, bad_tok, 1, &err), EM_OK);
     em_target_close(t);
 }
 
@@ -455,7 +481,8 @@ static void test_cli(void **state) {
     json_decref(o);
     json_decref(toks_ssd);
     static const char *const bad[] = { "--moe-storage disk", "--expert-cache 12XB", "--expert-cache 0",
-                                       "--expert-cache", "--moe-storage" };
+                                       "--expert-prefetch yes", "--expert-prefetch", "--expert-cache",
+                                       "--moe-storage" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = em_test_sh(1, "'%s' run -m '%s' -p a -n 2 %s", bin, m, bad[i]);
         if (rc != 2) fail_msg("'%s' exits %d, not 2", bad[i], rc);

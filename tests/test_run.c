@@ -181,9 +181,10 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     assert_int_equal(get_int(spec, "plain_passes"), 0); /* counts passes that could have drafted */
 
     json_t *ex = json_object_get(j, "experts");
-    static const char *const ex_keys[] = { "bytes_read", "hits", "misses", "cache_bytes", "gen_bytes_read" };
-    assert_int_equal(json_object_size(ex), 7);
-    for (int i = 0; i < 5; i++) /* resident (auto on a small model): every expert use is a hit */
+    static const char *const ex_keys[] = { "bytes_read", "hits", "misses", "cache_bytes", "gen_bytes_read",
+                                           "prefetched", "prefetch_used" };
+    assert_int_equal(json_object_size(ex), 9);
+    for (int i = 0; i < 7; i++) /* resident (auto on a small model): every expert use is a hit */
         if (strcmp(ex_keys[i], "hits")) assert_int_equal(get_int(ex, ex_keys[i]), 0);
     assert_true(get_num(ex, "gen_bytes_per_token") == 0);
     assert_true(get_num(ex, "read_seconds") == 0); /* nothing waited for */

@@ -46,6 +46,7 @@ static const char run_usage[] =
     "                         failed_fallbacks, accept_hist, mean_verify_width, draft_seconds,\n"
     "                         plain_passes},\n"
     "                         experts {bytes_read, read_seconds (waiting for them), hits, misses,\n"
+    "                         prefetched, prefetch_used (experts read ahead; of them used),\n"
     "                         cache_bytes, gen_bytes_read, gen_bytes_per_token: read from\n"
     "                         storage after the prompt, and that over the tokens the passes\n"
     "                         committed}\n"
@@ -243,9 +244,11 @@ static int print_json(const sink *k, const em_decode_result *r, const em_target 
     if (rc) return rc;
     /* bytes a committed token cost: what generation read over the rows it committed */
     const uint64_t committed = r->passes + r->accepted;
-    json_t *experts = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:f}", "bytes_read", (json_int_t)xc.bytes_read,
-                                "read_seconds", xc.read_seconds, "hits", (json_int_t)xc.hits, "misses",
-                                (json_int_t)xc.misses, "cache_bytes",
+    json_t *experts = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "bytes_read",
+                                (json_int_t)xc.bytes_read, "read_seconds", xc.read_seconds, "hits",
+                                (json_int_t)xc.hits, "misses", (json_int_t)xc.misses, "prefetched",
+                                (json_int_t)xc.prefetched, "prefetch_used", (json_int_t)xc.prefetch_used,
+                                "cache_bytes",
                                 (json_int_t)xc.cache_bytes, "gen_bytes_read", (json_int_t)r->gen_bytes_read,
                                 "gen_bytes_per_token", committed ? (double)r->gen_bytes_read / (double)committed : 0.0);
     json_t *o = tokens && spec && experts

@@ -18,7 +18,7 @@
 
 static const char *const value_flags[] = {
     "-m", "--model", "--threads", "-c", "--ctx-size", "--draft", "--device", "--draft-device",
-    "--moe-storage", "--expert-cache", "--verify-width", "--feature-dtype", "--spec-policy",
+    "--moe-storage", "--expert-cache", "--expert-prefetch", "--verify-width", "--feature-dtype", "--spec-policy",
 };
 
 bool em_model_flag(const char *a) {
@@ -89,6 +89,12 @@ static int check_future_flag(const em_cmd *cmd, const char *a, const char *v, em
         em_err err = { 0 };
         if (em_parse_size(v, &f->expert_cache, &err)) return em_cli_usage_error(cmd, "--expert-cache: %s", err.msg);
         if (f->expert_cache == 0) return em_cli_usage_error(cmd, "--expert-cache: '%s' is no room for any expert", v);
+        return -1;
+    }
+    if (!strcmp(a, "--expert-prefetch")) {
+        if (strcmp(v, "on") && strcmp(v, "off"))
+            return em_cli_usage_error(cmd, "--expert-prefetch: '%s' is not on or off", v);
+        f->expert_no_prefetch = !strcmp(v, "off");
         return -1;
     }
     if (em_decode_feature_type(v) < 0)
@@ -185,7 +191,7 @@ em_model_opts em_model_flags_opts(const em_model_flags *f) {
                   : !strcmp(f->moe_storage, "ssd")                      ? EM_MOE_SSD
                                                                         : EM_MOE_RESIDENT;
     return (em_model_opts){ .device = f->device, .cuda_index = f->cuda_index, .n_threads = f->n_threads, .n_ctx = f->n_ctx, .moe_storage = storage,
-                            .expert_cache_bytes = f->expert_cache };
+                            .expert_cache_bytes = f->expert_cache, .expert_no_prefetch = f->expert_no_prefetch };
 }
 
 /* The target refused to capture the drafter's taps (a layer it does not have): opened without

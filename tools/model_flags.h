@@ -31,6 +31,7 @@ typedef struct em_model_flags {
     const char *spec_policy;   /* --spec-policy: auto, nominal or always (NULL: auto) */
     const char *moe_storage;   /* --moe-storage: "resident", "ssd" or "auto" (NULL: auto) */
     uint64_t expert_cache;     /* --expert-cache bytes; 0: derived from available memory */
+    bool expert_no_prefetch;   /* --expert-prefetch off */
     const char *feature_dtype; /* --feature-dtype: f32, f16, bf16 or q8_0 (NULL: default) */
     int device;         /* --device: enum em_device_kind (0: auto) */
     int cuda_index;     /* --device cuda:N */
@@ -52,6 +53,9 @@ typedef struct em_model_flags {
     "      --moe-storage M    routed experts resident (mapped), ssd (read on demand through the\n"      \
     "                         expert cache) or auto (resident when the model fits in memory)\n"         \
     "      --expert-cache B   ssd: expert cache budget, e.g. 8GiB (default: half the free memory)\n"   \
+    "      --expert-prefetch P  ssd with --draft: on (default) reads ahead, while the drafter\n"   \
+    "                         works, the experts the next verify's first token was routed to\n"    \
+    "                         last time; off reads only what a layer asks for\n"                   \
     "      --verify-width N   rows per target pass with --draft (the anchor and N-1 drafts); default\n" \
     "                         0: chosen per pass from the drafter's confidence and the target's cost\n" \
     "      --spec-policy P    when passes draft: auto (default: only while speculation is faster\n"    \

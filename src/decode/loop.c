@@ -412,13 +412,16 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     const bool can_draft = s->drafter && limit > 1;
     const bool drafts = can_draft && em_decode_govern_draft(&g->gov);
     const double t0 = em_time_now();
+    /* the verify's first row is known: its reads go on while the drafter works */
+    int rc = drafts ? em_target_prefetch(s->target, anchor, 1, err) : EM_OK;
+    if (rc) return rc;
     int K = drafts ? draft_block(g, *anchor, (int)limit, err) : 0;
     if (K < 0) return K;
 
     s->rows[0] = *anchor;
     em_rows rows = { .logits = g->greedy ? NULL : s->logits, .argmax = g->greedy ? s->argmax : NULL,
                      .features = s->drafter ? s->feats : NULL };
-    int rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
+    rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
     if (rc) return rc;
     int32_t next;
     int n_acc = accept_rows(g, K, &next, err);

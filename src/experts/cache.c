@@ -7,7 +7,14 @@
  * decayed access count; the history covers every expert, resident or not), ties to LRU.
  * Slot buffers are mapped anonymous memory: an evicted one is kept on a free list for the
  * next miss (no page faults, no heap fragmentation) as long as held + free bytes stay within
- * the budget, and unmapped otherwise, so the cache never holds more than its budget. */
+ * the budget, and unmapped otherwise, so the cache never holds more than its budget.
+ * Read-ahead: em_expert_cache_prefetch starts reading predicted experts into fresh buffers
+ * (counted in flight against the budget; with those read ahead for the current prediction and
+ * not used yet, at most EM_EXPERT_AHEAD_SHARE of it); a completed one enters the index unpinned at the next call
+ * that settles completions. A run that lists a coming expert waits for that read only. Slots
+ * the current prediction lists and no run has used yet are never evicted to make room for a
+ * read-ahead, and runs evict them last. An in-flight buffer is never freed before its read
+ * completes (em_expert_cache_free waits). */
 #include "experts/experts_impl.h"
 
 #include <assert.h>
@@ -21,10 +28,23 @@ typedef struct slot {
     uint8_t *buf;
     uint64_t bytes;
     int pins;
+    bool fresh;               /* read ahead and not used yet */
+    uint64_t want;            /* the prediction that lists it, until a run uses it (0: none) */
 } slot;
+
+#define AHEAD_MAX 21 /* experts read ahead at once (three requests each, in a ring of 64) */
+
+typedef struct ahead {        /* one expert being read ahead; never moves while in flight */
+    bool busy;
+    int layer, expert;
+    uint8_t *buf;
+    uint64_t bytes, gen;
+    em_xio_req reqs[EM_EXPERT_NPARTS];
+} ahead;
 
 typedef struct expert_meta {  /* per (layer, expert), resident or not */
     int slot;                 /* index in slots, -1 when not resident */
+    int ahead;                /* index in aheads while being read ahead, else -1 */
     uint64_t last;            /* tick of the last access */
     double freq;              /* decayed access count as of `last` */
     uint64_t run;             /* id of the last run that listed it (duplicate check) */
@@ -44,7 +64,10 @@ struct em_expert_cache {
     uint64_t used, tick, runs;
     struct free_buf *free_list; /* evicted slot buffers kept for reuse */
     uint64_t free_bytes;
-    uint64_t inflight;          /* buffers of a batch being read (not yet in `used`) */
+    uint64_t inflight;          /* buffers being read, by a batch or ahead (not yet in `used`) */
+    ahead aheads[AHEAD_MAX];
+    int n_ahead;                /* busy entries of aheads */
+    uint64_t ahead_bytes, gen;  /* in flight ahead; the current prediction */
     int *held;                  /* [n_layers] experts of each layer in the cache */
     em_expert_stats *stats;   /* [n_layers] */
     /* a run's scratch, sized for the largest layer (a run never lists more experts) */
@@ -104,6 +127,12 @@ static void buf_put(em_expert_cache *c, uint8_t *buf, uint64_t bytes, bool infli
     munmap(buf, (size_t)bytes);
 }
 
+static bool ahead_complete(const ahead *a) {
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++)
+        if (!a->reqs[p].done) return false;
+    return true;
+}
+
 typedef struct pending {
     int idx;           /* in the union */
     uint8_t *buf;
@@ -161,7 +190,7 @@ int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
         size_t n_meta = (size_t)c->layer_base[c->n_layers];
         c->meta = em_calloc(n_meta ? n_meta : 1, sizeof *c->meta, "expert cache index", err);
         if (!c->meta) rc = EM_ENOMEM;
-        for (size_t i = 0; !rc && i < n_meta; i++) c->meta[i].slot = -1;
+        for (size_t i = 0; !rc && i < n_meta; i++) c->meta[i].slot = c->meta[i].ahead = -1;
     }
     if (!rc && opts->budget < largest) {
         char a[32], b[32];
@@ -193,6 +222,15 @@ int em_expert_cache_create(em_expert_cache **out, const em_expert_store *s,
 
 void em_expert_cache_free(em_expert_cache *c) {
     if (!c) return;
+    while (c->n_ahead > 0) { /* the ring still writes into their buffers */
+        em_xio_reap(c->io, true);
+        for (int i = 0; i < AHEAD_MAX; i++)
+            if (c->aheads[i].busy && ahead_complete(&c->aheads[i])) {
+                munmap(c->aheads[i].buf, (size_t)c->aheads[i].bytes);
+                c->aheads[i].busy = false;
+                c->n_ahead--;
+            }
+    }
     for (int i = 0; i < c->n_slots; i++) munmap(c->slots[i].buf, (size_t)c->slots[i].bytes);
     while (c->free_list) {
         free_buf *f = c->free_list;
@@ -253,13 +291,25 @@ static void remove_slot(em_expert_cache *c, int i) {
     c->n_slots--;
 }
 
-/* Evicts unpinned slots until `want` more bytes fit; false when pins prevent it. */
-static bool make_room(em_expert_cache *c, uint64_t want) {
-    while (c->used + want > c->opts.budget) {
+/* Predicted by the current prediction and not used since. */
+static bool kept_fresh(const em_expert_cache *c, const slot *s) { return s->want != 0 && s->want == c->gen; }
+
+/* Evicts unpinned slots until `want` more bytes fit beside those held and in flight; false
+ * when pins prevent it. Fresh slots of the current prediction go last, and never when
+ * `for_ahead` (one read-ahead does not push out another's unused expert). */
+static bool make_room(em_expert_cache *c, uint64_t want, bool for_ahead) {
+    while (c->used + c->inflight + want > c->opts.budget) {
         int victim = -1;
-        for (int i = 0; i < c->n_slots; i++)
-            if (!c->slots[i].pins && (victim < 0 || evict_before(c, &c->slots[i], &c->slots[victim])))
-                victim = i;
+        for (int i = 0; i < c->n_slots; i++) {
+            const slot *s = &c->slots[i];
+            if (s->pins || (for_ahead && kept_fresh(c, s))) continue;
+            if (victim >= 0) {
+                const slot *v = &c->slots[victim];
+                bool fs = kept_fresh(c, s), fv = kept_fresh(c, v);
+                if (fs != fv ? fs : !evict_before(c, s, v)) continue;
+            }
+            victim = i;
+        }
         if (victim < 0) return false;
         remove_slot(c, victim);
     }
@@ -326,19 +376,23 @@ static int by_first_offset(const void *a, const void *b) {
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
+/* The reads that fill a slot buffer with (layer, expert): one per part. */
+static void slot_reqs(const em_expert_cache *c, int layer, int expert, uint8_t *buf, em_xio_req *reqs) {
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+        em_expert_range r;
+        em_expert_store_range(c->store, layer, expert, p, &r, NULL);
+        uint64_t a0 = r.offset / EM_DIRECT_ALIGN * EM_DIRECT_ALIGN;
+        reqs[p] = (em_xio_req){.file = r.shard, .offset = a0, .bytes = widened(r.offset, r.bytes),
+                               .need = r.offset + r.bytes - a0, .dst = buf + c->part_off[layer][p]};
+    }
+}
+
 /* Reads batch[0..n) (buffers allocated, room made) and computes them. */
 static int load_batch(run_state *st, pending *batch, int n, em_xio_req *reqs, em_err *err) {
     em_expert_cache *c = st->c;
     int nr = 0;
-    for (int b = 0; b < n; b++)
-        for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
-            em_expert_range r;
-            em_expert_store_range(c->store, st->layer, st->experts[batch[b].idx], p, &r, NULL);
-            uint64_t a0 = r.offset / EM_DIRECT_ALIGN * EM_DIRECT_ALIGN;
-            reqs[nr++] = (em_xio_req){.file = r.shard, .offset = a0, .bytes = widened(r.offset, r.bytes),
-                                      .need = r.offset + r.bytes - a0,
-                                      .dst = batch[b].buf + c->part_off[st->layer][p]};
-        }
+    for (int b = 0; b < n; b++, nr += EM_EXPERT_NPARTS)
+        slot_reqs(c, st->layer, st->experts[batch[b].idx], batch[b].buf, reqs + nr);
     double t0 = em_time_now(), o0 = st->overlap_s;
     int rc = em_xio_read(c->io, reqs, nr, run_hits, st, err);
     em_expert_stats *ls = &c->stats[st->layer];
@@ -382,9 +436,10 @@ static int check_run(em_expert_cache *c, int layer, const int *experts, int n, e
     return EM_OK;
 }
 
+/* Room for `extra` more slots besides every read-ahead's. */
 static int grow_slots(em_expert_cache *c, int extra, em_err *err) {
-    if (c->n_slots + extra <= c->cap_slots) return EM_OK;
-    int cap = (c->n_slots + extra) * 2;
+    if (c->n_slots + extra + AHEAD_MAX <= c->cap_slots) return EM_OK;
+    int cap = (c->n_slots + extra + AHEAD_MAX) * 2;
     slot *s = realloc(c->slots, (size_t)cap * sizeof *s);
     if (!s) return em_err_set(err, EM_ENOMEM, "experts: out of memory for %d slots", cap);
     c->slots = s;
@@ -397,7 +452,7 @@ static int next_batch(run_state *st, const uint64_t (*miss)[2], int n_miss, int 
                       int *nb, em_err *err) {
     em_expert_cache *c = st->c;
     const uint64_t sb = c->slot_bytes[st->layer];
-    uint64_t room = c->opts.budget - (c->used - unpinned_bytes(c)), want = 0;
+    uint64_t room = c->opts.budget - (c->used - unpinned_bytes(c)) - c->inflight, want = 0;
     *nb = 0;
     while (*m < n_miss && want + sb <= room) {
         batch[*nb] = (pending){.idx = (int)miss[*m][1], .bytes = sb};
@@ -405,7 +460,7 @@ static int next_batch(run_state *st, const uint64_t (*miss)[2], int n_miss, int 
         (*nb)++, (*m)++;
     }
     if (*nb == 0) return EM_OK;
-    bool ok = make_room(c, want);
+    bool ok = make_room(c, want, false);
     assert(ok);
     (void)ok;
     for (int b = 0; b < *nb; b++) {
@@ -418,11 +473,125 @@ static int next_batch(run_state *st, const uint64_t (*miss)[2], int n_miss, int 
     return EM_OK;
 }
 
+/* ---- read-ahead --------------------------------------------------------------------------- */
+
+/* Moves completed read-aheads into the index (unpinned); a failed one is dropped (a run that
+ * needs the expert reads it again and reports the failure). Slots have room (grow_slots). */
+static void ahead_settle(em_expert_cache *c) {
+    for (int i = 0; i < AHEAD_MAX; i++) {
+        ahead *a = &c->aheads[i];
+        if (!a->busy || !ahead_complete(a)) continue;
+        a->busy = false;
+        c->n_ahead--;
+        c->ahead_bytes -= a->bytes;
+        expert_meta *m = meta_of(c, a->layer, a->expert);
+        m->ahead = -1;
+        em_expert_stats *ls = &c->stats[a->layer];
+        bool ok = true;
+        for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+            ok = ok && a->reqs[p].status == EM_OK;
+            ls->bytes_read += a->reqs[p].got;
+        }
+        ls->reads += EM_EXPERT_NPARTS;
+        if (!ok) {
+            buf_put(c, a->buf, a->bytes, true);
+            continue;
+        }
+        assert(c->n_slots < c->cap_slots);
+        c->slots[c->n_slots] = (slot){.layer = a->layer, .expert = a->expert, .buf = a->buf,
+                                      .bytes = a->bytes, .fresh = true, .want = a->gen};
+        m->slot = c->n_slots++;
+        c->held[a->layer]++;
+        c->used += a->bytes;
+        c->inflight -= a->bytes;
+        ls->prefetched++;
+    }
+}
+
+/* Waits for read-ahead entry i (or all of them when i < 0) and settles. */
+static void ahead_wait(em_expert_cache *c, int i) {
+    while (i >= 0 ? !ahead_complete(&c->aheads[i]) : c->n_ahead > 0) {
+        em_xio_reap(c->io, true);
+        if (i < 0) ahead_settle(c);
+    }
+    ahead_settle(c);
+}
+
+/* Bytes read ahead for the current prediction and not used yet (in the index). */
+static uint64_t unused_ahead_bytes(const em_expert_cache *c) {
+    uint64_t b = 0;
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].fresh && kept_fresh(c, &c->slots[i])) b += c->slots[i].bytes;
+    return b;
+}
+
+void em_expert_cache_predict(em_expert_cache *c) { c->gen++; }
+
+/* Takes an entry and a buffer for reading one expert ahead (its requests made, not issued);
+ * -1 when the budget share, the ring or the entries are full. */
+static int ahead_take(em_expert_cache *c, int layer, int expert, uint64_t share, int queued) {
+    const uint64_t sb = c->slot_bytes[layer];
+    if (c->n_ahead == AHEAD_MAX || em_xio_ahead_room(c->io) < (queued + 1) * EM_EXPERT_NPARTS ||
+        c->ahead_bytes + unused_ahead_bytes(c) + sb > share || !make_room(c, sb, true))
+        return -1;
+    em_err tmp;
+    uint8_t *buf = buf_get(c, sb, &tmp);
+    if (!buf) return -1;
+    int i = 0;
+    while (c->aheads[i].busy) i++;
+    ahead *a = &c->aheads[i];
+    *a = (ahead){.busy = true, .layer = layer, .expert = expert, .buf = buf, .bytes = sb, .gen = c->gen};
+    slot_reqs(c, layer, expert, buf, a->reqs);
+    c->n_ahead++;
+    c->ahead_bytes += sb;
+    meta_of(c, layer, expert)->ahead = i;
+    return i;
+}
+
+static int check_refs(const em_expert_cache *c, const em_expert_ref *list, int n, em_err *err) {
+    for (int i = 0; i < n; i++) {
+        const em_expert_layer *L = em_expert_store_layer(c->store, list[i].layer);
+        if (!L || list[i].expert < 0 || list[i].expert >= L->n_expert)
+            return em_err_set(err, EM_EINVAL, "experts: read-ahead of layer %d, expert %d: no such routed expert",
+                              list[i].layer, list[i].expert);
+    }
+    return EM_OK;
+}
+
+int em_expert_cache_prefetch(em_expert_cache *c, const em_expert_ref *list, int n, int chains, em_err *err) {
+    int rc = check_refs(c, list, n, err);
+    if (!rc) rc = grow_slots(c, 0, err);
+    if (rc) return rc;
+    ahead_settle(c);
+    const uint64_t share = (uint64_t)((double)c->opts.budget * EM_EXPERT_AHEAD_SHARE);
+    em_xio_req *reqs[AHEAD_MAX * EM_EXPERT_NPARTS];
+    int done = 0, queued = 0;
+    for (; done < n; done++) {
+        expert_meta *m = meta_of(c, list[done].layer, list[done].expert);
+        if (m->slot >= 0) c->slots[m->slot].want = c->gen;
+        if (m->slot >= 0 || m->ahead >= 0) continue;
+        int i = ahead_take(c, list[done].layer, list[done].expert, share, queued);
+        if (i < 0) break;
+        for (int p = 0; p < EM_EXPERT_NPARTS; p++) reqs[queued * EM_EXPERT_NPARTS + p] = &c->aheads[i].reqs[p];
+        queued++;
+    }
+    if (queued && (rc = em_xio_submit(c->io, reqs, queued * EM_EXPERT_NPARTS, EM_EXPERT_NPARTS, chains, err)))
+        return rc; /* cannot happen: room was checked */
+    return done;
+}
+
 int em_expert_cache_run_batch(em_expert_cache *c, int layer, const int *experts, int n,
                               em_expert_batch_fn fn, void *ctx, em_err *err) {
     int rc = check_run(c, layer, experts, n, err);
     if (rc) return rc;
     if (n == 0) return EM_OK;
+    if (c->n_ahead > 0) { /* reads started ahead: settle those done, wait for those listed */
+        double t0 = em_time_now();
+        ahead_settle(c);
+        for (int i = 0; i < n; i++)
+            if (meta_of(c, layer, experts[i])->ahead >= 0) ahead_wait(c, meta_of(c, layer, experts[i])->ahead);
+        c->stats[layer].read_seconds += em_time_now() - t0;
+    }
     rc = grow_slots(c, n, err); /* before any slot pointer is taken */
     int *hit = c->hit;
     uint64_t (*miss)[2] = c->miss;
@@ -434,7 +603,11 @@ int em_expert_cache_run_batch(em_expert_cache *c, int layer, const int *experts,
         expert_meta *me = meta_of(c, layer, experts[i]);
         touch(c, me);
         if (me->slot >= 0) {
-            c->slots[me->slot].pins++;
+            slot *sl = &c->slots[me->slot];
+            sl->pins++;
+            c->stats[layer].prefetch_used += sl->fresh;
+            sl->fresh = false;
+            sl->want = 0;
             hit[st.n_hit++] = i;
             c->stats[layer].hits++;
         } else {
@@ -448,10 +621,11 @@ int em_expert_cache_run_batch(em_expert_cache *c, int layer, const int *experts,
     for (int m = 0; !rc && m < n_miss;) {
         int nb;
         rc = next_batch(&st, (const uint64_t(*)[2])miss, n_miss, &m, batch, &nb, err);
-        if (!rc && nb == 0) { /* pinned hits fill the budget: compute them first, then retry */
-            rc = st.hits_done ? em_err_set(err, EM_EINVAL, "experts: budget holds no slot of layer %d",
-                                           layer)
-                              : run_hits(&st, err);
+        if (!rc && nb == 0) { /* pinned hits (or reads ahead) fill the budget: compute the hits
+                               * (or let the reads land as evictable slots) first, then retry */
+            if (!st.hits_done) rc = run_hits(&st, err);
+            else if (c->n_ahead > 0) ahead_wait(c, -1);
+            else rc = em_err_set(err, EM_EINVAL, "experts: budget holds no slot of layer %d", layer);
             continue;
         }
         if (!rc) rc = load_batch(&st, batch, nb, reqs, err);
@@ -495,6 +669,8 @@ void em_expert_cache_stats(const em_expert_cache *c, int layer, em_expert_stats 
         out->hits += c->stats[l].hits;
         out->misses += c->stats[l].misses;
         out->read_seconds += c->stats[l].read_seconds;
+        out->prefetched += c->stats[l].prefetched;
+        out->prefetch_used += c->stats[l].prefetch_used;
     }
 }
 
@@ -536,7 +712,8 @@ uint64_t em_expert_cache_miss_bytes(const em_expert_cache *c, int layer, const i
     const em_expert_layer *L = em_expert_store_layer(c->store, layer);
     uint64_t b = 0;
     for (int i = 0; L && i < n; i++)
-        if (experts[i] >= 0 && experts[i] < L->n_expert && meta_of(c, layer, experts[i])->slot < 0)
+        if (experts[i] >= 0 && experts[i] < L->n_expert && meta_of(c, layer, experts[i])->slot < 0 &&
+            meta_of(c, layer, experts[i])->ahead < 0)
             b += read_bytes(c, layer, experts[i]);
     return b;
 }

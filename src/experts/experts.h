@@ -151,6 +151,8 @@ typedef struct em_expert_stats {
     uint64_t reads;      /* read requests issued (three per missed expert) */
     uint64_t hits, misses;
     double read_seconds; /* waiting for reads, not counting hits computed meanwhile */
+    uint64_t prefetched;    /* experts read ahead (their bytes and reads are counted above) */
+    uint64_t prefetch_used; /* of those, used by a run before being evicted */
 } em_expert_stats;
 
 /* layer -1: the total over all layers. */
@@ -177,6 +179,24 @@ uint64_t em_expert_cache_estimate(const em_expert_cache *c, int n_rows, int k);
  * exact bytes of its real unions (em_expert_cache_miss_bytes) can calibrate the estimate. */
 uint64_t em_expert_cache_estimate_layer(const em_expert_cache *c, int layer, int n_rows, int k);
 
+/* Read-ahead, for experts a caller predicts the coming runs will list. em_expert_cache_predict
+ * starts a new prediction: the slots the previous one protected become ordinary. Then
+ * em_expert_cache_prefetch goes through list[0..n) in order (the order the runs will want
+ * them): held experts are marked as predicted, the others start reading in the background
+ * (as `chains` chains of reads run one after another, so the first listed land first) while
+ * the reads in flight and the experts read ahead for this prediction but not used yet stay
+ * within EM_EXPERT_AHEAD_SHARE of the budget. It returns how many entries it got through (n: all held or coming; 0 without
+ * io_uring), or EM_EINVAL for an expert that does not exist. It never evicts a slot the
+ * current prediction lists. Runs wait only for the reads of experts they list; a failed
+ * read-ahead is dropped unseen (the run that needs the expert reads it and reports the
+ * failure; the fault shim never hits read-ahead). */
+#define EM_EXPERT_AHEAD_SHARE 0.5
+typedef struct em_expert_ref {
+    int layer, expert;
+} em_expert_ref;
+void em_expert_cache_predict(em_expert_cache *c);
+int em_expert_cache_prefetch(em_expert_cache *c, const em_expert_ref *list, int n, int chains, em_err *err);
+
 /* Test hook: the (after_n_reads + 1)-th read completed from now fails as kind says (EIO:
  * the read reports an I/O error; SHORT: it returns half the bytes asked for). Fires once. */
 void em_expert_cache_fault_arm(em_expert_cache *c, int kind, uint64_t after_n_reads);
@@ -202,6 +222,7 @@ typedef struct em_experts_src {
 typedef struct em_experts_opts {
     int storage;          /* enum em_experts_storage */
     uint64_t cache_bytes; /* SSD: the cache budget; 0: em_experts_default_budget */
+    bool no_prefetch;     /* SSD: no route memory, no read-ahead */
 } em_experts_opts;
 
 typedef struct em_experts em_experts;
@@ -242,6 +263,7 @@ int em_experts_run(em_experts *x, int layer, const int *experts, int n, int n_ro
 typedef struct em_experts_counts {
     uint64_t bytes_read, reads, hits, misses;
     double read_seconds;
+    uint64_t prefetched, prefetch_used;            /* experts read ahead; of them used */
     uint64_t cache_bytes, cache_budget, slot_bytes; /* 0 when resident */
     uint64_t n_experts;                            /* over all layers */
     uint64_t resident_bytes, file_bytes;
@@ -254,6 +276,17 @@ void em_experts_stats(const em_experts *x, int layer, em_experts_counts *out);
  * EM_NOMINAL_DISK_BPS), that a verify of n_rows rows of k experts would read now; 0 when
  * resident. The uniform-routing estimate is calibrated by the unions run so far. */
 uint64_t em_experts_cost(const em_experts *x, int n_rows, int k, double *seconds);
+/* Route memory and read-ahead (SSD, unless opened with no_prefetch; otherwise both do nothing).
+ * em_experts_note: the forward's routes of one layer, ids n_rows x k for the rows' tokens
+ * (EM_EINVAL when k changes between calls). em_experts_prefetch: the coming forward's tokens
+ * (the first EM_EXPERTS_PREDICT_ROWS of them); starts reading ahead the experts they were
+ * last routed to, layer by layer, and keeps doing so as each layer's run frees the share.
+ * Prediction only moves reads earlier: what a run computes never depends on it. */
+#define EM_EXPERTS_PREDICT_ROWS 16
+int em_experts_note(em_experts *x, int layer, const int32_t *tokens, const int *ids, int n_rows, int k,
+                    em_err *err);
+int em_experts_prefetch(em_experts *x, const int32_t *tokens, int n, em_err *err);
+
 /* Test hook (the cache's fault shim): the (after_n_reads + 1)-th read from now fails as kind
  * says. EM_EUNSUPPORTED when x is NULL or resident, EM_EINVAL for another kind. */
 int em_experts_fault_arm(em_experts *x, int kind, uint64_t after_n_reads, em_err *err);

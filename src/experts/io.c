@@ -3,8 +3,11 @@
  * create it; otherwise plain pread. Requests are sorted by (file, offset) and issued together;
  * every read is checked: an I/O error, a short read, or a file that shrank since open fail
  * with the file and offset named. Invariant: em_xio_read never returns while a read it issued
- * is still in flight, so the caller may free or reuse the buffers at once. The fault shim
- * (tests) rewrites the result of one chosen completed read. */
+ * is still in flight, so the caller may free or reuse the buffers at once. Read-ahead
+ * (em_xio_submit / em_xio_reap) goes through a second ring of its own, so that its
+ * completions never mix with em_xio_read's; its requests stay in flight across calls until
+ * reaped, and em_xio_close waits for them. The fault shim (tests) rewrites the result of one
+ * chosen completed read of em_xio_read (never of a read-ahead, which may fail unseen). */
 #include "experts/experts_impl.h"
 
 #include <errno.h>
@@ -22,6 +25,9 @@ struct em_xio {
     em_dfile *files;
     bool uring;
     struct io_uring ring;
+    bool ahead;                /* the read-ahead ring exists */
+    struct io_uring ahead_ring;
+    int ahead_inflight;
     int fault_kind;
     uint64_t fault_countdown;
 };
@@ -45,6 +51,7 @@ int em_xio_open(em_xio **out, const em_expert_store *s, int mode, bool buffered,
     if (!rc && mode != EM_EXPERT_IO_PREAD) {
         int r = io_uring_queue_init(XIO_DEPTH, &io->ring, 0);
         io->uring = r == 0;
+        io->ahead = io->uring && io_uring_queue_init(XIO_DEPTH, &io->ahead_ring, 0) == 0;
         if (r < 0 && mode == EM_EXPERT_IO_URING)
             rc = em_err_set(err, EM_EUNSUPPORTED, "io_uring unavailable: %s", strerror(-r));
         else if (r < 0)
@@ -60,6 +67,8 @@ int em_xio_open(em_xio **out, const em_expert_store *s, int mode, bool buffered,
 
 void em_xio_close(em_xio *io) {
     if (!io) return;
+    while (io->ahead_inflight > 0) em_xio_reap(io, true);
+    if (io->ahead) io_uring_queue_exit(&io->ahead_ring);
     if (io->uring) io_uring_queue_exit(&io->ring);
     for (int i = 0; io->files && i < io->n_files; i++)
         if (io->files[i].fd_buffered >= 0) em_dfile_close(&io->files[i]);
@@ -106,7 +115,7 @@ static void drop_direct(em_dfile *f) {
 
 /* Settles one request given the first attempt's result (bytes or -errno): retries refused
  * direct reads buffered, completes partial reads, applies the fault shim, then checks. */
-static int settle(em_xio *io, em_xio_req *r, int64_t res, em_err *err) {
+static int settle(em_xio *io, em_xio_req *r, int64_t res, bool shim, em_err *err) {
     em_dfile *f = &io->files[r->file];
     if (res == -EINVAL) {
         drop_direct(f);
@@ -117,7 +126,7 @@ static int settle(em_xio *io, em_xio_req *r, int64_t res, em_err *err) {
                                   r->offset + (uint64_t)res);
         res = more < 0 ? more : res + more;
     }
-    if (io->fault_kind != EM_EXPERT_FAULT_NONE && io->fault_countdown-- == 0) {
+    if (shim && io->fault_kind != EM_EXPERT_FAULT_NONE && io->fault_countdown-- == 0) {
         res = io->fault_kind == EM_EXPERT_FAULT_EIO ? -EIO : (int64_t)(r->need / 2);
         io->fault_kind = EM_EXPERT_FAULT_NONE;
     }
@@ -158,7 +167,7 @@ static int read_pread(em_xio *io, em_xio_req *reqs, int n, em_xio_overlap_fn ove
     int first = overlap ? overlap(ctx, err) : EM_OK;
     for (int i = 0; i < n && !first; i++) {
         em_xio_req *r = &reqs[i];
-        first = settle(io, r, pread_some(io->files[r->file].fd, r->dst, r->bytes, r->offset), err);
+        first = settle(io, r, pread_some(io->files[r->file].fd, r->dst, r->bytes, r->offset), true, err);
     }
     return first;
 }
@@ -175,7 +184,7 @@ static int read_uring(em_xio *io, em_xio_req *reqs, int n, em_xio_overlap_fn ove
             em_xio_req *r = &reqs[next];
             if (r->bytes > XIO_MAX_RING_READ) { /* too long for one ring read */
                 int rc = settle(io, r, pread_some(io->files[r->file].fd, r->dst, r->bytes, r->offset),
-                                &tmp);
+                                true, &tmp);
                 keep(&first, rc, &tmp, err);
                 next++;
                 continue;
@@ -217,7 +226,7 @@ static int read_uring(em_xio *io, em_xio_req *reqs, int n, em_xio_overlap_fn ove
         int64_t res = cqe->res;
         io_uring_cqe_seen(&io->ring, cqe);
         inflight--;
-        keep(&first, settle(io, r, res, &tmp), &tmp, err);
+        keep(&first, settle(io, r, res, true, &tmp), &tmp, err);
     }
     if (unsubmitted) { /* nothing is in flight now; the never-submitted entries die with it */
         io_uring_queue_exit(&io->ring);
@@ -234,4 +243,73 @@ int em_xio_read(em_xio *io, em_xio_req *reqs, int n, em_xio_overlap_fn overlap, 
     qsort(reqs, (size_t)n, sizeof *reqs, by_file_offset);
     return io->uring ? read_uring(io, reqs, n, overlap, ctx, err)
                      : read_pread(io, reqs, n, overlap, ctx, err);
+}
+
+/* ---- read-ahead --------------------------------------------------------------------------- */
+
+int em_xio_ahead_room(const em_xio *io) {
+    return io->ahead ? XIO_DEPTH - io->ahead_inflight : 0;
+}
+
+int em_xio_submit(em_xio *io, em_xio_req *const *reqs, int n, int group, int chains, em_err *err) {
+    if (n > em_xio_ahead_room(io))
+        return em_err_set(err, EM_EINVAL, "experts: %d read-ahead requests, room for %d", n,
+                          em_xio_ahead_room(io));
+    for (int i = 0; i < n; i++) {
+        if (reqs[i]->bytes > XIO_MAX_RING_READ)
+            return em_err_set(err, EM_EINVAL, "experts: a read-ahead of %llu bytes is too long",
+                              (unsigned long long)reqs[i]->bytes);
+        reqs[i]->done = false;
+        reqs[i]->status = EM_OK;
+    }
+    /* groups dealt round-robin to the chains; a chain's entries lie back to back in the ring,
+     * each linked to the next, so the kernel runs them one after another */
+    const int n_groups = (n + group - 1) / group;
+    for (int ch = 0; ch < chains; ch++)
+        for (int gi = ch; gi < n_groups; gi += chains)
+            for (int i = gi * group; i < n && i < (gi + 1) * group; i++) {
+                struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ahead_ring); /* room checked above */
+                em_xio_req *r = reqs[i];
+                io_uring_prep_read(sqe, io->files[r->file].fd, r->dst, (unsigned)r->bytes, r->offset);
+                io_uring_sqe_set_data(sqe, r);
+                const bool group_end = i + 1 == n || i + 1 == (gi + 1) * group;
+                const bool last = group_end && gi + chains >= n_groups;
+                if (!last) sqe->flags |= IOSQE_IO_LINK;
+            }
+    int left = n;
+    while (left > 0) {
+        int s = io_uring_submit(&io->ahead_ring);
+        if (s == -EINTR || s == -EAGAIN || s == -EBUSY) continue;
+        if (s < 0) { /* cannot happen with a healthy ring; the entries would be left queued */
+            em_log(EM_LOG_ERROR, "experts: read-ahead io_uring_submit: %s", strerror(-s));
+            abort();
+        }
+        io->ahead_inflight += s;
+        left -= s;
+    }
+    return EM_OK;
+}
+
+int em_xio_reap(em_xio *io, bool wait) {
+    int reaped = 0;
+    while (io->ahead_inflight > 0) {
+        struct io_uring_cqe *cqe;
+        int w = wait && reaped == 0 ? io_uring_wait_cqe(&io->ahead_ring, &cqe)
+                                    : io_uring_peek_cqe(&io->ahead_ring, &cqe);
+        if (w == -EINTR) continue;
+        if (w == -EAGAIN) break; /* nothing completed yet */
+        if (w < 0) { /* a corrupted ring; reads may still land in the caller's buffers */
+            em_log(EM_LOG_ERROR, "experts: read-ahead io_uring_wait_cqe: %s", strerror(-w));
+            abort();
+        }
+        em_xio_req *r = io_uring_cqe_get_data(cqe);
+        int64_t res = cqe->res;
+        io_uring_cqe_seen(&io->ahead_ring, cqe);
+        io->ahead_inflight--;
+        em_err tmp;
+        r->status = settle(io, r, res, false, &tmp);
+        r->done = true;
+        reaped++;
+    }
+    return reaped;
 }

@@ -275,6 +275,7 @@ static int step(kimi *k, const int32_t *tok, int n, int64_t pos, int mode, const
             .ld_ids = info->n_route,
             .margins = so->margins ? so->margins + moe_index : NULL,
             .ld_margins = info->n_moe_layers,
+            .tokens = tok,
         };
         if (ly->ffn.moe) moe_index++;
         if ((rc = kimi_ffn_forward(hp, &ly->ffn, n, h, y, &ro, k->pool, a, ph, err)))
@@ -324,7 +325,8 @@ static int kimi_expert_stats(const em_target *t, int layer, em_target_expert_cou
     em_experts_stats(((const kimi *)t)->experts, layer, &c);
     *out = (em_target_expert_counts){
         .bytes_read = c.bytes_read, .reads = c.reads, .hits = c.hits, .misses = c.misses,
-        .read_seconds = c.read_seconds, .cache_bytes = c.cache_bytes, .cache_budget = c.cache_budget,
+        .read_seconds = c.read_seconds, .prefetched = c.prefetched, .prefetch_used = c.prefetch_used,
+        .cache_bytes = c.cache_bytes, .cache_budget = c.cache_budget,
         .slot_bytes = c.slot_bytes, .n_experts = c.n_experts, .resident_bytes = c.resident_bytes,
         .file_bytes = c.file_bytes, .storage = c.storage,
     };
@@ -456,6 +458,10 @@ static int kimi_shared_weights(const em_target *t, em_target_shared *out, em_err
 
 static em_phases *kimi_phases(em_target *t) { return &((kimi *)t)->phases; }
 
+static int kimi_prefetch(em_target *t, const int32_t *tok, int n, em_err *err) {
+    return em_experts_prefetch(((kimi *)t)->experts, tok, n, err);
+}
+
 static const em_target_ops kimi_ops = {
     .verify = kimi_verify,
     .commit = kimi_commit,
@@ -466,6 +472,7 @@ static const em_target_ops kimi_ops = {
     .shared_weights = kimi_shared_weights,
     .expert_stats = kimi_expert_stats,
     .phases = kimi_phases,
+    .prefetch = kimi_prefetch,
 };
 
 /* ---- open --------------------------------------------------------------------------------- */
@@ -568,7 +575,8 @@ static int experts_open(kimi *k, const em_model_opts *opts, em_err *err) {
         k->expert_src[l] = (em_experts_src){ .n_expert = hp->n_expert,
                                              .part = { f->gate_exps, f->up_exps, f->down_exps } };
     }
-    const em_experts_opts xo = { .storage = opts->moe_storage, .cache_bytes = opts->expert_cache_bytes };
+    const em_experts_opts xo = { .storage = opts->moe_storage, .cache_bytes = opts->expert_cache_bytes,
+                                 .no_prefetch = opts->expert_no_prefetch };
     int rc = em_experts_open(&k->experts, k->g, k->expert_src, hp->n_layer, &xo, err);
     if (rc) return rc;
     k->base.experts = k->experts;

@@ -141,6 +141,7 @@ typedef struct kimi_route_out {
     int64_t ld_ids;
     float *margins;
     int64_t ld_margins;
+    const int32_t *tokens; /* the rows' tokens: their routes go to the expert provider's memory */
 } kimi_route_out;
 
 /* FFN (dense SwiGLU or MoE + shared expert) on n rows: h normed input, y output; ro may be

@@ -90,6 +90,8 @@ typedef struct em_target_expert_counts {
     uint64_t reads;          /* read requests issued (three per missed expert) */
     uint64_t hits, misses;
     double read_seconds;     /* time waiting for reads (hits computed meanwhile not counted) */
+    uint64_t prefetched;     /* experts read ahead (their bytes and reads are counted above) */
+    uint64_t prefetch_used;  /* of those, used before being evicted */
     uint64_t cache_bytes;    /* bytes the expert cache holds now (0 when resident) */
     uint64_t cache_budget;   /* its budget (0 when resident) */
     uint64_t slot_bytes;     /* the most one expert takes in the cache (0 when resident) */
@@ -112,6 +114,9 @@ typedef struct em_target_ops {
     int (*expert_stats)(const em_target *t, int layer, em_target_expert_counts *out, em_err *err);
     /* optional (NULL: no breakdown): the target's phase timer (base.h em_phases) */
     em_phases *(*phases)(em_target *t);
+    /* optional (NULL: nothing to read ahead): the next verify's first tokens are tok[0..n);
+     * start reading what it will likely need (experts from storage) */
+    int (*prefetch)(em_target *t, const int32_t *tok, int n, em_err *err);
 } em_target_ops;
 
 typedef struct em_target_info {
@@ -172,6 +177,7 @@ typedef struct em_model_opts {
     int moe_storage;    /* enum em_moe_storage */
     uint64_t expert_cache_bytes; /* SSD: the expert cache budget; 0: half the memory available
                                     after the resident weights (at least one expert, at most all) */
+    bool expert_no_prefetch;     /* SSD: no read-ahead of the experts tokens were last routed to */
 } em_model_opts;
 
 /* Opens the model at path (a GGUF file; split shards are found from any shard's name) as a
@@ -186,6 +192,9 @@ int em_target_verify(em_target *t, const int32_t *tok, int n, const em_rows *out
 int em_target_commit(em_target *t, int k, em_err *err);
 int em_target_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err);
 em_cost em_target_cost(const em_target *t, int n);
+/* A hint that the next verify starts with tok[0..n): the target may start reading what it will
+ * need (a no-op for targets without storage). Never changes any result. */
+int em_target_prefetch(em_target *t, const int32_t *tok, int n, em_err *err);
 /* Back to an empty sequence. */
 void em_target_reset(em_target *t);
 int64_t em_target_position(const em_target *t);

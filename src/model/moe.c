@@ -321,6 +321,7 @@ static int moe_forward(const kimi_hparams *hp, const kimi_ffn_w *w, int n, const
             for (int i = 0; i < K; i++) ro->ids[t * ro->ld_ids + i] = ids[t * K + i];
         if (ro && ro->margins) ro->margins[t * ro->ld_margins] = margin;
     }
+    if (ro && ro->tokens && (rc = em_experts_note(w->xs, w->layer, ro->tokens, ids, n, K, err))) return rc;
     em_phases_lap(ph, KP_ROUTER, em_mat_bytes(&w->router));
     shared_job sh = { 0 };
     float *ys = NULL;

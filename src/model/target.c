@@ -196,6 +196,15 @@ em_cost em_target_cost(const em_target *t, int n) {
     return t->ops->cost(t, n);
 }
 
+int em_target_prefetch(em_target *t, const int32_t *tok, int n, em_err *err) {
+    if (!t->ops->prefetch || n <= 0 || t->missing_data[0]) return EM_OK;
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= t->info.n_vocab)
+            return em_err_set(err, EM_EINVAL, "prefetch: token %d is not in the vocabulary (%d)", tok[i],
+                              t->info.n_vocab);
+    return t->ops->prefetch(t, tok, n, err);
+}
+
 void em_target_reset(em_target *t) { t->ops->reset(t); }
 
 int64_t em_target_position(const em_target *t) { return t->pos; }

@@ -9,12 +9,12 @@
  * next miss (no page faults, no heap fragmentation) as long as held + free bytes stay within
  * the budget, and unmapped otherwise, so the cache never holds more than its budget.
  * Read-ahead: em_expert_cache_prefetch starts reading predicted experts into fresh buffers
- * (counted in flight against the budget; with those read ahead for the current prediction and
- * not used yet, at most EM_EXPERT_AHEAD_SHARE of it); a completed one enters the index unpinned at the next call
- * that settles completions. A run that lists a coming expert waits for that read only. Slots
- * the current prediction lists and no run has used yet are never evicted to make room for a
- * read-ahead, and runs evict them last. An in-flight buffer is never freed before its read
- * completes (em_expert_cache_free waits). */
+ * (counted in flight against the budget; with those read ahead for the current prediction
+ * and not used yet, at most EM_EXPERT_AHEAD_SHARE of it); a completed one enters the index
+ * unpinned at the next call that settles completions. A run that lists a coming expert waits
+ * for that read only. Slots the current prediction lists and no run has used yet are never
+ * evicted to make room for a read-ahead, and runs evict them last. An in-flight buffer is
+ * never freed before its read completes (em_expert_cache_free waits). */
 #include "experts/experts_impl.h"
 
 #include <assert.h>
@@ -292,20 +292,20 @@ static void remove_slot(em_expert_cache *c, int i) {
 }
 
 /* Predicted by the current prediction and not used since. */
-static bool kept_fresh(const em_expert_cache *c, const slot *s) { return s->want != 0 && s->want == c->gen; }
+static bool predicted_unused(const em_expert_cache *c, const slot *s) { return s->want != 0 && s->want == c->gen; }
 
 /* Evicts unpinned slots until `want` more bytes fit beside those held and in flight; false
- * when pins prevent it. Fresh slots of the current prediction go last, and never when
- * `for_ahead` (one read-ahead does not push out another's unused expert). */
+ * when pins prevent it. Slots the current prediction lists and no run has used go last, and
+ * never when `for_ahead` (one read-ahead does not push out what another prediction wants). */
 static bool make_room(em_expert_cache *c, uint64_t want, bool for_ahead) {
     while (c->used + c->inflight + want > c->opts.budget) {
         int victim = -1;
         for (int i = 0; i < c->n_slots; i++) {
             const slot *s = &c->slots[i];
-            if (s->pins || (for_ahead && kept_fresh(c, s))) continue;
+            if (s->pins || (for_ahead && predicted_unused(c, s))) continue;
             if (victim >= 0) {
                 const slot *v = &c->slots[victim];
-                bool fs = kept_fresh(c, s), fv = kept_fresh(c, v);
+                bool fs = predicted_unused(c, s), fv = predicted_unused(c, v);
                 if (fs != fv ? fs : !evict_before(c, s, v)) continue;
             }
             victim = i;
@@ -521,11 +521,21 @@ static void ahead_wait(em_expert_cache *c, int i) {
 static uint64_t unused_ahead_bytes(const em_expert_cache *c) {
     uint64_t b = 0;
     for (int i = 0; i < c->n_slots; i++)
-        if (c->slots[i].fresh && kept_fresh(c, &c->slots[i])) b += c->slots[i].bytes;
+        if (c->slots[i].fresh && predicted_unused(c, &c->slots[i])) b += c->slots[i].bytes;
     return b;
 }
 
 void em_expert_cache_predict(em_expert_cache *c) { c->gen++; }
+
+/* Gives back entry i of a read-ahead that never reached the ring. */
+static void ahead_drop(em_expert_cache *c, int i) {
+    ahead *a = &c->aheads[i];
+    meta_of(c, a->layer, a->expert)->ahead = -1;
+    buf_put(c, a->buf, a->bytes, true);
+    c->ahead_bytes -= a->bytes;
+    c->n_ahead--;
+    a->busy = false;
+}
 
 /* Takes an entry and a buffer for reading one expert ahead (its requests made, not issued);
  * -1 when the budget share, the ring or the entries are full. */
@@ -565,7 +575,7 @@ int em_expert_cache_prefetch(em_expert_cache *c, const em_expert_ref *list, int 
     ahead_settle(c);
     const uint64_t share = (uint64_t)((double)c->opts.budget * EM_EXPERT_AHEAD_SHARE);
     em_xio_req *reqs[AHEAD_MAX * EM_EXPERT_NPARTS];
-    int done = 0, queued = 0;
+    int taken[AHEAD_MAX], done = 0, queued = 0;
     for (; done < n; done++) {
         expert_meta *m = meta_of(c, list[done].layer, list[done].expert);
         if (m->slot >= 0) c->slots[m->slot].want = c->gen;
@@ -573,10 +583,12 @@ int em_expert_cache_prefetch(em_expert_cache *c, const em_expert_ref *list, int 
         int i = ahead_take(c, list[done].layer, list[done].expert, share, queued);
         if (i < 0) break;
         for (int p = 0; p < EM_EXPERT_NPARTS; p++) reqs[queued * EM_EXPERT_NPARTS + p] = &c->aheads[i].reqs[p];
-        queued++;
+        taken[queued++] = i;
     }
-    if (queued && (rc = em_xio_submit(c->io, reqs, queued * EM_EXPERT_NPARTS, EM_EXPERT_NPARTS, chains, err)))
-        return rc; /* cannot happen: room was checked */
+    if (queued && (rc = em_xio_submit(c->io, reqs, queued * EM_EXPERT_NPARTS, EM_EXPERT_NPARTS, chains, err))) {
+        for (int q = 0; q < queued; q++) ahead_drop(c, taken[q]); /* nothing was issued */
+        return rc;
+    }
     return done;
 }
 

@@ -407,6 +407,41 @@ static void test_policies(void **state) {
     model_close(&m);
 }
 
+/* A copy of a model file whose store reads the copy, so that the copy can shrink under it; the
+ * original's mapping (m.g) stays the reference for the bytes. */
+typedef struct copied {
+    model m;
+    const char *path;
+    void *orig;
+    size_t n;
+} copied;
+
+static void copy_open(copied *cp, const model *m, const char *src, const char *name) {
+    em_err err = {0};
+    cp->orig = em_test_read(src, &cp->n);
+    cp->path = em_test_path(name);
+    em_test_write(cp->path, cp->orig, cp->n);
+    em_gguf *gc;
+    cp->m = (model){.g = m->g};
+    assert_int_equal(em_gguf_open(&gc, cp->path, &err), 0);
+    assert_int_equal(em_expert_store_open(&cp->m.s, gc, &err), 0);
+    em_gguf_close(gc); /* the store keeps no reference */
+}
+
+static void copy_shrink(const copied *cp) { assert_int_equal(truncate(cp->path, (off_t)(cp->n / 2)), 0); }
+
+static void copy_restore(const copied *cp) { /* in place: same inode, same descriptors */
+    int fd = open(cp->path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, cp->orig, cp->n, 0), (ssize_t)cp->n);
+    close(fd);
+}
+
+static void copy_close(copied *cp) {
+    em_expert_store_close(cp->m.s);
+    free(cp->orig);
+}
+
 /* Faults: each fails the run naming file and offset, leaves no partial entry or pin, and the
  * next run succeeds. */
 static void test_faults(void **state) {
@@ -448,37 +483,25 @@ static void test_faults(void **state) {
         }
         em_expert_cache_free(c);
     }
-    /* a file that shrank after load: the store reads a copy; the original's mapping is the
-     * reference (a truncated mapping would fault) */
-    size_t n;
-    void *orig = em_test_read(path, &n);
-    const char *copy = em_test_path("m6copy.gguf");
-    em_test_write(copy, orig, n);
+    /* a file that shrank after load (a truncated mapping would fault: the store reads a copy) */
+    copied cp;
+    copy_open(&cp, &m, path, "m6copy.gguf");
     em_err err = {0};
-    em_gguf *gc;
-    model mc = {.g = m.g};
-    assert_int_equal(em_gguf_open(&gc, copy, &err), 0);
-    assert_int_equal(em_expert_store_open(&mc.s, gc, &err), 0);
-    em_gguf_close(gc); /* the store keeps no reference */
     em_expert_cache *c;
     em_expert_cache_opts o = {.budget = 1ull << 30};
-    assert_int_equal(em_expert_cache_create(&c, mc.s, &o, &err), 0);
-    assert_int_equal(run_checked(c, &mc, 1, all, 8, &err), 0);
-    assert_int_equal(truncate(copy, (off_t)(n / 2)), 0);
-    assert_int_not_equal(run_checked(c, &mc, 2, all, 8, &err), 0);
+    assert_int_equal(em_expert_cache_create(&c, cp.m.s, &o, &err), 0);
+    assert_int_equal(run_checked(c, &cp.m, 1, all, 8, &err), 0);
+    copy_shrink(&cp);
+    assert_int_not_equal(run_checked(c, &cp.m, 2, all, 8, &err), 0);
     print_message("file shrank: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "shrank"));
-    assert_non_null(strstr(err.msg, copy));
+    assert_non_null(strstr(err.msg, cp.path));
     for (int e = 0; e < 8; e++) assert_false(em_expert_cache_holds(c, 2, e));
-    assert_int_equal(run_checked(c, &mc, 1, all, 8, &err), 0); /* resident ones still serve */
-    int fd = open(copy, O_WRONLY); /* restore in place (same inode, same descriptors) */
-    assert_true(fd >= 0);
-    assert_int_equal(pwrite(fd, orig, n, 0), (ssize_t)n);
-    close(fd);
-    assert_int_equal(run_checked(c, &mc, 2, all, 8, &err), 0);
+    assert_int_equal(run_checked(c, &cp.m, 1, all, 8, &err), 0); /* resident ones still serve */
+    copy_restore(&cp);
+    assert_int_equal(run_checked(c, &cp.m, 2, all, 8, &err), 0);
     em_expert_cache_free(c);
-    em_expert_store_close(mc.s);
-    free(orig);
+    copy_close(&cp);
     model_close(&m);
 }
 
@@ -602,36 +625,25 @@ static void test_prefetch_fault(void **state) {
     write_model(path, 3, 8, 32, 24);
     model m;
     model_open(&m, path);
-    size_t n;
-    void *orig = em_test_read(path, &n);
-    const char *copy = em_test_path("m9copy.gguf");
-    em_test_write(copy, orig, n);
+    copied cp;
+    copy_open(&cp, &m, path, "m9copy.gguf");
     em_err err = {0};
-    em_gguf *gc;
-    model mc = {.g = m.g};
-    assert_int_equal(em_gguf_open(&gc, copy, &err), 0);
-    assert_int_equal(em_expert_store_open(&mc.s, gc, &err), 0);
-    em_gguf_close(gc);
     em_expert_cache *c;
     em_expert_cache_opts o = {.budget = 1ull << 30};
-    assert_int_equal(em_expert_cache_create(&c, mc.s, &o, &err), 0);
-    assert_int_equal(truncate(copy, (off_t)(n / 2)), 0);
+    assert_int_equal(em_expert_cache_create(&c, cp.m.s, &o, &err), 0);
+    copy_shrink(&cp);
     em_expert_cache_predict(c);
     const em_expert_ref list[3] = {ref_of(2, 5), ref_of(2, 6), ref_of(2, 7)};
     assert_true(em_expert_cache_prefetch(c, list, 3, 2, &err) >= 0);
     const int want[3] = {5, 6, 7};
-    assert_int_not_equal(run_checked(c, &mc, 2, want, 3, &err), 0);
+    assert_int_not_equal(run_checked(c, &cp.m, 2, want, 3, &err), 0);
     print_message("read ahead from a file that shrank: %s\n", err.msg);
-    assert_non_null(strstr(err.msg, copy));
+    assert_non_null(strstr(err.msg, cp.path));
     for (int e = 5; e < 8; e++) assert_false(em_expert_cache_holds(c, 2, e));
-    int fd = open(copy, O_WRONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(pwrite(fd, orig, n, 0), (ssize_t)n);
-    close(fd);
-    assert_int_equal(run_checked(c, &mc, 2, want, 3, &err), 0);
+    copy_restore(&cp);
+    assert_int_equal(run_checked(c, &cp.m, 2, want, 3, &err), 0);
     em_expert_cache_free(c);
-    em_expert_store_close(mc.s);
-    free(orig);
+    copy_close(&cp);
     model_close(&m);
 }
 

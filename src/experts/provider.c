@@ -12,7 +12,7 @@
  * A prediction (em_experts_prefetch) lists, layer by layer in forward order, the experts the
  * given tokens were last routed to; the cache reads them ahead within its read-ahead share,
  * and each layer's run hands what is left of the share to the layers after it. The decode
- * loop predicts only the next verify's first token, while its drafter works (86-93% of those
+ * loop predicts only the next verify's first token, while its drafter works (85-93% of those
  * reads get used); predicting every row of a verify at its start read 30-40% more bytes and
  * ran slower on a bandwidth-bound disk (models/README.md).
  *
@@ -52,7 +52,8 @@ struct em_experts {
     em_expert_ref *pred;         /* [n_layer * EM_EXPERTS_PREDICT_ROWS * mem_k] the list */
 };
 
-#define ROUTE_MEM_SLOTS (1u << 17)
+#define ROUTE_MEM_BITS 17
+#define ROUTE_MEM_SLOTS (1u << ROUTE_MEM_BITS)
 /* Reads ahead run as two chains, each one read at a time: the first listed (the first layers)
  * land first, and the device still has two reads to overlap (this VM's disk: 1.16 GB/s at
  * queue depth 1, 1.36 at 2, 1.8 at 8 for 100 KB reads). */
@@ -213,7 +214,7 @@ void em_experts_close(em_experts *x) {
 
 /* ---- route memory and read-ahead ---------------------------------------------------------- */
 
-static uint32_t mem_slot(uint32_t key) { return (key * 2654435761u) >> (32 - 17); }
+static uint32_t mem_slot(uint32_t key) { return (key * 2654435761u) >> (32 - ROUTE_MEM_BITS); } /* Fibonacci hash */
 
 /* The experts token was last routed to in layer (NULL: not remembered). */
 static const uint16_t *remembered(const em_experts *x, int32_t token, int layer) {

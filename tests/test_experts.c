@@ -535,6 +535,8 @@ static void test_prefetch(void **state) {
             assert_int_equal(em_expert_cache_prefetch(c, &bad[b], 1, 2, &err), EM_EINVAL);
             assert_non_null(strstr(err.msg, "no such routed expert"));
         }
+        assert_int_equal(em_expert_cache_prefetch(c, bad, 0, 0, &err), EM_EINVAL); /* no chain */
+        assert_non_null(strstr(err.msg, "0 chains"));
         em_expert_cache_predict(c);
         const em_expert_ref list[5] = {ref_of(1, 0), ref_of(1, 1), ref_of(2, 2), ref_of(2, 3), ref_of(1, 4)};
         int done = em_expert_cache_prefetch(c, list, 5, 2, &err);

@@ -569,7 +569,8 @@ static int check_refs(const em_expert_cache *c, const em_expert_ref *list, int n
 }
 
 int em_expert_cache_prefetch(em_expert_cache *c, const em_expert_ref *list, int n, int chains, em_err *err) {
-    int rc = check_refs(c, list, n, err);
+    int rc = chains < 1 ? em_err_set(err, EM_EINVAL, "experts: read-ahead over %d chains", chains)
+                        : check_refs(c, list, n, err);
     if (!rc) rc = grow_slots(c, 0, err);
     if (rc) return rc;
     ahead_settle(c);

@@ -185,9 +185,10 @@ uint64_t em_expert_cache_estimate_layer(const em_expert_cache *c, int layer, int
  * them): held experts are marked as predicted, the others start reading in the background
  * (as `chains` chains of reads run one after another, so the first listed land first) while
  * the reads in flight and the experts read ahead for this prediction but not used yet stay
- * within EM_EXPERT_AHEAD_SHARE of the budget. It returns how many entries it got through (n: all held or coming; 0 without
- * io_uring), or EM_EINVAL for an expert that does not exist. It never evicts a slot the
- * current prediction lists. Runs wait only for the reads of experts they list; a failed
+ * within EM_EXPERT_AHEAD_SHARE of the budget. It returns how many entries it got through (n:
+ * all held or coming; without io_uring it stops at the first that is not held), or EM_EINVAL
+ * for an expert that does not exist or chains < 1. It never evicts a slot the current
+ * prediction lists. Runs wait only for the reads of experts they list; a failed
  * read-ahead is dropped unseen (the run that needs the expert reads it and reports the
  * failure; the fault shim never hits read-ahead). */
 #define EM_EXPERT_AHEAD_SHARE 0.5

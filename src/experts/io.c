@@ -252,6 +252,8 @@ int em_xio_ahead_room(const em_xio *io) {
 }
 
 int em_xio_submit(em_xio *io, em_xio_req *const *reqs, int n, int group, int chains, em_err *err) {
+    if (group < 1 || chains < 1)
+        return em_err_set(err, EM_EINVAL, "experts: read-ahead in groups of %d over %d chains", group, chains);
     if (n > em_xio_ahead_room(io))
         return em_err_set(err, EM_EINVAL, "experts: %d read-ahead requests, room for %d", n,
                           em_xio_ahead_room(io));

@@ -400,6 +400,11 @@ int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_par
  * commit before the next forward is EM_EINVAL. */
 int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log, int k,
                       em_err *err);
+/* em_gpu_kda_commit of k rows for `layers` layers of the same dims at once (st[i] with
+ * log[i]): the layers are independent, so they go in one launch (per 24 layers), each
+ * bit-identical to its own em_gpu_kda_commit. Every log is checked before any is consumed. */
+int em_gpu_kda_commit_layers(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log,
+                             int layers, int k, em_err *err);
 
 /* ---- MLA absorbed attention over the latent cache (model/mla.c's twin) ------------------
  * The cache holds per position [c | k_pe] (kv_lora + rope floats): c = RMSNorm(latent)

@@ -227,6 +227,11 @@ int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st,
     (void)g, (void)d, (void)st, (void)log, (void)k;
     return NONE(err);
 }
+int em_gpu_kda_commit_layers(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log,
+                             int layers, int k, em_err *err) {
+    (void)g, (void)d, (void)st, (void)log, (void)layers, (void)k;
+    return NONE(err);
+}
 int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_cache, const int32_t *d_pos, int n,
                       const float *d_lat, int64_t ldl, const float *d_norm_w, float eps, em_err *err) {
     (void)g, (void)d, (void)d_cache, (void)d_pos, (void)n, (void)d_lat, (void)ldl, (void)d_norm_w, (void)eps;

@@ -564,9 +564,7 @@ static int issue_head(gk *k, int n, int unused, em_err *err) {
 }
 static int issue_commit(gk *k, int n_keep, int unused, em_err *err) {
     (void)unused;
-    int rc = EM_OK;
-    for (int i = 0; i < k->hp.n_kda && !rc; i++) rc = em_gpu_kda_commit(k->gpu, &k->kd, &k->kst[i], &k->klog[i], n_keep, err);
-    return rc;
+    return em_gpu_kda_commit_layers(k->gpu, &k->kd, k->kst, k->klog, k->hp.n_kda, n_keep, err);
 }
 
 /* Uploads the pass's tokens and first position (before any replay reads them), in one copy. */

@@ -181,6 +181,43 @@ static float *state_down(const kda_fix *x, const float *d) {
     return h;
 }
 
+/* em_gpu_kda_commit_layers: L layers (one launch) each memcmp-equal to its own commit; a
+ * consumed log among them refuses the call and consumes none. */
+static void test_kda_layers(void) {
+    enum { L = 3, K = 5 };
+    kda_fix x;
+    kda_open(&x, false);
+    const uint64_t SB = x.st_floats * 4;
+    em_gpu_kda_state st0 = dstate(&x, x.d_st0), one[L], many[L];
+    em_gpu_kda_log lg[L];
+    float *want[L];
+    int rc = 0;
+    for (int i = 0; i < L && !rc; i++) { /* layer i: the forward of rows i.. of the inputs */
+        if (em_gpu_kda_log_init(&x.gd, R, dalloc(em_gpu_kda_log_bytes(&x.gd, R)), &lg[i], &E)) die("kda log");
+        one[i] = dstate(&x, dalloc(SB)), many[i] = dstate(&x, dalloc(SB));
+        dcopy(one[i].conv, x.d_st0, SB), dcopy(many[i].conv, x.d_st0, SB);
+        rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, 8, x.d_qkv + (int64_t)i * 3 * KDI, x.d_f + (int64_t)i * KDI,
+                                x.d_b + i * KH, x.d_g2 + (int64_t)i * KDI, x.d_out, &lg[i], &E) ||
+             em_gpu_kda_commit(G, &x.gd, &one[i], &lg[i], K, &E);
+        want[i] = state_down(&x, one[i].conv);
+        lg[i].consumed = false; /* the same log again, for the batched call */
+    }
+    if (!rc) rc = em_gpu_kda_commit_layers(G, &x.gd, many, lg, L, K, &E);
+    int differ = 0;
+    for (int i = 0; i < L && !rc; i++) {
+        float *got = state_down(&x, many[i].conv);
+        differ += memcmp(got, want[i], SB) != 0;
+        free(got);
+    }
+    record("kda commit of 3 layers in one launch", rc == 0 && differ == 0, "%s%d of %d layers differ from their own commit",
+           rc ? E.msg : "", differ, L);
+    lg[0].consumed = false, lg[2].consumed = false; /* lg[1] stays consumed */
+    rc = em_gpu_kda_commit_layers(G, &x.gd, many, lg, L, K, &E);
+    record("kda commit of layers: a consumed log refuses", rc == EM_EINVAL && strstr(E.msg, "layer 1") && !lg[0].consumed,
+           "%s", E.msg);
+    for (int i = 0; i < L; i++) free(want[i]);
+}
+
 static void test_kda(bool bounded) {
     kda_fix x;
     kda_open(&x, bounded);
@@ -626,6 +663,7 @@ int main(int argc, char **argv) {
     if (!mla_only) {
         test_kda(false);
         test_kda(true);
+        test_kda_layers();
     }
     test_mla();
     test_mla_odd();

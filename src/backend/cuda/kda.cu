@@ -107,21 +107,16 @@ __device__ __forceinline__ void kda_rows(float (&s)[D], const em_gpu_kda_log &lg
     }
 }
 
-/* Block (head h, 32-column slice), one warp: the state's columns in registers. The forward
- * (write_back false) leaves S as it is; the commit replays in place. */
-template <int D> __global__ void __launch_bounds__(32) k_kda_recur(float *S, em_gpu_kda_log lg, int n_head, int L, bool out,
-                                                                    bool write_back) {
+/* Block (head h, 32-column slice), one warp: the state's columns in registers, through the
+ * forward's rows (S is read, never written). */
+template <int D> __global__ void __launch_bounds__(32) k_kda_recur(const float *S, em_gpu_kda_log lg, int n_head, int L) {
     emc_kernel_begin();
     const int h = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
-    float *Sh = S + (int64_t)h * D * D;
+    const float *Sh = S + (int64_t)h * D * D;
     float s[D];
 #pragma unroll
     for (int r = 0; r < D; r++) s[r] = Sh[(int64_t)r * D + c];
-    kda_rows<D>(s, lg, n_head, h, c, L, out);
-    if (write_back) {
-#pragma unroll
-        for (int r = 0; r < D; r++) Sh[(int64_t)r * D + c] = s[r];
-    }
+    kda_rows<D>(s, lg, n_head, h, c, L, true);
 }
 
 /* Block (row t, head h): out = o_norm * (o * rs) / (1 + exp(-g2)), rs = 1/sqrt(mean(o^2) + eps). */
@@ -137,17 +132,47 @@ template <int D> __global__ void k_kda_finish(em_gpu_kda_dims d, const float *o_
     out[at] = o_norm[c] * (o * rs) / (1.0f + expf(-g2[at]));
 }
 
-/* One thread per (m, channel), slots ascending: a slot's source is a later slot or a row. */
-__global__ void k_kda_window(float *win, const float *pre, int64_t di, int W, int k) {
-    emc_kernel_begin();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= 3 * di) return;
-    const int64_t m = i / di, ch = i % di;
+/* The window of channel ch (one of q, k, v: m) after k rows: slots ascending, a slot's source
+ * is a later slot or a logged pre-conv row (so the update is in place). */
+__device__ __forceinline__ void kda_window_advance(float *win, const float *pre, int64_t di, int W, int k, int m,
+                                                   int64_t ch) {
     for (int j = 0; j < W; j++) {
         const int tau = k - W + j;
         const float v = tau < 0 ? win[(m * W + (tau + W)) * di + ch] : pre[(int64_t)tau * 3 * di + m * di + ch];
         win[(m * W + j) * di + ch] = v;
     }
+}
+
+/* One layer's commit in a batched launch: its state and its log. */
+typedef struct kda_commit_job {
+    float *S, *conv;
+    em_gpu_kda_log lg;
+} kda_commit_job;
+#define KDA_COMMIT_BATCH 24 /* layers a launch commits (the jobs stay within 4 KiB of parameters) */
+typedef struct kda_commit_jobs {
+    kda_commit_job job[KDA_COMMIT_BATCH];
+} kda_commit_jobs;
+
+/* Block (head h, 32-column slice, layer z), one warp: the layer's conv window for the slice's
+ * channels of q, k and v, then the replay of its state columns in place. The layers are
+ * independent, so one launch commits them all (the per-layer arithmetic is k_kda_recur's). */
+template <int D> __global__ void __launch_bounds__(32) k_kda_commit(kda_commit_jobs js, int n_head, int W, int k) {
+    emc_kernel_begin();
+    kda_commit_job j = js.job[0];
+#pragma unroll
+    for (int i = 1; i < KDA_COMMIT_BATCH; i++) /* static indexing: the parameters stay in constant memory */
+        if (blockIdx.z == (unsigned)i) j = js.job[i];
+    const int h = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
+    const int64_t di = (int64_t)n_head * D;
+    if (W > 0)
+        for (int m = 0; m < 3; m++) kda_window_advance(j.conv, j.lg.pre, di, W, k, m, (int64_t)h * D + c);
+    float *Sh = j.S + (int64_t)h * D * D;
+    float s[D];
+#pragma unroll
+    for (int r = 0; r < D; r++) s[r] = Sh[(int64_t)r * D + c];
+    kda_rows<D>(s, j.lg, n_head, h, c, k, false);
+#pragma unroll
+    for (int r = 0; r < D; r++) Sh[(int64_t)r * D + c] = s[r];
 }
 
 /* ---- host side ----------------------------------------------------------------------------- */
@@ -215,7 +240,7 @@ static void kda_launch_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu
                                const em_gpu_kda_log *lg) {
     const dim3 rows((unsigned)n, (unsigned)d->n_head), cols((unsigned)d->n_head, D / 32);
     emc_launch(g, k_kda_prep<D>, rows, D, 0, *d, *p, st->conv, qkv, f, b, *lg);
-    emc_launch(g, k_kda_recur<D>, cols, 32, 0, st->S, *lg, d->n_head, n, true, false);
+    emc_launch(g, k_kda_recur<D>, cols, 32, 0, (const float *)st->S, *lg, d->n_head, n);
     emc_launch(g, k_kda_finish<D>, rows, D, 0, *d, p->o_norm, *lg, g2, out);
 }
 
@@ -241,23 +266,42 @@ extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_
     return emc_launched(err, "k_kda_prep / k_kda_recur / k_kda_finish");
 }
 
-extern "C" int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log, int k,
-                                 em_err *err) {
+template <int D>
+static void kda_launch_commit(em_gpu *g, const em_gpu_kda_dims *d, const kda_commit_jobs &js, int layers, int k) {
+    const dim3 grid((unsigned)d->n_head, D / 32, (unsigned)layers);
+    emc_launch(g, k_kda_commit<D>, grid, 32, 0, js, d->n_head, d->d_conv - 1, k);
+}
+
+extern "C" int em_gpu_kda_commit_layers(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log,
+                                        int layers, int k, em_err *err) {
     int rc = em_gpu_kda_dims_check(d, err);
     if (rc) return rc;
-    EMC_CHECK(st && st->S && (d->d_conv == 1 || st->conv), "GPU kda commit: no state");
-    EMC_CHECK(log && log->k, "GPU kda commit: no log");
-    EMC_CHECK(!log->consumed, "GPU kda commit: this log was already committed (or no forward ran)");
-    EMC_CHECK(k >= 0 && k <= log->n, "GPU kda commit: k = %d outside [0, %d] logged rows", k, log->n);
-    log->consumed = true;
-    if ((rc = emc_use(g, err)) || k == 0) return rc;
-    const int64_t di = (int64_t)kda_di(d);
-    if (d->d_conv > 1) emc_launch(g, k_kda_window, emc_blocks(3 * di, 256), 256, 0, st->conv, log->pre, di, d->d_conv - 1, k);
-    const dim3 cols((unsigned)d->n_head, (unsigned)(d->head_dim / 32));
-    switch (d->head_dim) {
-    case 32: emc_launch(g, k_kda_recur<32>, cols, 32, 0, st->S, *log, d->n_head, k, false, true); break;
-    case 64: emc_launch(g, k_kda_recur<64>, cols, 32, 0, st->S, *log, d->n_head, k, false, true); break;
-    default: emc_launch(g, k_kda_recur<128>, cols, 32, 0, st->S, *log, d->n_head, k, false, true); break;
+    EMC_CHECK(st && log && layers >= 1, "GPU kda commit: no states or logs (%d layers)", layers);
+    for (int i = 0; i < layers; i++) {
+        EMC_CHECK(st[i].S && (d->d_conv == 1 || st[i].conv), "GPU kda commit: no state (layer %d of the call)", i);
+        EMC_CHECK(log[i].k, "GPU kda commit: no log (layer %d of the call)", i);
+        EMC_CHECK(!log[i].consumed, "GPU kda commit: the log of layer %d of the call was already committed (or no "
+                  "forward ran)", i);
+        EMC_CHECK(k >= 0 && k <= log[i].n, "GPU kda commit: k = %d outside [0, %d] logged rows (layer %d of the call)", k,
+                  log[i].n, i);
     }
-    return emc_launched(err, "k_kda_window / k_kda_recur");
+    for (int i = 0; i < layers; i++) log[i].consumed = true;
+    if ((rc = emc_use(g, err)) || k == 0) return rc;
+    for (int i0 = 0; i0 < layers; i0 += KDA_COMMIT_BATCH) {
+        const int m = layers - i0 < KDA_COMMIT_BATCH ? layers - i0 : KDA_COMMIT_BATCH;
+        kda_commit_jobs js = {};
+        for (int i = 0; i < m; i++) js.job[i] = kda_commit_job{ st[i0 + i].S, st[i0 + i].conv, log[i0 + i] };
+        switch (d->head_dim) {
+        case 32: kda_launch_commit<32>(g, d, js, m, k); break;
+        case 64: kda_launch_commit<64>(g, d, js, m, k); break;
+        default: kda_launch_commit<128>(g, d, js, m, k); break;
+        }
+        if ((rc = emc_launched(err, "k_kda_commit"))) return rc;
+    }
+    return EM_OK;
+}
+
+extern "C" int em_gpu_kda_commit(em_gpu *g, const em_gpu_kda_dims *d, em_gpu_kda_state *st, em_gpu_kda_log *log, int k,
+                                 em_err *err) {
+    return em_gpu_kda_commit_layers(g, d, st, log, 1, k, err);
 }

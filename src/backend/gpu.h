@@ -391,10 +391,15 @@ uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows); /* 0 when
 int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void *d_mem, em_gpu_kda_log *out, em_err *err);
 /* n rows (0..log->max_rows): qkv [n][3 d_inner] pre-conv, f [n][d_inner] before dt_bias, b
  * [n][n_head] before sigmoid, g2 [n][d_inner] before sigmoid; out [n][d_inner] (device, all
- * contiguous). committed is read, never written. Row j does not depend on n. */
+ * contiguous). committed is read, never written. Row j does not depend on n (up to 4 rows run
+ * in one launch, more in three: the same arithmetic). With q8 not NULL, out's Q8_0 activations
+ * are made in the same launch, bit-identical to em_gpu_act_prepare's (into d_q8:
+ * em_gpu_act_bytes(EM_TYPE_Q8_0, d_inner, n), 16-byte aligned), and described in *q8 (the
+ * output projection's input). */
 int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
                        const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
-                       const float *d_b, const float *d_g2, float *d_out, em_gpu_kda_log *log, em_err *err);
+                       const float *d_b, const float *d_g2, float *d_out, void *d_q8, em_gpu_act *q8,
+                       em_gpu_kda_log *log, em_err *err);
 /* Folds the first k (0..log->n) logged rows into st (the forward's committed state,
  * unchanged since): conv window advanced, S replayed in place. The log is consumed: a second
  * commit before the next forward is EM_EINVAL. */

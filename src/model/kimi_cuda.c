@@ -302,10 +302,18 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     if (rc || (rc = rc2)) return rc;
     em_gpu_kda_state *st = &k->kst[ly->slot];
     em_gpu_kda_log *log = &k->klog[ly->slot];
-    if ((rc = em_gpu_kda_forward(k->gpu, &k->kd, &k->ld[l].kda, st, n, B->qkv, B->f, B->b, B->g2, B->o, log, err)))
-        return rc;
-    if (mode == GK_COMMIT && (rc = em_gpu_kda_commit(k->gpu, &k->kd, st, log, n, err))) return rc;
+    /* the output's Q8_0 activations in the forward's launch when the output projection takes them */
     gk_acts oa = acts_of(B->o, D, D, n);
+    const em_gpu_mat *dout = dmat(k, &w->out);
+    void *q8 = NULL;
+    if (dout && em_gpu_act_type(dout->type) == EM_TYPE_Q8_0 &&
+        (rc = bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, D, n), &q8, err)))
+        return rc;
+    if ((rc = em_gpu_kda_forward(k->gpu, &k->kd, &k->ld[l].kda, st, n, B->qkv, B->f, B->b, B->g2, B->o, q8,
+                                 q8 ? &oa.q : NULL, log, err)))
+        return rc;
+    oa.have_q = q8 != NULL;
+    if (mode == GK_COMMIT && (rc = em_gpu_kda_commit(k->gpu, &k->kd, st, log, n, err))) return rc;
     return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
 }
 

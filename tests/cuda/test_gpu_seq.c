@@ -197,7 +197,7 @@ static void test_kda_layers(void) {
         one[i] = dstate(&x, dalloc(SB)), many[i] = dstate(&x, dalloc(SB));
         dcopy(one[i].conv, x.d_st0, SB), dcopy(many[i].conv, x.d_st0, SB);
         rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, 8, x.d_qkv + (int64_t)i * 3 * KDI, x.d_f + (int64_t)i * KDI,
-                                x.d_b + i * KH, x.d_g2 + (int64_t)i * KDI, x.d_out, &lg[i], &E) ||
+                                x.d_b + i * KH, x.d_g2 + (int64_t)i * KDI, x.d_out, NULL, NULL, &lg[i], &E) ||
              em_gpu_kda_commit(G, &x.gd, &one[i], &lg[i], K, &E);
         want[i] = state_down(&x, one[i].conv);
         lg[i].consumed = false; /* the same log again, for the batched call */
@@ -232,7 +232,7 @@ static void test_kda(bool bounded) {
     /* GPU: 16 rows on the committed state, outputs poisoned */
     em_gpu_kda_state st0 = dstate(&x, x.d_st0);
     poison(x.d_out, R * KDI * 4);
-    int rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, R, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+    int rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, R, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg, &E);
     if (rc) {
         record(tag, 0, "forward: %s", E.msg);
         return;
@@ -266,13 +266,13 @@ static void test_kda(bool bounded) {
     rc = em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 1, &E);
     snprintf(name, sizeof name, "%s error: second commit", tag);
     record(name, rc == EM_EINVAL && strstr(E.msg, "already"), "%s", E.msg);
-    em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, 3, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+    em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, 3, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg, &E);
     rc = em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 4, &E);
     snprintf(name, sizeof name, "%s error: commit(4) after 3 rows", tag);
     record(name, rc == EM_EINVAL && strstr(E.msg, "k = 4"), "%s", E.msg);
     em_gpu_kda_dims bad = x.gd;
     bad.head_dim = 96;
-    rc = em_gpu_kda_forward(G, &bad, &x.gp, &st0, 1, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+    rc = em_gpu_kda_forward(G, &bad, &x.gp, &st0, 1, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg, &E);
     snprintf(name, sizeof name, "%s error: head_dim 96", tag);
     record(name, rc == EM_EUNSUPPORTED && strstr(E.msg, "96"), "%s", E.msg);
 
@@ -283,7 +283,7 @@ static void test_kda(bool bounded) {
     int step_rc = 0;
     for (int t = 0; t < R && !step_rc; t++) {
         step_rc = em_gpu_kda_forward(G, &x.gd, &x.gp, &sw, 1, x.d_qkv + (int64_t)t * 3 * KDI, x.d_f + (int64_t)t * KDI,
-                                     x.d_b + t * KH, x.d_g2 + (int64_t)t * KDI, x.d_out, &x.lg, &E) ||
+                                     x.d_b + t * KH, x.d_g2 + (int64_t)t * KDI, x.d_out, NULL, NULL, &x.lg, &E) ||
                   em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, 1, &E);
         down(single + (int64_t)t * KDI, x.d_out, KDI * 4);
         states[t + 1] = state_down(&x, d_w);
@@ -297,7 +297,7 @@ static void test_kda(bool bounded) {
         for (int k = 0; k <= n; k++) {
             dcopy(d_w, x.d_st0, SB);
             poison(x.d_out, R * KDI * 4);
-            if (em_gpu_kda_forward(G, &x.gd, &x.gp, &sw, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E) ||
+            if (em_gpu_kda_forward(G, &x.gd, &x.gp, &sw, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg, &E) ||
                 em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, k, &E)) {
                 record("kda verify/commit", 0, "n %d k %d: %s", n, k, E.msg);
                 return;
@@ -320,13 +320,35 @@ static void test_kda(bool bounded) {
     snprintf(name, sizeof name, "%s verify(n)+commit(k) == k steps", tag);
     record(name, states_bad == 0, "%d of %d (n, k) pairs differ (memcmp of window + S; first n %d k %d)", states_bad, pairs,
            first_bad_n, first_bad_k);
+    /* the output's Q8_0 activations made by the forward == em_gpu_act_prepare of its output */
+    const int q8_rows[3] = { 1, 3, R };
+    int q8_bad = 0;
+    const uint64_t qb = em_gpu_act_bytes(EM_TYPE_Q8_0, KDI, R);
+    uint8_t *d_q1 = dalloc(qb), *d_q2 = dalloc(qb), *h1 = xmalloc(qb), *h2 = xmalloc(qb);
+    for (int i = 0; i < 3; i++) {
+        const int n = q8_rows[i];
+        em_gpu_act a1, a2;
+        poison(d_q1, qb), poison(d_q2, qb);
+        if (em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, d_q1, &a1, &x.lg, &E) ||
+            em_gpu_act_prepare(G, EM_TYPE_Q8_0, x.d_out, KDI, KDI, n, d_q2, &a2, &E)) {
+            record("kda forward Q8_0 output", 0, "%s", E.msg);
+            break;
+        }
+        const uint64_t used = (uint64_t)((const uint8_t *)a1.d - d_q1) + (uint64_t)n * (KDI / 32) * 4;
+        down(h1, d_q1, used), down(h2, d_q2, used);
+        q8_bad += a1.qs != (const int8_t *)d_q1 || a1.n != n || a1.cols != KDI || a1.x != x.d_out ||
+                  (const uint8_t *)a1.d - d_q1 != (const uint8_t *)a2.d - d_q2 || memcmp(h1, h2, used) != 0;
+    }
+    snprintf(name, sizeof name, "%s forward's Q8_0 output == act_prepare", tag);
+    record(name, q8_bad == 0, "%d of 3 widths (1, 3, 16) differ (memcmp of quants and scales)", q8_bad);
+    free(h1), free(h2);
     /* timing: forward of n rows, commit of n rows */
     if (!bounded) {
         for (int n = 1; n <= R; n *= 4) {
             float fms = 0, cms = 0;
             em_gpu_mark(G, 0, &E);
             for (int i = 0; i < 20; i++)
-                em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, &x.lg, &E);
+                em_gpu_kda_forward(G, &x.gd, &x.gp, &st0, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg, &E);
             em_gpu_mark(G, 1, &E);
             em_gpu_elapsed_ms(G, &fms, &E);
             em_gpu_mark(G, 0, &E);

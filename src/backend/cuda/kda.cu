@@ -14,11 +14,14 @@
  *   and its own inputs: row j of an n-row forward does not depend on n.
  * - Reductions over a head (L2 norms, k.q, the output norm) use one fixed tree (warp
  *   butterfly, then warps in order), so every block computes them the same way. */
-#include "backend/cuda/cuda_impl.cuh"
+#include "backend/cuda/mm_kernels.cuh"
 
 #include <math.h>
 
 #define KDA_MAX_CONV 16
+/* Forwards of at most this many rows run in one launch (k_kda_fused: the rows one after another
+ * in each head's block); wider ones in three, rows side by side. */
+#define KDA_FUSED_ROWS 4
 
 /* Sum of one value per thread over a block of D (32, 64, 128) threads, the same tree
  * everywhere; every thread gets the sum. red: D / 32 floats of shared memory. */
@@ -37,11 +40,10 @@ template <int D> __device__ __forceinline__ float kda_block_sum(float v, float *
 /* Block (row t, head h), thread c = channel h*D + c: conv + SiLU of q, k, v; L2 norms; gate,
  * beta, k.q; everything into the log (pre-conv rows too). */
 template <int D>
-__global__ void k_kda_prep(em_gpu_kda_dims d, em_gpu_kda_params p, const float *win, const float *qkv, const float *f,
-                           const float *b, em_gpu_kda_log lg) {
-    emc_kernel_begin();
-    __shared__ float red[D / 32];
-    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+__device__ __forceinline__ void kda_prep_row(const em_gpu_kda_dims &d, const em_gpu_kda_params &p, const float *win,
+                                             const float *qkv, const float *f, const float *b, const em_gpu_kda_log &lg,
+                                             int t, int h, float *red) {
+    const int c = threadIdx.x;
     const int64_t di = (int64_t)d.n_head * D, ch = (int64_t)h * D + c;
     const int dc = d.d_conv, W = dc - 1;
     const float *conv_w[3] = { p.conv_q, p.conv_k, p.conv_v };
@@ -76,24 +78,34 @@ __global__ void k_kda_prep(em_gpu_kda_dims d, em_gpu_kda_params p, const float *
     }
 }
 
+template <int D>
+__global__ void k_kda_prep(em_gpu_kda_dims d, em_gpu_kda_params p, const float *win, const float *qkv, const float *f,
+                           const float *b, em_gpu_kda_log lg) {
+    emc_kernel_begin();
+    __shared__ float red[D / 32];
+    kda_prep_row<D>(d, p, win, qkv, f, b, lg, blockIdx.x, blockIdx.y, red);
+}
+
 /* Rows [0, L) through one column c of head h's state s[D] (registers). With out, writes the
  * pre-norm output of each row (o = S_new^T q) into lg.o. */
-template <int D>
+template <int D, bool BLOCK = false>
 __device__ __forceinline__ void kda_rows(float (&s)[D], const em_gpu_kda_log &lg, int n_head, int h, int c, int L,
                                          bool out) {
     __shared__ float sa[D], sk[D], sx[D], sy[D];
     const int64_t di = (int64_t)n_head * D;
     for (int t = 0; t < L; t++) {
         const int64_t row = (int64_t)t * di + (int64_t)h * D;
-        __syncwarp();
-        for (int r = threadIdx.x; r < D; r += 32) {
+        if (BLOCK) __syncthreads(); /* BLOCK: the head's D columns in one block (k_kda_fused) */
+        else __syncwarp();
+        for (int r = threadIdx.x; r < D; r += BLOCK ? D : 32) {
             const float a = expf(lg.g[row + r]), k = lg.k[row + r];
             sa[r] = a;
             sk[r] = k;
             sx[r] = a * k;
             sy[r] = out ? a * lg.q[row + r] : 0.0f;
         }
-        __syncwarp();
+        if (BLOCK) __syncthreads();
+        else __syncwarp();
         float u = 0.0f, w = 0.0f;
 #pragma unroll
         for (int r = 0; r < D; r++) {
@@ -119,17 +131,51 @@ template <int D> __global__ void __launch_bounds__(32) k_kda_recur(const float *
     kda_rows<D>(s, lg, n_head, h, c, L, true);
 }
 
-/* Block (row t, head h): out = o_norm * (o * rs) / (1 + exp(-g2)), rs = 1/sqrt(mean(o^2) + eps). */
-template <int D> __global__ void k_kda_finish(em_gpu_kda_dims d, const float *o_norm, em_gpu_kda_log lg, const float *g2,
-                                              float *out) {
-    emc_kernel_begin();
-    __shared__ float red[D / 32];
-    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+/* Row t, head h: out = o_norm * (o * rs) / (1 + exp(-g2)), rs = 1/sqrt(mean(o^2) + eps); with
+ * qs, out's Q8_0 activations too (warp w holds 32-value block w of the head's slice:
+ * k_quant_q8_0's arithmetic on the same values). */
+template <int D>
+__device__ __forceinline__ void kda_finish_row(const em_gpu_kda_dims &d, const float *o_norm, const em_gpu_kda_log &lg,
+                                               const float *g2, float *out, int8_t *qs, float *qd, int t, int h,
+                                               float *red) {
+    const int c = threadIdx.x;
     const int64_t at = (int64_t)t * d.n_head * D + (int64_t)h * D + c;
     const float o = lg.o[at];
     const float ss = kda_block_sum<D>(o * o, red);
     const float rs = 1.0f / sqrtf(ss / (float)D + d.norm_eps);
-    out[at] = o_norm[c] * (o * rs) / (1.0f + expf(-g2[at]));
+    const float v = o_norm[c] * (o * rs) / (1.0f + expf(-g2[at]));
+    out[at] = v;
+    if (qs) quant_q8_0_block(v, c & 31, qs + (at & ~(int64_t)31), qd + (at >> 5));
+}
+
+template <int D> __global__ void k_kda_finish(em_gpu_kda_dims d, const float *o_norm, em_gpu_kda_log lg, const float *g2,
+                                              float *out, int8_t *qs, float *qd) {
+    emc_kernel_begin();
+    __shared__ float red[D / 32];
+    kda_finish_row<D>(d, o_norm, lg, g2, out, qs, qd, blockIdx.x, blockIdx.y, red);
+}
+
+/* The three steps of a narrow forward in one launch, block h = head h of D threads: every row's
+ * preparation (kda_prep_row), then the delta rule with thread c on column c (kda_rows over the
+ * block), then every row's gated norm (kda_finish_row). The same device functions in the same
+ * block shapes (D threads for the rows' reductions): the bits of the three launches. */
+template <int D>
+__global__ void __launch_bounds__(D) k_kda_fused(em_gpu_kda_dims d, em_gpu_kda_params p, const float *win,
+                                                 const float *S, const float *qkv, const float *f, const float *b,
+                                                 const float *g2, float *out, int8_t *qs, float *qd, em_gpu_kda_log lg,
+                                                 int n) {
+    emc_kernel_begin();
+    __shared__ float red[D / 32];
+    const int h = blockIdx.x, c = threadIdx.x;
+    for (int t = 0; t < n; t++) kda_prep_row<D>(d, p, win, qkv, f, b, lg, t, h, red);
+    __syncthreads();
+    const float *Sh = S + (int64_t)h * D * D;
+    float s[D];
+#pragma unroll
+    for (int r = 0; r < D; r++) s[r] = Sh[(int64_t)r * D + c];
+    kda_rows<D, true>(s, lg, d.n_head, h, c, n, true);
+    __syncthreads();
+    for (int t = 0; t < n; t++) kda_finish_row<D>(d, p.o_norm, lg, g2, out, qs, qd, t, h, red);
 }
 
 /* The window of channel ch (one of q, k, v: m) after k rows: slots ascending, a slot's source
@@ -237,16 +283,22 @@ extern "C" int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void 
 template <int D>
 static void kda_launch_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p, const em_gpu_kda_state *st,
                                int n, const float *qkv, const float *f, const float *b, const float *g2, float *out,
-                               const em_gpu_kda_log *lg) {
+                               int8_t *qs, float *qd, const em_gpu_kda_log *lg) {
+    if (n <= KDA_FUSED_ROWS) {
+        emc_launch(g, k_kda_fused<D>, (unsigned)d->n_head, D, 0, *d, *p, (const float *)st->conv, (const float *)st->S,
+                   qkv, f, b, g2, out, qs, qd, *lg, n);
+        return;
+    }
     const dim3 rows((unsigned)n, (unsigned)d->n_head), cols((unsigned)d->n_head, D / 32);
     emc_launch(g, k_kda_prep<D>, rows, D, 0, *d, *p, st->conv, qkv, f, b, *lg);
     emc_launch(g, k_kda_recur<D>, cols, 32, 0, (const float *)st->S, *lg, d->n_head, n);
-    emc_launch(g, k_kda_finish<D>, rows, D, 0, *d, p->o_norm, *lg, g2, out);
+    emc_launch(g, k_kda_finish<D>, rows, D, 0, *d, p->o_norm, *lg, g2, out, qs, qd);
 }
 
 extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
                                   const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
-                                  const float *d_b, const float *d_g2, float *d_out, em_gpu_kda_log *log, em_err *err) {
+                                  const float *d_b, const float *d_g2, float *d_out, void *d_q8, em_gpu_act *q8,
+                                  em_gpu_kda_log *log, em_err *err) {
     int rc = em_gpu_kda_dims_check(d, err);
     if (rc) return rc;
     EMC_CHECK(p && p->conv_q && p->conv_k && p->conv_v && p->ssm_a && p->dt_bias && p->o_norm,
@@ -255,15 +307,25 @@ extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_
     EMC_CHECK(log && log->k, "GPU kda forward: no log");
     EMC_CHECK(n >= 0 && n <= log->max_rows, "GPU kda forward: %d rows outside [0, %d] (the log's max_rows)", n, log->max_rows);
     EMC_CHECK(n == 0 || (d_qkv && d_f && d_b && d_g2 && d_out), "GPU kda forward: an input or output pointer is NULL");
+    EMC_CHECK(!q8 || (n >= 1 && d_q8 && ((uintptr_t)d_q8 & 15) == 0),
+              "GPU kda forward: Q8_0 output scratch missing or not 16-byte aligned (or no rows)");
+    const int64_t di = (int64_t)kda_di(d);
+    int8_t *qs = NULL;
+    float *qd = NULL;
+    if (q8) { /* em_gpu_act_prepare's layout: n rows of quants, padded to 16 bytes, then the scales */
+        qs = (int8_t *)d_q8;
+        qd = (float *)((uint8_t *)d_q8 + (((uint64_t)n * (uint64_t)di + 15) & ~(uint64_t)15));
+        *q8 = em_gpu_act{ EM_TYPE_Q8_0, n, di, d_out, di, qs, qd };
+    }
     log->n = n;
     log->consumed = false;
     if ((rc = emc_use(g, err)) || n == 0) return rc;
     switch (d->head_dim) {
-    case 32: kda_launch_forward<32>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, log); break;
-    case 64: kda_launch_forward<64>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, log); break;
-    default: kda_launch_forward<128>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, log); break;
+    case 32: kda_launch_forward<32>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log); break;
+    case 64: kda_launch_forward<64>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log); break;
+    default: kda_launch_forward<128>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log); break;
     }
-    return emc_launched(err, "k_kda_prep / k_kda_recur / k_kda_finish");
+    return emc_launched(err, "k_kda_fused / k_kda_prep / k_kda_recur / k_kda_finish");
 }
 
 template <int D>

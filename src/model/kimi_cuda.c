@@ -230,13 +230,32 @@ static int mm(gk *k, gk_acts *a, const em_mat *w, float *d_y, int64_t ldy, em_er
     return em_gpu_matmul(k->gpu, dw, em_gpu_act_type(dw->type) == EM_TYPE_Q8_0 ? &a->q : &f32, d_y, ldy, err);
 }
 
-/* Several products of one input, one launch per device type among them (em_gpu_matmul_multi:
- * each output bit-identical to its own em_gpu_matmul). */
+/* Whether the products are all Q8_0 or F32 with both present: one mixed launch takes them. */
+static bool q8_f32_mix(gk *k, const em_mat *const *w, int n) {
+    bool q8 = false, f32 = false;
+    for (int i = 0; i < n; i++) {
+        const em_gpu_mat *d = dmat(k, w[i]);
+        if (!d || (d->type != EM_TYPE_Q8_0 && d->type != EM_TYPE_F32)) return false;
+        q8 |= d->type == EM_TYPE_Q8_0, f32 |= d->type == EM_TYPE_F32;
+    }
+    return q8 && f32;
+}
+
+/* Several products of one input, one launch per device type among them, or one for Q8_0 and
+ * F32 together (em_gpu_matmul_multi: each output bit-identical to its own em_gpu_matmul). */
 static int mm_many(gk *k, gk_acts *a, const em_mat *const *w, float *const *d_y, const int64_t *ldy, int n,
                    em_err *err) {
     em_gpu_mm_out outs[EM_GPU_MULTI_MAX];
     bool done[EM_GPU_MULTI_MAX] = { false };
     if (n > EM_GPU_MULTI_MAX) return em_err_set(err, EM_EINVAL, "GPU target: %d products of one input", n);
+    if (q8_f32_mix(k, w, n)) {
+        int rc = EM_OK;
+        for (int i = 0; i < n && !rc; i++) {
+            outs[i] = (em_gpu_mm_out){ dmat(k, w[i]), d_y[i], ldy[i] };
+            if (outs[i].w->type == EM_TYPE_Q8_0) rc = acts_ready(k, a, w[i], err);
+        }
+        return rc ? rc : em_gpu_matmul_multi(k->gpu, outs, n, &a->q, err);
+    }
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
         const em_gpu_mat *di = dmat(k, w[i]);
@@ -361,6 +380,15 @@ static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
     return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
 }
 
+/* y (ldy) = down(glu(g, u)) for n rows of F values (g is overwritten). */
+static int mlp_down(gk *k, float *g, const float *u, int64_t F, int n, const em_mat *down, float *d_y, int64_t ldy,
+                    em_err *err) {
+    int rc = glu(k, g, u, (int64_t)n * F, err);
+    if (rc) return rc;
+    gk_acts ga = acts_of(g, F, F, n);
+    return mm(k, &ga, down, d_y, ldy, err);
+}
+
 /* y (ldy) = down(glu(gate x, up x)) for the n rows of a; g, u: [GK_ROWS][gate rows]. */
 static int mlp(gk *k, gk_acts *a, const em_mat *gate, const em_mat *up, const em_mat *down, float *g, float *u,
                float *d_y, int64_t ldy, em_err *err) {
@@ -368,10 +396,8 @@ static int mlp(gk *k, gk_acts *a, const em_mat *gate, const em_mat *up, const em
     const em_mat *w[] = { gate, up };
     float *const y[] = { g, u };
     const int64_t ld[] = { F, F };
-    int rc;
-    if ((rc = mm_many(k, a, w, y, ld, 2, err)) || (rc = glu(k, g, u, (int64_t)a->n * F, err))) return rc;
-    gk_acts ga = acts_of(g, F, F, a->n);
-    return mm(k, &ga, down, d_y, ldy, err);
+    int rc = mm_many(k, a, w, y, ld, 2, err);
+    return rc ? rc : mlp_down(k, g, u, F, a->n, down, d_y, ldy, err);
 }
 
 static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
@@ -385,36 +411,42 @@ static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     const int n = xa->n;
     const em_gpu_router r = { .n_expert = X, .k = K, .n_group = hp->n_group, .n_group_used = hp->n_group_used,
                               .norm = hp->expert_norm, .scale = hp->expert_scale };
-    int rc;
-    if ((rc = mm(k, xa, &w->router, B->logits_r, X, err)) ||
-        (rc = em_gpu_route(k->gpu, &r, B->logits_r, X, dl->router_bias, n, ids, B->wts, err)))
-        return rc;
-    const em_gpu_experts xs = {
-        .gate = dmat(k, &w->gate_exps), .up = dmat(k, &w->up_exps), .down = dmat(k, &w->down_exps),
-        .n_expert = X, .ffn = hp->n_ff_exp, .act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU,
-        .situ_beta = hp->situ_beta, .situ_lin_beta = hp->situ_lin_beta,
-    };
-    const bool shared = w->gate_sh.rows > 0;
-    if (shared) { /* the shared expert on a branch beside the routed ones */
-        if ((rc = acts_ready(k, xa, &w->gate_sh, err)) || (rc = acts_ready(k, xa, &w->up_sh, err)) ||
-            (rc = acts_ready(k, xa, &w->routed_down, err)) || (rc = em_gpu_fork(k->gpu, 1, err)) ||
-            (rc = em_gpu_branch(k->gpu, 1, err)))
-            return rc;
-        rc = mlp(k, xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, B->ys, E, err);
+    const bool shared = w->gate_sh.rows > 0, latent = w->routed_down.rows > 0;
+    const int64_t F = w->gate_sh.rows, L = w->routed_down.rows;
+    /* the products of the normed input in one launch where their types allow: the router, the
+     * shared expert's gate and up, K3's latent down */
+    const em_mat *from_x[4] = { &w->router };
+    float *y_x[4] = { B->logits_r };
+    int64_t ld_x[4] = { X };
+    int m = 1;
+    if (shared) {
+        from_x[m] = &w->gate_sh, y_x[m] = B->sg, ld_x[m++] = F;
+        from_x[m] = &w->up_sh, y_x[m] = B->su, ld_x[m++] = F;
+    }
+    if (latent) from_x[m] = &w->routed_down, y_x[m] = B->lx, ld_x[m++] = L;
+    int rc = mm_many(k, xa, from_x, y_x, ld_x, m, err);
+    if (rc) return rc;
+    if (shared) { /* the rest of the shared expert on a branch beside the routed ones */
+        if ((rc = em_gpu_fork(k->gpu, 1, err)) || (rc = em_gpu_branch(k->gpu, 1, err))) return rc;
+        rc = mlp_down(k, B->sg, B->su, F, n, &w->down_sh, B->ys, E, err);
         int rc2 = em_gpu_branch(k->gpu, 0, err);
         if (rc || (rc = rc2)) {
             em_gpu_join(k->gpu, err);
             return em_err_prefix(err, "shared expert");
         }
     }
-    if (w->routed_down.rows == 0) {
+    const em_gpu_experts xs = {
+        .gate = dmat(k, &w->gate_exps), .up = dmat(k, &w->up_exps), .down = dmat(k, &w->down_exps),
+        .n_expert = X, .ffn = hp->n_ff_exp, .act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU,
+        .situ_beta = hp->situ_beta, .situ_lin_beta = hp->situ_lin_beta,
+    };
+    rc = em_gpu_route(k->gpu, &r, B->logits_r, X, dl->router_bias, n, ids, B->wts, err);
+    if (!rc && !latent) {
         rc = em_gpu_moe_prepared(k->gpu, &xs, B->h, E, n, xa->have_q ? &xa->q : NULL, ids, B->wts, K, B->moe, B->y, E,
                                  err);
-    } else { /* K3 latent MoE: experts at the latent width, normed, mapped back */
-        const int64_t L = w->routed_down.rows;
+    } else if (!rc) { /* K3 latent MoE: experts at the latent width, normed, mapped back */
         gk_acts sa = acts_of(B->ls, L, L, n);
-        if (!(rc = mm(k, xa, &w->routed_down, B->lx, L, err)) &&
-            !(rc = em_gpu_moe(k->gpu, &xs, B->lx, L, n, ids, B->wts, K, B->moe, B->ls, L, err)) &&
+        if (!(rc = em_gpu_moe(k->gpu, &xs, B->lx, L, n, ids, B->wts, K, B->moe, B->ls, L, err)) &&
             (!dl->routed_norm ||
              !(rc = em_gpu_rmsnorm_rows(k->gpu, B->ls, L, dl->routed_norm, hp->rms_eps, n, L, B->ls, L, err))))
             rc = mm(k, &sa, &w->routed_up, B->y, E, err);

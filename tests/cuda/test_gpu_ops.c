@@ -1067,6 +1067,64 @@ static void test_matmul_multi(int type) {
     free(x);
 }
 
+/* em_gpu_matmul_multi of Q8_0 and F32 products together (a KDA layer's projections with its
+ * F32 beta, a router beside the shared expert): each output memcmp-equal to its own
+ * em_gpu_matmul, every width; other type mixes refused. */
+static void test_matmul_mixed(void) {
+    const char *name = "matmul multi q8_0 + f32 (4 products)";
+    const int64_t cols = HIDDEN, rows[4] = { KDA_HEADS * KDA_DIM, KDA_HEADS, 256, 1001 };
+    const int types[4] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_F32, EM_TYPE_Q8_0 };
+    em_gpu_mat gm[4];
+    void *hw[4];
+    float *dy[4], *d1[4];
+    for (int i = 0; i < 4; i++) {
+        hw[i] = make_weights(types[i], rows[i], cols, 0.05f);
+        TRY(name, em_gpu_mat_upload(G, types[i], rows[i], cols, hw[i], name, &gm[i], &E));
+        dy[i] = dalloc((uint64_t)R * rows[i] * 4), d1[i] = dalloc((uint64_t)R * rows[i] * 4);
+    }
+    float *x = xmalloc((size_t)R * cols * 4);
+    fill(x, (int64_t)R * cols, 1.0f);
+    float *dx = dalloc((uint64_t)R * cols * 4);
+    up(dx, x, (uint64_t)R * cols * 4);
+    void *ds = dalloc(em_gpu_act_bytes(EM_TYPE_Q8_0, cols, R));
+    int differ = 0, widths = 0;
+    for (int n = 1; n <= R; n += n < 4 ? 1 : 4) {
+        em_gpu_act q8, f32;
+        TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dx, cols, cols, n, ds, &q8, &E));
+        TRY(name, em_gpu_act_prepare(G, EM_TYPE_F32, dx, cols, cols, n, NULL, &f32, &E));
+        em_gpu_mm_out outs[4];
+        for (int i = 0; i < 4; i++) {
+            poison(dy[i], (uint64_t)R * rows[i] * 4), poison(d1[i], (uint64_t)R * rows[i] * 4);
+            outs[i] = (em_gpu_mm_out){ &gm[i], dy[i], rows[i] };
+            TRY(name, em_gpu_matmul(G, &gm[i], types[i] == EM_TYPE_Q8_0 ? &q8 : &f32, d1[i], rows[i], &E));
+        }
+        TRY(name, em_gpu_matmul_multi(G, outs, 4, &q8, &E));
+        for (int i = 0; i < 4; i++) {
+            const uint64_t b = (uint64_t)R * rows[i] * 4;
+            float *a = xmalloc(b), *c = xmalloc(b);
+            TRY(name, down(a, dy[i], b));
+            TRY(name, down(c, d1[i], b));
+            differ += memcmp(a, c, b) != 0;
+            free(a), free(c);
+        }
+        widths++;
+    }
+    record(name, differ == 0, "%d of %d outputs differ from their own em_gpu_matmul (n = 1, 2, 3, 4, 8, 12, 16)", differ,
+           4 * widths);
+    em_gpu_mat bf;
+    void *hb = make_weights(EM_TYPE_BF16, 64, cols, 0.05f);
+    TRY(name, em_gpu_mat_upload(G, EM_TYPE_BF16, 64, cols, hb, "bf16", &bf, &E));
+    em_gpu_act q8;
+    TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dx, cols, cols, 1, ds, &q8, &E));
+    const em_gpu_mm_out bad[2] = { { &gm[0], dy[0], rows[0] }, { &bf, dy[1], 64 } };
+    const int rc = em_gpu_matmul_multi(G, bad, 2, &q8, &E);
+    record("matmul multi: q8_0 + bf16 refused", rc == EM_EINVAL && strstr(E.msg, "share a type"), "%s", E.msg);
+    em_gpu_mat_free(G, &bf), free(hb);
+    for (int i = 0; i < 4; i++) em_gpu_mat_free(G, &gm[i]), em_gpu_free(G, dy[i]), em_gpu_free(G, d1[i]), free(hw[i]);
+    em_gpu_free(G, dx), em_gpu_free(G, ds);
+    free(x);
+}
+
 /* em_gpu_add_rmsnorm against the launches it replaces (two adds, the norm, the Q8_0
  * quantization), memcmp; and against the CPU twins. */
 static void test_add_rmsnorm(void) {
@@ -1541,6 +1599,7 @@ static void test_all_but_moe(void) {
     test_matmul_multi(EM_TYPE_Q8_0);
     test_matmul_multi(EM_TYPE_F32);
     test_matmul_multi(EM_TYPE_Q4_K);
+    test_matmul_mixed();
     test_add_rmsnorm();
     test_rmsnorm("rmsnorm 16x2304", R, HIDDEN);
     test_rmsnorm("rmsnorm 16x32 heads of 128", R * KDA_HEADS, KDA_DIM);

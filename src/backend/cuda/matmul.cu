@@ -258,15 +258,14 @@ __device__ __forceinline__ void prefetch_rows(const mm_job &w, int64_t cols, int
     }
 }
 
-/* Rows j of x into rows j of each product's y: integer layouts with Q8_0 activations (xq, xd),
- * float layouts with the F32 rows (x, ldx); OUTS outputs a warp (mm_outs). */
+/* One block of product w: rows j of x into rows j of w's y, integer layouts with Q8_0
+ * activations (xq, xd), float layouts with the F32 rows (x, ldx); OUTS outputs a warp
+ * (mm_outs). rb: the block's index within w's blocks. */
 template <int T, int N, int OUTS>
-__global__ void __launch_bounds__(MM_WARPS * 32) k_mm(mm_jobs js, const int8_t *xq, const float *xd, const float *x,
-                                                     int64_t ldx, int n) {
-    emc_let_next_start();
-    const mm_job w = mm_pick(js);
-    const int64_t cols = js.cols, rows = w.rows;
-    const int64_t r0 = ((int64_t)(blockIdx.x - w.block0) * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
+__device__ __forceinline__ void mm_block(const mm_job &w, unsigned rb, int64_t cols, const int8_t *xq, const float *xd,
+                                         const float *x, int64_t ldx, int n) {
+    const int64_t rows = w.rows;
+    const int64_t r0 = ((int64_t)rb * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
     if (r0 < rows) prefetch_rows<T>(w, cols, r0, rows - r0 < OUTS ? rows - r0 : OUTS);
     emc_wait_prior();
     if (r0 >= rows) return;
@@ -291,6 +290,27 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_mm(mm_jobs js, const int8_t *
             mm_mxfp4_warp<N>(w.data, w.scales, rows, cols, r0, xq, xd, n, idx, w.y, w.ldy, idx);
         }
     }
+}
+
+template <int T, int N, int OUTS>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm(mm_jobs js, const int8_t *xq, const float *xd, const float *x,
+                                                     int64_t ldx, int n) {
+    emc_let_next_start();
+    const mm_job w = mm_pick(js);
+    mm_block<T, N, OUTS>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
+}
+
+/* Q8_0 products (blocks below split, O1 outputs a warp) and F32 products (O2) of one input in
+ * one launch: each block runs k_mm's body of its product's type, so each output is its own
+ * em_gpu_matmul's (the KDA layer's beta beside its Q8_0 projections, a MoE router beside the
+ * shared expert). */
+template <int N, int O1, int O2>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_mixed(mm_jobs js, unsigned split, const int8_t *xq, const float *xd,
+                                                           const float *x, int64_t ldx, int n) {
+    emc_let_next_start();
+    const mm_job w = mm_pick(js);
+    if (blockIdx.x < split) mm_block<EM_TYPE_Q8_0, N, O1>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
+    else mm_block<EM_TYPE_F32, N, O2>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
 }
 
 template <int T, int OUTS>
@@ -327,41 +347,84 @@ static void launch_mm(const em_gpu *g, int type, const mm_jobs &js, unsigned blo
     }
 }
 
+template <int N, int O1, int O2>
+static void launch_mixed_o(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a) {
+    emc_launch(g, k_mm_mixed<N, O1, O2>, blocks, MM_WARPS * 32, 0, js, split, a->qs, a->d, a->x, a->ldx, a->n);
+}
+template <int N>
+static void launch_mixed_n(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a) {
+    const bool q1 = mm_outs(EM_TYPE_Q8_0, a->n, js.cols) == MM_OUTS_NARROW, f1 = mm_outs(EM_TYPE_F32, a->n, js.cols) == MM_OUTS_NARROW;
+    if (q1 && f1) launch_mixed_o<N, MM_OUTS_NARROW, MM_OUTS_NARROW>(g, js, split, blocks, a);
+    else if (q1) launch_mixed_o<N, MM_OUTS_NARROW, MM_OUTS>(g, js, split, blocks, a);
+    else if (f1) launch_mixed_o<N, MM_OUTS, MM_OUTS_NARROW>(g, js, split, blocks, a);
+    else launch_mixed_o<N, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
+}
+static void launch_mixed(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a) {
+    const int n = a->n;
+    if (n <= 1) launch_mixed_n<1>(g, js, split, blocks, a);
+    else if (n <= 2) launch_mixed_n<2>(g, js, split, blocks, a);
+    else if (n <= 4) launch_mixed_o<4, MM_OUTS, MM_OUTS>(g, js, split, blocks, a); /* wider passes: mm_outs is MM_OUTS */
+    else if (n <= 8) launch_mixed_o<8, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
+    else launch_mixed_o<16, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
+}
+
+/* Whether products of these types go in one launch: one type, or Q8_0 and F32 together with
+ * Q8_0 activations that carry their F32 rows (k_mm_mixed). */
+static bool mm_types_ok(const em_gpu_mm_out *outs, int count, const em_gpu_act *act, bool *mixed) {
+    bool q8 = false, f32 = false, other = false;
+    const int t0 = outs[0].w->type;
+    for (int i = 0; i < count; i++) {
+        const int t = outs[i].w->type;
+        q8 |= t == EM_TYPE_Q8_0, f32 |= t == EM_TYPE_F32, other |= t != t0;
+    }
+    *mixed = q8 && f32;
+    return !other || (*mixed && act->type == EM_TYPE_Q8_0 && act->x);
+}
+
 extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu_act *act, em_err *err) {
     EMC_CHECK(outs && count >= 1 && count <= EM_GPU_MULTI_MAX, "GPU matmul: %d products in one launch (1..%d)", count,
               EM_GPU_MULTI_MAX);
     EMC_CHECK(act && act->n >= 1 && act->n <= EM_GPU_MAX_ROWS, "GPU matmul: activations of %d rows (1..%d)",
               act ? act->n : 0, EM_GPU_MAX_ROWS);
+    for (int i = 0; i < count; i++)
+        EMC_CHECK(outs[i].w && outs[i].w->data && em_gpu_mat_type_ok(outs[i].w->type),
+                  "GPU matmul: product %d has no matrix, or one of an unsupported type", i);
     const em_gpu_mat *w0 = outs[0].w;
-    EMC_CHECK(w0 && w0->data && em_gpu_mat_type_ok(w0->type), "GPU matmul: no matrix, or one of an unsupported type");
-    const int want = em_gpu_act_type(w0->type);
+    bool mixed = false;
+    EMC_CHECK(mm_types_ok(outs, count, act, &mixed),
+              "GPU matmul: products of one launch must share a type, or be q8_0 and f32 with Q8_0 activations (product "
+              "0 is %s)", em_type_name(w0->type));
+    const int want = mixed ? EM_TYPE_Q8_0 : em_gpu_act_type(w0->type);
     EMC_CHECK(act->type == want, "GPU matmul: %s activations for %s weights (prepare them for this type)",
               em_type_name(act->type), em_type_name(w0->type));
-    if (want == EM_TYPE_F32)
+    if (want == EM_TYPE_F32 || mixed)
         EMC_CHECK(((uintptr_t)act->x & 15) == 0 && act->ldx % 4 == 0,
                   "GPU matmul: F32 activations must be 16-byte aligned with ldx a multiple of 4");
     mm_jobs js;
     memset(&js, 0, sizeof js);
     js.count = count;
     js.cols = w0->cols;
-    uint64_t blocks = 0;
-    const int per_block = MM_WARPS * mm_outs(w0->type, act->n, w0->cols);
-    for (int i = 0; i < count; i++) {
-        const em_gpu_mat *w = outs[i].w;
-        EMC_CHECK(w && w->data && w->type == w0->type, "GPU matmul: product %d of a launch is not of type %s", i,
-                  em_type_name(w0->type));
-        EMC_CHECK(w->cols == act->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
-                  (long long)act->cols, (long long)w->cols);
-        EMC_CHECK(outs[i].d_y && outs[i].ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows",
-                  (long long)outs[i].ldy, (long long)w->rows);
-        js.job[i] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y, outs[i].ldy,
-                              (unsigned)blocks };
-        blocks += emc_blocks(w->rows, per_block);
+    uint64_t blocks = 0, split = 0;
+    /* mixed: the Q8_0 products' blocks first, then the F32 ones' */
+    for (int pass = 0, m = 0; pass < (mixed ? 2 : 1); pass++) {
+        for (int i = 0; i < count; i++) {
+            const em_gpu_mat *w = outs[i].w;
+            if (mixed && (w->type == EM_TYPE_Q8_0) != (pass == 0)) continue;
+            EMC_CHECK(w->cols == act->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
+                      (long long)act->cols, (long long)w->cols);
+            EMC_CHECK(outs[i].d_y && outs[i].ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows",
+                      (long long)outs[i].ldy, (long long)w->rows);
+            js.job[m++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
+                                    outs[i].ldy, (unsigned)blocks };
+            blocks += emc_blocks(w->rows, MM_WARPS * mm_outs(w->type, act->n, w0->cols));
+        }
+        if (pass == 0) split = blocks;
     }
     EMC_CHECK(blocks < (1u << 31), "GPU matmul: %llu blocks in one launch", (unsigned long long)blocks);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    launch_mm(g, w0->type, js, (unsigned)blocks, act);
+    if (mixed) launch_mixed(g, js, (unsigned)split, (unsigned)blocks, act);
+    else launch_mm(g, w0->type, js, (unsigned)blocks, act);
     return emc_launched(err, "em_gpu_matmul");
 }
 

@@ -1015,65 +1015,13 @@ static void bench_heads(int type, int64_t hr, int64_t cols, int64_t xhs, int64_t
 
 /* ---- fused launches: several products, residual + norm + Q8_0, launch overlap ------------ */
 
-/* em_gpu_matmul_multi: products of one input in one launch, each output memcmp-equal to its own
- * em_gpu_matmul (the shapes of a KDA layer's projections). */
-static void test_matmul_multi(int type) {
-    char name[64];
-    snprintf(name, sizeof name, "matmul multi %s (4 products)", em_type_name(type));
-    const int64_t cols = HIDDEN, rows[4] = { KDA_HEADS * KDA_DIM, KDA_HEADS, 128, 1001 };
-    em_gpu_mat gm[4];
-    void *hw[4];
-    float *dy[4], *d1[4];
-    for (int i = 0; i < 4; i++) {
-        hw[i] = make_weights(type, rows[i], cols, 0.05f);
-        TRY(name, em_gpu_mat_upload(G, type, rows[i], cols, hw[i], name, &gm[i], &E));
-        dy[i] = dalloc((uint64_t)R * rows[i] * 4), d1[i] = dalloc((uint64_t)R * rows[i] * 4);
-    }
-    float *x = xmalloc((size_t)R * cols * 4);
-    fill(x, (int64_t)R * cols, 1.0f);
-    float *dx = dalloc((uint64_t)R * cols * 4);
-    up(dx, x, (uint64_t)R * cols * 4);
-    const uint64_t sb = em_gpu_act_bytes(type, cols, R);
-    void *ds = sb ? dalloc(sb) : NULL;
-    int differ = 0;
-    for (int n = 1; n <= R; n += 5) {
-        em_gpu_act act;
-        TRY(name, em_gpu_act_prepare(G, type, dx, cols, cols, n, ds, &act, &E));
-        em_gpu_mm_out outs[4];
-        for (int i = 0; i < 4; i++) {
-            poison(dy[i], (uint64_t)R * rows[i] * 4), poison(d1[i], (uint64_t)R * rows[i] * 4);
-            outs[i] = (em_gpu_mm_out){ &gm[i], dy[i], rows[i] };
-            TRY(name, em_gpu_matmul(G, &gm[i], &act, d1[i], rows[i], &E));
-        }
-        TRY(name, em_gpu_matmul_multi(G, outs, 4, &act, &E));
-        for (int i = 0; i < 4; i++) {
-            const uint64_t b = (uint64_t)R * rows[i] * 4;
-            float *a = xmalloc(b), *c = xmalloc(b);
-            TRY(name, down(a, dy[i], b));
-            TRY(name, down(c, d1[i], b));
-            differ += memcmp(a, c, b) != 0;
-            free(a), free(c);
-        }
-    }
-    record(name, differ == 0, "every output memcmp-equal to its own em_gpu_matmul (n = 1, 6, 11, 16): %s",
-           differ ? "NO" : "yes");
-    em_gpu_mm_out bad[2] = { { &gm[0], dy[0], rows[0] }, { &gm[1], dy[1], rows[1] - 1 } };
-    em_gpu_act act;
-    TRY(name, em_gpu_act_prepare(G, type, dx, cols, cols, 1, ds, &act, &E));
-    const int rc = em_gpu_matmul_multi(G, bad, 2, &act, &E);
-    record("matmul multi: short ldy refused", rc == EM_EINVAL && strstr(E.msg, "ldy"), "%s", E.msg);
-    for (int i = 0; i < 4; i++) em_gpu_mat_free(G, &gm[i]), em_gpu_free(G, dy[i]), em_gpu_free(G, d1[i]), free(hw[i]);
-    em_gpu_free(G, dx), em_gpu_free(G, ds);
-    free(x);
-}
-
-/* em_gpu_matmul_multi of Q8_0 and F32 products together (a KDA layer's projections with its
- * F32 beta, a router beside the shared expert): each output memcmp-equal to its own
- * em_gpu_matmul, every width; other type mixes refused. */
-static void test_matmul_mixed(void) {
-    const char *name = "matmul multi q8_0 + f32 (4 products)";
+/* em_gpu_matmul_multi: four products of one input in one launch (types[i]: one type, or Q8_0
+ * and F32 together, k_mm_mixed), each output memcmp-equal to its own em_gpu_matmul at every
+ * width (n = 1, 2, 3, 4, 8, 12, 16; the shapes of a KDA layer's projections); then a short ldy
+ * and, for a mix, Q8_0 with BF16 refused. */
+static void test_matmul_multi(const int types[4], const char *name) {
+    const bool mixed = types[0] != types[1];
     const int64_t cols = HIDDEN, rows[4] = { KDA_HEADS * KDA_DIM, KDA_HEADS, 256, 1001 };
-    const int types[4] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_F32, EM_TYPE_Q8_0 };
     em_gpu_mat gm[4];
     void *hw[4];
     float *dy[4], *d1[4];
@@ -1086,19 +1034,22 @@ static void test_matmul_mixed(void) {
     fill(x, (int64_t)R * cols, 1.0f);
     float *dx = dalloc((uint64_t)R * cols * 4);
     up(dx, x, (uint64_t)R * cols * 4);
-    void *ds = dalloc(em_gpu_act_bytes(EM_TYPE_Q8_0, cols, R));
+    const int launch_type = mixed ? EM_TYPE_Q8_0 : types[0]; /* a mix takes Q8_0 rows (carrying the F32 ones) */
+    const uint64_t sb = em_gpu_act_bytes(launch_type, cols, R);
+    void *ds = sb ? dalloc(sb) : NULL;
     int differ = 0, widths = 0;
     for (int n = 1; n <= R; n += n < 4 ? 1 : 4) {
-        em_gpu_act q8, f32;
-        TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dx, cols, cols, n, ds, &q8, &E));
+        em_gpu_act act, f32;
+        TRY(name, em_gpu_act_prepare(G, launch_type, dx, cols, cols, n, ds, &act, &E));
         TRY(name, em_gpu_act_prepare(G, EM_TYPE_F32, dx, cols, cols, n, NULL, &f32, &E));
         em_gpu_mm_out outs[4];
         for (int i = 0; i < 4; i++) {
             poison(dy[i], (uint64_t)R * rows[i] * 4), poison(d1[i], (uint64_t)R * rows[i] * 4);
             outs[i] = (em_gpu_mm_out){ &gm[i], dy[i], rows[i] };
-            TRY(name, em_gpu_matmul(G, &gm[i], types[i] == EM_TYPE_Q8_0 ? &q8 : &f32, d1[i], rows[i], &E));
+            const em_gpu_act *own = em_gpu_act_type(types[i]) == act.type ? &act : &f32;
+            TRY(name, em_gpu_matmul(G, &gm[i], own, d1[i], rows[i], &E));
         }
-        TRY(name, em_gpu_matmul_multi(G, outs, 4, &q8, &E));
+        TRY(name, em_gpu_matmul_multi(G, outs, 4, &act, &E));
         for (int i = 0; i < 4; i++) {
             const uint64_t b = (uint64_t)R * rows[i] * 4;
             float *a = xmalloc(b), *c = xmalloc(b);
@@ -1111,15 +1062,20 @@ static void test_matmul_mixed(void) {
     }
     record(name, differ == 0, "%d of %d outputs differ from their own em_gpu_matmul (n = 1, 2, 3, 4, 8, 12, 16)", differ,
            4 * widths);
-    em_gpu_mat bf;
-    void *hb = make_weights(EM_TYPE_BF16, 64, cols, 0.05f);
-    TRY(name, em_gpu_mat_upload(G, EM_TYPE_BF16, 64, cols, hb, "bf16", &bf, &E));
-    em_gpu_act q8;
-    TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dx, cols, cols, 1, ds, &q8, &E));
-    const em_gpu_mm_out bad[2] = { { &gm[0], dy[0], rows[0] }, { &bf, dy[1], 64 } };
-    const int rc = em_gpu_matmul_multi(G, bad, 2, &q8, &E);
-    record("matmul multi: q8_0 + bf16 refused", rc == EM_EINVAL && strstr(E.msg, "share a type"), "%s", E.msg);
-    em_gpu_mat_free(G, &bf), free(hb);
+    em_gpu_act act;
+    TRY(name, em_gpu_act_prepare(G, launch_type, dx, cols, cols, 1, ds, &act, &E));
+    em_gpu_mm_out bad[2] = { { &gm[0], dy[0], rows[0] }, { &gm[3], dy[3], rows[3] - 1 } };
+    int rc = em_gpu_matmul_multi(G, bad, 2, &act, &E);
+    record("matmul multi: short ldy refused", rc == EM_EINVAL && strstr(E.msg, "ldy"), "%s", E.msg);
+    if (mixed) {
+        em_gpu_mat bf;
+        void *hb = make_weights(EM_TYPE_BF16, 64, cols, 0.05f);
+        TRY(name, em_gpu_mat_upload(G, EM_TYPE_BF16, 64, cols, hb, "bf16", &bf, &E));
+        bad[1] = (em_gpu_mm_out){ &bf, dy[1], 64 };
+        rc = em_gpu_matmul_multi(G, bad, 2, &act, &E);
+        record("matmul multi: q8_0 + bf16 refused", rc == EM_EINVAL && strstr(E.msg, "share a type"), "%s", E.msg);
+        em_gpu_mat_free(G, &bf), free(hb);
+    }
     for (int i = 0; i < 4; i++) em_gpu_mat_free(G, &gm[i]), em_gpu_free(G, dy[i]), em_gpu_free(G, d1[i]), free(hw[i]);
     em_gpu_free(G, dx), em_gpu_free(G, ds);
     free(x);
@@ -1596,10 +1552,18 @@ static void test_all_but_moe(void) {
     test_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN); /* the LM head */
     test_matmul(EM_TYPE_Q8_0, 1001, 512);     /* rows not a multiple of a warp's 4 outputs */
     test_matmul(EM_TYPE_BF16, 1003, 512);
-    test_matmul_multi(EM_TYPE_Q8_0);
-    test_matmul_multi(EM_TYPE_F32);
-    test_matmul_multi(EM_TYPE_Q4_K);
-    test_matmul_mixed();
+    {
+        const int one[][4] = { { EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_Q8_0 },
+                               { EM_TYPE_F32, EM_TYPE_F32, EM_TYPE_F32, EM_TYPE_F32 },
+                               { EM_TYPE_Q4_K, EM_TYPE_Q4_K, EM_TYPE_Q4_K, EM_TYPE_Q4_K } };
+        const int mix[4] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_F32, EM_TYPE_Q8_0 };
+        for (int t = 0; t < 3; t++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "matmul multi %s (4 products)", em_type_name(one[t][0]));
+            test_matmul_multi(one[t], nm);
+        }
+        test_matmul_multi(mix, "matmul multi q8_0 + f32 (4 products)");
+    }
     test_add_rmsnorm();
     test_rmsnorm("rmsnorm 16x2304", R, HIDDEN);
     test_rmsnorm("rmsnorm 16x32 heads of 128", R * KDA_HEADS, KDA_DIM);

@@ -62,7 +62,8 @@ ctype=$(curl -s -o /dev/null -w '%{content_type}' "$A_URL/metrics")
 check "/metrics is Prometheus text ($ctype)" test "${ctype%%;*}" = text/plain
 mtext=$(curl -s "$A_URL/metrics")
 for m in requests_total prompt_tokens_total prompt_seconds_total tokens_predicted_total tokens_predicted_seconds_total \
-    spec_passes_total spec_drafted_total spec_accepted_total expert_bytes_read_total expert_cache_hits_total \
+    spec_passes_total spec_drafted_total spec_accepted_total spec_draft_seconds_total expert_bytes_read_total \
+    expert_cache_hits_total \
     expert_bytes_read_generating_total \
     requests_processing requests_deferred; do
     check "/metrics has ember_$m with HELP and TYPE" bash -c 'grep -q "^ember_$1 [0-9]" <<<"$2" && grep -q "^# TYPE ember_$1 " <<<"$2"' _ "$m" "$mtext"
@@ -120,6 +121,8 @@ n_prompt=$("$EMBER_BIN" tokenize -m "$MODEL" -p '<|im_system|>system<|im_middle|
 check "chat usage: prompt tokens as the chat format encodes ($n_prompt), 6 completion tokens" jqc --argjson n "$n_prompt" '.usage.prompt_tokens == $n and .usage.completion_tokens == 6 and .usage.total_tokens == $n + 6' <<<"$resp"
 check "chat timings: llama-server's fields" jqc '.timings | .prompt_n == .prompt_n and .predicted_n == 6 and .prompt_per_second > 0 and .predicted_per_second >= 0 and .prompt_ms > 0 and .draft_n == 0 and .draft_n_accepted == 0 and (.cache_n | type) == "number"' <<<"$resp"
 check "chat timings: prompt_n equals usage.prompt_tokens" jqc '.timings.prompt_n == .usage.prompt_tokens' <<<"$resp"
+check "chat timings: the devices (cpu target, no drafter), draft_ms 0" jqc '.timings | .device == "cpu" and .draft_device == null and .draft_ms == 0' <<<"$resp"
+check "/metrics: ember_device_info names the target and no drafter" bash -c 'curl -s --max-time 5 "$1/metrics" | grep -qx "ember_device_info{target=\"cpu\",drafter=\"none\"} 1"' _ "$A_URL"
 resp=$(post "$A_URL/v1/completions" '{"prompt":"Hello","max_completion_tokens":3,"temperature":0,"ignore_eos":true}')
 check "completion response: text_completion, cmpl- id, finish length, 3 tokens" jqc '(.id | startswith("cmpl-")) and .object == "text_completion" and (.choices[0].text | type) == "string" and .choices[0].finish_reason == "length" and .usage.completion_tokens == 3' <<<"$resp"
 resp=$(post "$A_URL/v1/completions" '{"prompt":"Hello","max_tokens":3,"temperature":0.9,"top_k":5,"top_p":0.9,"min_p":0.01,"seed":42}')
@@ -371,6 +374,10 @@ if timeout 120 "$EMBER_BIN" convert "$EMBER_SRC/tests/fixtures/dspark_deepspec" 
     check "--draft: timings count drafts (draft_n > 0, accepted <= drafted)" jqc '.timings.draft_n > 0 and .timings.draft_n_accepted <= .timings.draft_n' <<<"$resp"
     drafted=$(metric "$C_URL" ember_spec_drafted_total)
     check "--draft: /metrics counts drafts ($drafted)" bash -c '[ "${1%%.*}" -gt 0 ]' _ "${drafted:-0}"
+    check "--draft: timings name the drafter's device and time" jqc '.timings.draft_device == "cpu" and .timings.draft_ms > 0' <<<"$resp"
+    dsec=$(metric "$C_URL" ember_spec_draft_seconds_total)
+    check "--draft: /metrics counts the drafter's seconds ($dsec) and its device" bash -c 'awk "BEGIN { exit !($1 > 0) }" && curl -s --max-time 5 "$2/metrics" | grep -qx "ember_device_info{target=\"cpu\",drafter=\"cpu\"} 1"' _ "${dsec:-0}" "$C_URL"
+    check "--draft: /props names the drafter's device" jqc '.speculative.draft_device == "cpu" and .device == "cpu"' <<<"$(curl -s --max-time 5 "$C_URL/props")"
     srv_stop C
 else
     bad "cannot convert the drafter fixture"

@@ -234,6 +234,7 @@ static int load(loader *L, em_err *err) {
     em_decode_opts so = em_model_flags_decode_opts(&L->o->mf, L->tok, L->drafter);
     if ((rc = em_decode_create(&L->spec, L->target, &so, err))) return rc;
     L->m.draft = L->o->mf.draft;
+    L->m.draft_device = L->drafter ? em_draft_get_info(L->drafter)->device : NULL;
     const char *slash = strrchr(path, '/');
     L->m.id = L->o->alias ? L->o->alias : slash ? slash + 1 : path;
     L->m.path = path;

@@ -55,6 +55,7 @@ typedef struct em_draft_info {
                              bias), at the same rates: a block stopped after k slots costs
                              block_seconds + k * slot_seconds */
     int64_t n_ctx;       /* context rows held (read-only for callers) */
+    const char *device;  /* where it runs: "cpu" (static string) */
 } em_draft_info;
 
 /* ---- the schedule's keep test (schedule.c), as plain data ------------------------------------

@@ -584,6 +584,7 @@ static int load_all(loader *L, const em_draft_opts *o, em_err *err) {
     em_draft_info *info = &s->base.info;
     int rc;
     if ((rc = read_hparams(L, err)) || (rc = read_taps(W, info, err))) return rc;
+    info->device = "cpu";
     info->block_size = hp->block;
     info->n_drafts = hp->block - hp->slot0;
     info->n_vocab = hp->vocab;

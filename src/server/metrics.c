@@ -53,7 +53,15 @@ void em_srv_metrics_generation(em_srv_metrics *m, const em_decode_result *r, int
     m->c.passes += r->passes;
     m->c.drafted += r->drafted;
     m->c.accepted += r->accepted;
+    m->c.draft_seconds += r->draft_seconds;
     m->c.expert_gen_bytes_read += r->gen_bytes_read;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void em_srv_metrics_devices(em_srv_metrics *m, const char *device, const char *draft_device) {
+    pthread_mutex_lock(&m->mu);
+    snprintf(m->device, sizeof m->device, "%s", device ? device : "");
+    snprintf(m->draft_device, sizeof m->draft_device, "%s", draft_device ? draft_device : "");
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -101,6 +109,15 @@ static void put(out *o, const char *fmt, ...) {
     }
 }
 
+/* A label value, escaped as the text format asks (backslash, double quote, newline). */
+static void label(out *o, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') put(o, "\\%c", *v);
+        else if (*v == '\n') put(o, "\\n");
+        else put(o, "%c", *v);
+    }
+}
+
 static void counter(out *o, const char *name, const char *help, double v) {
     put(o, "# HELP ember_%s %s\n# TYPE ember_%s counter\nember_%s %.17g\n", name, help, name, name, v);
 }
@@ -115,6 +132,8 @@ char *em_srv_metrics_render(em_srv_metrics *m, int queued, int processing, bool 
     o.buf[0] = 0;
     pthread_mutex_lock(&m->mu);
     em_srv_counters c = m->c; /* a consistent snapshot */
+    char device[sizeof m->device], draft_device[sizeof m->draft_device];
+    memcpy(device, m->device, sizeof device), memcpy(draft_device, m->draft_device, sizeof draft_device);
     pthread_mutex_unlock(&m->mu);
 
     put(&o, "# HELP ember_http_responses_total HTTP responses by endpoint and status class.\n"
@@ -140,6 +159,16 @@ char *em_srv_metrics_render(em_srv_metrics *m, int queued, int processing, bool 
     counter(&o, "spec_passes_total", "Target passes (verify calls) of the decode loop.", (double)c.passes);
     counter(&o, "spec_drafted_total", "Draft tokens proposed for verification.", (double)c.drafted);
     counter(&o, "spec_accepted_total", "Draft tokens accepted by the target.", (double)c.accepted);
+    counter(&o, "spec_draft_seconds_total", "Seconds in the drafter (proposals and its context), on its device.",
+            c.draft_seconds);
+    if (device[0]) { /* known once the model is loaded */
+        put(&o, "# HELP ember_device_info Where the target and the drafter run (drafter \"none\": plain decoding).\n"
+                "# TYPE ember_device_info gauge\nember_device_info{target=\"");
+        label(&o, device);
+        put(&o, "\",drafter=\"");
+        label(&o, draft_device[0] ? draft_device : "none");
+        put(&o, "\"} 1\n");
+    }
     counter(&o, "expert_bytes_read_total", "Bytes of routed experts read from storage.", (double)c.expert_bytes_read);
     counter(&o, "expert_cache_hits_total", "Routed-expert lookups served from the expert cache.", (double)c.expert_hits);
     counter(&o, "expert_cache_misses_total", "Routed-expert lookups that read storage.", (double)c.expert_misses);

@@ -582,6 +582,10 @@ static json_t *timings_json(const em_srv_stats *st) {
     json_object_set_new(t, "predicted_per_second", json_real(st->gen_s > 0 ? after_first / st->gen_s : 0.0));
     json_object_set_new(t, "draft_n", json_integer((json_int_t)st->drafted));
     json_object_set_new(t, "draft_n_accepted", json_integer((json_int_t)st->accepted));
+    /* Ember's own: where the target and the drafter ran, and the drafter's time */
+    json_object_set_new(t, "draft_ms", json_real(st->draft_s * 1e3));
+    json_object_set_new(t, "device", st->device ? json_string(st->device) : json_null());
+    json_object_set_new(t, "draft_device", st->draft_device ? json_string(st->draft_device) : json_null());
     return t;
 }
 
@@ -667,15 +671,17 @@ char *em_srv_props_json(const em_server *s) {
                                "top_k", d.top_k, "top_p", (double)d.top_p, "min_p", (double)d.min_p, "seed", -1,
                                "n_predict", -1, "stop", "ignore_eos", 0);
     json_t *gen = params ? json_pack("{s:i, s:o}", "n_ctx", m->info.n_ctx, "params", params) : NULL;
-    json_t *spec = json_pack("{s:o}", "draft", s->draft ? json_string(s->draft) : json_null());
+    json_t *spec = json_pack("{s:o, s:o}", "draft", s->draft ? json_string(s->draft) : json_null(), "draft_device",
+                             s->draft_device ? json_string(s->draft_device) : json_null());
     if (!gen || !spec) {
         json_decref(gen);
         json_decref(spec);
         return NULL;
     }
-    json_t *root = json_pack("{s:o, s:i, s:i, s:s, s:s, s:s, s:o, s:{s:b, s:b}, s:s}", "default_generation_settings",
-                             gen, "total_slots", 1, "queue", s->opts.queue < 0 ? 0 : s->opts.queue, "model_path",
-                             s->model_path, "model_alias", s->model_id, "chat_template",
+    json_t *root = json_pack("{s:o, s:i, s:i, s:s, s:s, s:s, s:s, s:o, s:{s:b, s:b}, s:s}",
+                             "default_generation_settings", gen, "total_slots", 1, "queue",
+                             s->opts.queue < 0 ? 0 : s->opts.queue, "model_path", s->model_path, "model_alias",
+                             s->model_id, "device", s->device ? s->device : "", "chat_template",
                              s->chat_template ? s->chat_template : "", "speculative", spec, "modalities", "vision", 0,
                              "audio", 0, "build_info", s->opts.build_info);
     return dump(root);

@@ -37,6 +37,8 @@ static void free_server(em_server *s) {
     free(s->model_path);
     free(s->chat_template);
     free(s->draft);
+    free(s->device);
+    free(s->draft_device);
     free(s);
 }
 
@@ -93,12 +95,18 @@ int em_server_set_model(em_server *s, const em_server_model *m, em_err *err) {
     s->model_path = utf8_copy(m->path);
     s->chat_template = utf8_copy(m->chat_template);
     s->draft = utf8_copy(m->draft);
-    if (!s->model_id || !s->model_path || (m->chat_template && !s->chat_template) || (m->draft && !s->draft))
+    s->device = utf8_copy(m->info.device);
+    s->draft_device = utf8_copy(m->draft_device);
+    if (!s->model_id || !s->model_path || (m->chat_template && !s->chat_template) || (m->draft && !s->draft) ||
+        (m->info.device && !s->device) || (m->draft_device && !s->draft_device))
         return em_err_set(err, EM_ENOMEM, "serve: out of memory");
     s->model.id = s->model_id;
     s->model.path = s->model_path;
     s->model.chat_template = s->chat_template;
     s->model.draft = s->draft;
+    s->model.info.device = s->device;
+    s->model.draft_device = s->draft_device;
+    em_srv_metrics_devices(&s->metrics, s->device, s->draft_device);
     s->mctx = (em_srv_model_ctx){ .tok = m->tok, .id = s->model_id, .path = s->model_path, .n_ctx = m->info.n_ctx };
     int rc = em_srv_worker_start(s, err);
     if (rc) return rc;

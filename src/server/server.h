@@ -70,6 +70,7 @@ typedef struct em_server_model {
     uint64_t size;             /* bytes of tensor data */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
     const char *draft;         /* the drafter model, or NULL (plain decoding) */
+    const char *draft_device;  /* where the drafter runs ("cpu"), or NULL */
 } em_server_model;
 
 int em_server_start(em_server **out, const em_server_opts *opts, em_err *err);

@@ -79,6 +79,9 @@ typedef struct em_srv_stats {
     int n_prompt, n_gen;
     double prompt_s, gen_s;
     uint64_t drafted, accepted;
+    double draft_s;            /* in the drafter (proposals and its context) */
+    const char *device;        /* where the target runs, or NULL */
+    const char *draft_device;  /* where the drafter runs, or NULL: no drafter */
 } em_srv_stats;
 
 /* Finish reasons clients see. */
@@ -147,6 +150,7 @@ typedef struct em_srv_counters {
     uint64_t prompt_tokens, gen_tokens;
     double prompt_seconds, gen_seconds;
     uint64_t passes, drafted, accepted;
+    double draft_seconds;
     uint64_t expert_bytes_read, expert_hits, expert_misses;
     uint64_t expert_gen_bytes_read;   /* of those, read while generating (after prompts) */
 } em_srv_counters;
@@ -154,6 +158,7 @@ typedef struct em_srv_counters {
 typedef struct em_srv_metrics {
     pthread_mutex_t mu;
     em_srv_counters c;
+    char device[96], draft_device[96]; /* where the target and the drafter run ("": not known, none) */
 } em_srv_metrics;
 
 void em_srv_metrics_init(em_srv_metrics *m);
@@ -164,6 +169,8 @@ void em_srv_metrics_rejected(em_srv_metrics *m);
 void em_srv_metrics_generation(em_srv_metrics *m, const em_decode_result *r, int n_gen, bool cancelled);
 /* The target's routed-expert counters (totals since it was opened); call from the worker. */
 void em_srv_metrics_experts(em_srv_metrics *m, const em_target *t);
+/* Where the target and the drafter (NULL: none) run, for ember_device_info. */
+void em_srv_metrics_devices(em_srv_metrics *m, const char *device, const char *draft_device);
 /* The Prometheus text exposition (free()); queued/processing are gauges read by the caller. */
 char *em_srv_metrics_render(em_srv_metrics *m, int queued, int processing, bool ready);
 
@@ -228,7 +235,7 @@ struct em_server {
     bool stopping;            /* under mu */
     bool stopped;             /* em_server_stop ran */
     em_server_model model;    /* strings are the copies below */
-    char *model_id, *model_path, *chat_template, *draft;
+    char *model_id, *model_path, *chat_template, *draft, *device, *draft_device;
     em_srv_model_ctx mctx;
     em_srv_job *head, *tail;  /* queued jobs */
     int n_queued;

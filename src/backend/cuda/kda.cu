@@ -1,7 +1,9 @@
 /* backend/cuda/kda.cu: the KDA recurrent core on the device (gpu.h, "KDA"), model/kda.c's
  * twin: conv + SiLU + L2 norms + gates per (row, head) block; the delta rule with one thread
  * per value column of a head's state, the column's D floats in registers; the gated RMSNorm
- * per (row, head); the ReplaySSM commit (window advance, replay in place).
+ * per (row, head), with the output's Q8_0 activations; narrow forwards (up to 4 rows) in one
+ * launch of a block per head; the ReplaySSM commit (window advance, replay in place) of any
+ * number of layers in one launch.
  *
  * Invariants:
  * - The forward never writes the committed state (S is read into registers, not written back).

@@ -6,6 +6,8 @@
 #
 #   - ember bench --json: one JSON object with the settings given, `reps` runs of prompt and
 #     decode rates, all positive, min <= median <= max; --verify-width 3 reports rows/s;
+#     --verify-width 5 --commit 3 (a replayed pass at tau 3) reports tok/s and, with experts on
+#     storage, bytes per committed token; --commit above the width exits 2;
 #     -n 0 has no decode entry; prompts longer than the model's default context work;
 #   - the text table has a prompt and a decode line;
 #   - bad flags exit 2, a missing model exits 1;
@@ -37,17 +39,20 @@ grep -q '"mla_use_nope"' "$W/ckpt/config.json" && pass || fail "config.json"
 # MLA every 4th layer: layer 3 (the last) only
 grep -q '"full_attn_layers": \[4\]' "$W/ckpt/config.json" && pass || fail "full_attn_layers: $(grep -o '"full_attn_layers": [^]]*]' "$W/ckpt/config.json")"
 
-# check_json FILE ENGINE REPS WIDTH NGEN: the fields and the ordering of the statistics
+# check_json FILE ENGINE REPS WIDTH NGEN [COMMIT]: the fields and the ordering of the statistics
 check_json() {
     python3 - "$@" <<'EOF'
 import json, sys
 path, engine, reps, width, n_gen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+commit = int(sys.argv[6]) if len(sys.argv) > 6 else width
 lines = [l for l in open(path) if l.strip()]
 assert len(lines) == 1, f"{len(lines)} lines"
 o = json.loads(lines[0])
 assert o["engine"] == engine, o["engine"]
 assert o["reps"] == reps and o["verify_width"] == width and o["n_gen"] == n_gen and o["threads"] == 2, o
-metrics = [("prompt", "tok/s")] + ([("decode", "tok/s" if width == 1 else "rows/s")] if n_gen > 0 else [])
+if engine == "ember":
+    assert o["commit"] == commit, o["commit"]
+metrics = [("prompt", "tok/s")] + ([("decode", "tok/s" if width == 1 or commit < width else "rows/s")] if n_gen > 0 else [])
 if n_gen == 0:
     assert "decode" not in o, "decode reported for -n 0"
 for key, unit in metrics:
@@ -82,6 +87,14 @@ EOF
     pass || fail "ember bench --phases: $(cat "$W/e6.txt")"
 "$EMBER" bench -m "$W/tiny.gguf" "${B[@]}" --verify-width 3 --json >"$W/e2.json" 2>"$W/e2.err" &&
     check_json "$W/e2.json" ember 2 3 4 && pass || fail "ember bench --verify-width 3: $(cat "$W/e2.json")"
+# a replayed speculative pass at tau 3: 5 rows verified, 3 committed, experts from storage
+"$EMBER" bench -m "$W/tiny.gguf" "${B[@]}" --verify-width 5 --commit 3 --moe-storage ssd --expert-cache 512K --json \
+    >"$W/e7.json" 2>"$W/e7.err" && check_json "$W/e7.json" ember 2 5 4 3 &&
+    python3 -c 'import json, sys; o = json.load(open(sys.argv[1])); b = o["storage_bytes_per_row"]; assert b["unit"] == "bytes" and all(v > 0 for v in b["runs"]), b' "$W/e7.json" &&
+    pass || fail "ember bench --verify-width 5 --commit 3: $(cat "$W/e7.json" "$W/e7.err")"
+"$EMBER" bench -m "$W/tiny.gguf" --verify-width 3 --commit 4 >/dev/null 2>"$W/e8.err"
+check "exit of --commit above --verify-width" 2 $?
+grep -q "commits at most" "$W/e8.err" && pass || fail "--commit message: $(cat "$W/e8.err")"
 "$EMBER" bench -m "$W/tiny.gguf" -p 40 -n 0 --threads 2 --reps 3 --json >"$W/e3.json" 2>"$W/e3.err" &&
     check_json "$W/e3.json" ember 3 1 0 && pass || fail "ember bench -n 0: $(cat "$W/e3.json")"
 "$EMBER" bench -m "$W/tiny.gguf" -p 4200 -n 2 --threads 2 --reps 1 --warmup 0 >"$W/e4.txt" 2>&1 &&

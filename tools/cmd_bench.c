@@ -3,7 +3,11 @@
  * P token ids (pseudo-random from --seed, the same every repetition; timed), then runs N
  * decode steps of verify(W) + commit(W) (W = --verify-width, default 1: plain decoding;
  * timed), each step's first token the greedy pick of the previous step's last row and the
- * other W-1 pseudo-random. Prints min / median / max over the repetitions of prompt tok/s
+ * other W-1 pseudo-random. With --commit C < W a step models a speculative pass that commits C
+ * tokens (tau C): its first C rows replay a plain greedy run made before (the anchor and C - 1
+ * drafts the target accepts), the other W - C are pseudo-random (rejected drafts), and the
+ * step commits C; each step checks that the target's pick after its C rows is the greedy run's
+ * next token (verify rows equal single steps). Prints min / median / max over the repetitions of prompt tok/s
  * and decode tok/s (W > 1: verified rows/s). Untimed warm-up repetitions first fault the
  * mapped weights in. tests/compat/llama_ref.c `bench` runs the same protocol through
  * llama.cpp (the token ids come from the same generator). With routed experts on storage
@@ -27,7 +31,7 @@
 
 static const char bench_usage[] =
     "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--warmup K]\n"
-    "                   [--verify-width W] [--ubatch U] [--seed S] [--json] [--phases]\n"
+    "                   [--verify-width W] [--commit C] [--ubatch U] [--seed S] [--json] [--phases]\n"
     "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE] [--device D]\n"
     "\n"
     "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
@@ -42,11 +46,15 @@ static const char bench_usage[] =
     "      --reps R           timed repetitions (default 3)\n"
     "      --warmup K         untimed repetitions first (default 1)\n"
     "      --verify-width W   rows per decode step (default 1)\n"
+    "      --commit C         rows a step commits (1..W, default W): a speculative pass at tau C,\n"
+    "                         its first C rows replaying a plain greedy run, the rest rejected\n"
+    "                         (decode tok/s and storage bytes per committed token)\n"
     "      --ubatch U         rows per prefill step (default: the model's, 128)\n"
     "      --seed S           seed of the prompt's token ids (default 1)\n"
     "      --moe-storage M    where routed experts live (default auto; ssd: read on demand)\n"
     "      --expert-cache SIZE  the expert cache budget with ssd (e.g. 512M; default: automatic)\n"
-    "                         with ssd the decode line is followed by storage bytes per row\n"
+    "                         with ssd the decode line is followed by storage bytes per\n"
+    "                         committed row\n"
     "      --device D         cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n"
     "      --phases           also print where a decode step's time goes (a CPU target's phases)\n"
     "      --json             one JSON object on stdout instead of the table (phases included)\n";
@@ -55,7 +63,7 @@ static const char bench_usage[] =
 
 typedef struct bench_opts {
     const char *model;
-    int n_prompt, n_gen, n_threads, reps, warmup, width, ubatch;
+    int n_prompt, n_gen, n_threads, reps, warmup, width, commit, ubatch;
     unsigned long long seed;
     bool json, phases;
     int moe_storage;            /* enum em_moe_storage */
@@ -113,11 +121,51 @@ typedef struct bench_probe {
     em_mmap map;
 } bench_probe;
 
+/* One decode step: block[0] is the anchor; rows 1..C-1 the replayed run's next tokens (ref,
+ * from the anchor's index on) when replaying, and the rest pseudo-random; verify W, commit C,
+ * and the next anchor: the pick after row C - 1 (replaying: checked against ref). */
+static int bench_step(em_target *t, const bench_opts *o, const int32_t *ref, int64_t at, uint64_t *s, int32_t *block,
+                      float *logits, em_err *err) {
+    const int V = em_target_get_info(t)->n_vocab, W = o->width, C = o->commit;
+    for (int j = 1; j < W; j++) block[j] = ref && j < C ? ref[at + j] : next_token(s, V);
+    em_rows all = { .logits = logits };
+    int rc = em_target_verify(t, block, W, &all, err);
+    if (!rc) rc = em_target_commit(t, C, err);
+    if (rc) return rc;
+    block[0] = argmax(logits + (int64_t)(C - 1) * V, V);
+    if (ref && block[0] != ref[at + C])
+        return em_err_set(err, EM_EINVAL, "the pick after %d verified rows is token %d, the plain run's %d (a verify "
+                          "row differs from a single step)", C, block[0], ref[at + C]);
+    return EM_OK;
+}
+
+/* The plain greedy run a --commit < W bench replays: the pick after the prompt, then n_gen x C
+ * one-row steps (untimed; before the warm-up, which leaves the expert cache as the replay
+ * leaves it). ref holds n_gen x C + 1 ids. */
+static int reference_run(em_target *t, const bench_opts *o, const int32_t *prompt, float *logits, int32_t *ref,
+                         em_err *err) {
+    const int V = em_target_get_info(t)->n_vocab;
+    em_target_reset(t);
+    em_rows last = { .logits = logits, .last_only = true };
+    int rc = em_target_prefill(t, prompt, o->n_prompt, &last, err);
+    if (rc) return em_err_prefix(err, "the plain run for --commit");
+    ref[0] = argmax(logits, V);
+    const int64_t n = (int64_t)o->n_gen * o->commit;
+    for (int64_t i = 0; i < n; i++) {
+        em_rows one = { .logits = logits };
+        if ((rc = em_target_verify(t, &ref[i], 1, &one, err)) || (rc = em_target_commit(t, 1, err)))
+            return em_err_prefix(err, "the plain run for --commit, token %lld", (long long)i);
+        ref[i + 1] = argmax(logits, V);
+    }
+    return EM_OK;
+}
+
 /* Reset, timed prefill, timed decode steps, then the read of as many bytes as the steps
- * streamed (when pr->pool). logits holds [width][n_vocab]. */
-static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, float *logits,
+ * streamed (when pr->pool). logits holds [width][n_vocab]; ref: the plain run a --commit
+ * below the width replays (else NULL). */
+static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, const int32_t *ref, float *logits,
                       bench_probe *pr, bool timed, bench_rep *r, em_err *err) {
-    const int V = em_target_get_info(t)->n_vocab, W = o->width;
+    const int V = em_target_get_info(t)->n_vocab;
     em_target_reset(t);
     em_rows last = { .logits = logits, .last_only = true };
     double t0 = em_time_now();
@@ -129,14 +177,11 @@ static int bench_once(em_target *t, const bench_opts *o, const int32_t *prompt, 
     uint64_t s = o->seed ^ 0x9E3779B97F4A7C15ull; /* the extra rows of a wide verify */
     int32_t block[256];
     block[0] = argmax(logits, V);
-    em_rows all = { .logits = logits };
+    if (ref && block[0] != ref[0]) return em_err_set(err, EM_EINVAL, "the prompt's pick differs from the plain run's");
     if (pr->phases && (rc = em_target_phases_enable(t, true, err))) return rc;
-    for (int i = 0; i < o->n_gen; i++) {
-        for (int j = 1; j < W; j++) block[j] = next_token(&s, V);
-        if ((rc = em_target_verify(t, block, W, &all, err)) || (rc = em_target_commit(t, W, err)))
+    for (int i = 0; i < o->n_gen; i++)
+        if ((rc = bench_step(t, o, ref, (int64_t)i * o->commit, &s, block, logits, err)))
             return em_err_prefix(err, "decode step %d", i);
-        block[0] = argmax(logits + (int64_t)(W - 1) * V, V);
-    }
     double t2 = em_time_now();
     em_target_phase ph[EM_PHASES_MAX];
     const int n_ph = pr->phases ? em_target_phases(t, ph, EM_PHASES_MAX) : 0;
@@ -196,7 +241,8 @@ static void print_metric(const char *name, int count, const char *what, const ch
            s.median, s.max);
 }
 
-/* Per repetition: prompt tok/s, decode tok/s (or rows/s), storage bytes and hit rate per row,
+/* Per repetition: prompt tok/s, decode tok/s (or rows/s), storage bytes per committed row and
+ * the hit rate,
  * the decode's weight GB/s and the read reference's GB/s. */
 typedef struct bench_results {
     double *pp, *tg, *bpr, *hit, *mem, *read;
@@ -237,11 +283,11 @@ static int report(const bench_opts *o, const em_target *t, const bench_probe *pr
     for (int i = 0; roof && i < o->reps; i++) roof = res->read[i] > 0;
     const double steps = (double)o->n_gen * o->reps;
     const em_target_info *info = em_target_get_info(t);
-    const char *unit = o->width == 1 ? "tok/s" : "rows/s";
+    const char *unit = o->width == 1 || o->commit < o->width ? "tok/s" : "rows/s";
     if (o->json) {
-        json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:o}", "engine",
+        json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:o}", "engine",
                                  "ember", "model", o->model, "arch", info->arch, "device", info->device, "threads", o->n_threads,
-                                 "n_prompt", o->n_prompt, "n_gen", o->n_gen, "verify_width", o->width,
+                                 "n_prompt", o->n_prompt, "n_gen", o->n_gen, "verify_width", o->width, "commit", o->commit,
                                  "reps", o->reps, "warmup", o->warmup, "n_vocab", info->n_vocab, "seed",
                                  (json_int_t)o->seed, "prompt", json_metric("tok/s", res->pp, o->reps));
         if (root && o->n_gen > 0) json_object_set_new(root, "decode", json_metric(unit, res->tg, o->reps));
@@ -272,7 +318,8 @@ static int report(const bench_opts *o, const em_target *t, const bench_probe *pr
     print_metric("prompt", o->n_prompt, "tokens", "tok/s", res->pp, o->reps);
     if (o->n_gen > 0) {
         char name[32];
-        snprintf(name, sizeof name, o->width == 1 ? "decode" : "verify%d", o->width);
+        if (o->commit < o->width) snprintf(name, sizeof name, "tau%d/w%d", o->commit, o->width);
+        else snprintf(name, sizeof name, o->width == 1 ? "decode" : "verify%d", o->width);
         print_metric(name, o->n_gen, "steps", unit, res->tg, o->reps);
     }
     if (roof) {
@@ -280,7 +327,7 @@ static int report(const bench_opts *o, const em_target *t, const bench_probe *pr
         print_metric("read", o->n_gen, "steps", "GB/s", res->read, o->reps);
     }
     if (ssd) {
-        print_metric("storage", o->n_gen, "steps", "KiB/row", res->bpr, o->reps);
+        print_metric("storage", o->n_gen, "steps", o->commit < o->width ? "KiB/tok" : "KiB/row", res->bpr, o->reps);
         print_metric("hits", o->n_gen, "steps", "%", res->hit, o->reps);
     }
     if (o->phases && pr->n_phases > 0 && o->n_gen > 0) print_phases(pr, steps);
@@ -328,6 +375,11 @@ static int run_bench(bench_opts *o, em_err *err) {
     int32_t *prompt = em_malloc((size_t)o->n_prompt * sizeof *prompt, "prompt ids", err);
     float *logits = em_malloc((size_t)o->width * (size_t)V * sizeof *logits, "logits", err);
     double *all = em_calloc(6 * (size_t)o->reps, sizeof *all, "results", err);
+    int32_t *ref = NULL; /* the plain run a --commit below the width replays */
+    if (!rc && o->commit < o->width) {
+        ref = em_malloc(((size_t)o->n_gen * (size_t)o->commit + 1) * sizeof *ref, "the plain run's ids", err);
+        if (!ref) rc = EM_ENOMEM;
+    }
     bench_results res = { 0 };
     if (all)
         res = (bench_results){ all, all + o->reps, all + 2 * o->reps, all + 3 * o->reps, all + 4 * o->reps,
@@ -335,13 +387,14 @@ static int run_bench(bench_opts *o, em_err *err) {
     if (!rc && (!prompt || !logits || !all)) rc = EM_ENOMEM;
     uint64_t s = o->seed ? o->seed : 1;
     for (int i = 0; !rc && i < o->n_prompt; i++) prompt[i] = next_token(&s, V);
+    if (!rc && ref) rc = reference_run(t, o, prompt, logits, ref, err);
     for (int i = 0; !rc && i < o->warmup + o->reps; i++) {
         bench_rep r = { 0 };
         const int k = i - o->warmup;
-        rc = bench_once(t, o, prompt, logits, &pr, k >= 0, &r, err);
+        rc = bench_once(t, o, prompt, ref, logits, &pr, k >= 0, &r, err);
         if (rc) em_err_prefix(err, "repetition %d", i);
-        else if (k >= 0) {
-            const double rows = (double)o->n_gen * o->width, looked = r.hits + r.misses;
+        else if (k >= 0) { /* rates per committed row */
+            const double rows = (double)o->n_gen * o->commit, looked = r.hits + r.misses;
             res.pp[k] = o->n_prompt / r.prompt_s;
             res.tg[k] = r.decode_s > 0 ? rows / r.decode_s : 0.0;
             /* JSON: bytes per row; the table: KiB per row, hit rate in % */
@@ -354,6 +407,7 @@ static int run_bench(bench_opts *o, em_err *err) {
     int status = rc ? -1 : report(o, t, &pr, &res);
     probe_close(&pr);
     free(all);
+    free(ref);
     free(prompt);
     free(logits);
     em_target_close(t);
@@ -399,7 +453,7 @@ static int bench_main(int argc, char **argv) {
             { "-p", "--n-prompt", &o.n_prompt, 1, 1 << 24 }, { "-n", "--n-gen", &o.n_gen, 0, 1 << 24 },
             { "--threads", NULL, &o.n_threads, 1, 1024 },     { "--reps", NULL, &o.reps, 1, MAX_REPS },
             { "--warmup", NULL, &o.warmup, 0, MAX_REPS },     { "--verify-width", NULL, &o.width, 1, 256 },
-            { "--ubatch", NULL, &o.ubatch, 1, 1 << 16 },
+            { "--ubatch", NULL, &o.ubatch, 1, 1 << 16 },       { "--commit", NULL, &o.commit, 1, 256 },
         };
         bool is_model = !strcmp(a, "-m") || !strcmp(a, "--model"), is_seed = !strcmp(a, "--seed");
         int which = -1;
@@ -424,6 +478,10 @@ static int bench_main(int argc, char **argv) {
         }
     }
     if (!o.model) return em_cli_usage_error(cmd, "missing -m MODEL.gguf");
+    if (o.commit > o.width)
+        return em_cli_usage_error(cmd, "--commit %d: a step commits at most the %d rows it verifies (--verify-width)",
+                                  o.commit, o.width);
+    if (o.commit == 0) o.commit = o.width;
     return run_bench(&o, &err) ? em_cli_fail(cmd, &err) : EM_EXIT_OK;
 }
 

@@ -242,8 +242,7 @@ static void print_metric(const char *name, int count, const char *what, const ch
 }
 
 /* Per repetition: prompt tok/s, decode tok/s (or rows/s), storage bytes per committed row and
- * the hit rate,
- * the decode's weight GB/s and the read reference's GB/s. */
+ * the hit rate, the decode's weight GB/s and the read reference's GB/s. */
 typedef struct bench_results {
     double *pp, *tg, *bpr, *hit, *mem, *read;
 } bench_results;

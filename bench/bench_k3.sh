@@ -14,7 +14,9 @@
 #
 # `ember bench --moe-storage ssd --expert-cache 25%` (O_DIRECT reads through io_uring), 16
 # prompt tokens, then 32 decoded rows: W = 1 is 32 steps of one token, W = 2/4/8 is 32/W
-# verify steps of W rows, all committed (the upper bound of a drafter accepting everything).
+# verify steps of W rows, all committed (the upper bound of a drafter accepting everything);
+# "tau 4 / W" is 8 steps of W = 5 or 8 rows of which 4 are committed (`--commit 4`: a drafter
+# at tau 4 whose passes replay the plain greedy run, the other W - 4 rows rejected drafts).
 # Median of REPS (default 5) repetitions after one warm-up that fills the cache. Prints per
 # width: rows/s, bytes read from storage per row and per step, the cache hit rate.
 #   bench/bench_k3.sh [BUILD_DIR]      (env REPS, THREADS)
@@ -35,17 +37,21 @@ M="$W/k3_scaled.gguf"
 routed=$("$BUILD/compat_k3_big" open "$M" --storage ssd --cache 1073741824 2>/dev/null | sed -n 's/^file_bytes=//p')
 cache=$((routed / 4))
 echo "model: $M ($(du -h "$M" | cut -f1)), routed experts $routed bytes, expert cache $cache bytes (25%)"
-for w in 1 2 4 8; do
-    "$BUILD/ember" bench -m "$M" -p 16 -n $((32 / w)) --verify-width $w --reps "$REPS" --warmup 1 \
-        --threads "$THREADS" --moe-storage ssd --expert-cache "$cache" --json 2>/dev/null >"$W/w$w.json"
+for w in 1 2 4 8 5c4 8c4; do
+    width=${w%c*} commit=${w#*c}
+    [ "$commit" = "$w" ] && commit=$width
+    "$BUILD/ember" bench -m "$M" -p 16 -n $((32 / commit)) --verify-width "$width" --commit "$commit" \
+        --reps "$REPS" --warmup 1 --threads "$THREADS" --moe-storage ssd --expert-cache "$cache" --json \
+        2>/dev/null >"$W/w$w.json"
 done
 "$PY" - "$W" <<'PYEOF'
 import json, sys
-print("| verify width | rows/s (median) | storage read per row | per verify step | cache hit rate |")
+print("| verify width | committed rows/s (median) | storage read per committed row | per verify step | cache hit rate |")
 print("|---|---|---|---|---|")
-for w in (1, 2, 4, 8):
-    d = json.load(open("%s/w%d.json" % (sys.argv[1], w)))
+for w in ("1", "2", "4", "8", "5c4", "8c4"):
+    d = json.load(open("%s/w%s.json" % (sys.argv[1], w)))
     b = d["storage_bytes_per_row"]["median"]
-    print("| %s | %.1f | %.2f MiB | %.2f MiB | %.1f%% |" % ("1 (plain)" if w == 1 else w, d["decode"]["median"],
-          b / 2**20, b * w / 2**20, 100 * d["expert_hit_rate"]["median"]))
+    name = "1 (plain)" if w == "1" else "tau 4 / %d" % d["verify_width"] if "c" in w else w
+    print("| %s | %.1f | %.2f MiB | %.2f MiB | %.1f%% |" % (name, d["decode"]["median"], b / 2**20,
+          b * d["commit"] / 2**20, 100 * d["expert_hit_rate"]["median"]))
 PYEOF

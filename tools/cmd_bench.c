@@ -7,8 +7,8 @@
  * tokens (tau C): its first C rows replay a plain greedy run made before (the anchor and C - 1
  * drafts the target accepts), the other W - C are pseudo-random (rejected drafts), and the
  * step commits C; each step checks that the target's pick after its C rows is the greedy run's
- * next token (verify rows equal single steps). Prints min / median / max over the repetitions of prompt tok/s
- * and decode tok/s (W > 1: verified rows/s). Untimed warm-up repetitions first fault the
+ * next token (verify rows equal single steps). Prints min / median / max over the repetitions
+ * of prompt tok/s and decode tok/s (W > 1: verified rows/s; C < W: committed tokens/s). Untimed warm-up repetitions first fault the
  * mapped weights in. tests/compat/llama_ref.c `bench` runs the same protocol through
  * llama.cpp (the token ids come from the same generator). With routed experts on storage
  * (--moe-storage ssd, --expert-cache), also the bytes read from storage per decoded row and the
@@ -36,7 +36,8 @@ static const char bench_usage[] =
     "\n"
     "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
     "pseudo-random token ids (timed: prompt tok/s), then runs N decode steps, each a\n"
-    "verify of W rows and a commit of all W (timed: decode tok/s, or rows/s when W > 1).\n"
+    "verify of W rows and a commit of all W, or of C (timed: decode tok/s, or rows/s when\n"
+    "W > 1 commits all W).\n"
     "Prints min, median and max over the repetitions.\n"
     "\n"
     "  -m, --model FILE       the model (GGUF)\n"
@@ -396,7 +397,7 @@ static int run_bench(bench_opts *o, em_err *err) {
             const double rows = (double)o->n_gen * o->commit, looked = r.hits + r.misses;
             res.pp[k] = o->n_prompt / r.prompt_s;
             res.tg[k] = r.decode_s > 0 ? rows / r.decode_s : 0.0;
-            /* JSON: bytes per row; the table: KiB per row, hit rate in % */
+            /* JSON: bytes per committed row; the table: KiB per row, hit rate in % */
             res.bpr[k] = rows > 0 ? r.bytes_read / rows / (o->json ? 1.0 : 1024.0) : 0.0;
             res.hit[k] = looked > 0 ? r.hits / looked * (o->json ? 1.0 : 100.0) : 0.0;
             res.mem[k] = r.decode_s > 0 ? (double)pr.step_bytes * o->n_gen / r.decode_s / 1e9 : 0.0;

@@ -27,17 +27,6 @@ bool em_model_flag(const char *a) {
     return false;
 }
 
-static int not_yet(const em_cmd *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int not_yet(const em_cmd *cmd, const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "ember %s: ", cmd->name);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return EM_EXIT_USAGE;
-}
-
 static int parse_int(const em_cmd *cmd, const char *flag, const char *text, long long lo, long long hi, int *out) {
     long long v;
     em_err err = { 0 };
@@ -60,13 +49,14 @@ int em_cli_device(const em_cmd *cmd, const char *flag, const char *v, int *devic
     return em_cli_usage_error(cmd, "%s: '%s' is not cpu, auto, cuda or cuda:N", flag, v);
 }
 
-/* --draft-device: cpu only for now (a well-formed cuda:N is refused as not available yet). */
-static int parse_draft_device(const em_cmd *cmd, const char *flag, const char *v) {
+/* --draft-device: cpu, cuda or cuda:N (auto is the target's business only). */
+static int parse_draft_device(const em_cmd *cmd, const char *flag, const char *v, em_model_flags *f) {
     int device = EM_DEVICE_CPU, index = 0;
     int rc = em_cli_device(cmd, flag, v, &device, &index);
-    if (rc >= 0 || device == EM_DEVICE_CPU) return rc;
-    if (device == EM_DEVICE_AUTO) return em_cli_usage_error(cmd, "%s: '%s' is not cpu", flag, v);
-    return not_yet(cmd, "%s %s: the drafter runs on the CPU only so far (not available yet on CUDA; use cpu)", flag, v);
+    if (rc >= 0) return rc;
+    if (device == EM_DEVICE_AUTO) return em_cli_usage_error(cmd, "%s: '%s' is not cpu, cuda or cuda:N", flag, v);
+    f->draft_device = device == EM_DEVICE_CPU ? NULL : v;
+    return -1;
 }
 
 /* The other flags: drafter, devices, expert storage, features. */
@@ -77,7 +67,7 @@ static int check_future_flag(const em_cmd *cmd, const char *a, const char *v, em
         return -1;
     }
     if (!strcmp(a, "--device")) return em_cli_device(cmd, a, v, &f->device, &f->cuda_index);
-    if (!strcmp(a, "--draft-device")) return parse_draft_device(cmd, a, v);
+    if (!strcmp(a, "--draft-device")) return parse_draft_device(cmd, a, v, f);
     if (!strcmp(a, "--moe-storage")) {
         if (!strcmp(v, "resident") || !strcmp(v, "auto") || !strcmp(v, "ssd")) {
             f->moe_storage = v;
@@ -219,7 +209,8 @@ static int explain_misfit(const em_model_flags *f, em_model_opts mo, const em_dr
 int em_model_flags_open(const em_model_flags *f, em_target **target, em_drafter **drafter, em_err *err) {
     *target = NULL, *drafter = NULL;
     em_model_opts mo = em_model_flags_opts(f);
-    em_draft_opts dopts = { .n_threads = f->n_threads, .n_ctx = f->n_ctx ? f->n_ctx : EM_MODEL_DEFAULT_CTX };
+    em_draft_opts dopts = { .n_threads = f->n_threads, .n_ctx = f->n_ctx ? f->n_ctx : EM_MODEL_DEFAULT_CTX,
+                            .device = f->draft_device };
     /* the target first, capturing the drafter's taps, so the drafter borrows its weights */
     int taps[EM_DRAFT_MAX_TAPS], rc = EM_OK;
     if (f->draft && !(rc = em_draft_read_taps(f->draft, taps, &mo.n_feature_layers, err))) mo.feature_layers = taps;

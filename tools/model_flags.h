@@ -35,6 +35,7 @@ typedef struct em_model_flags {
     const char *feature_dtype; /* --feature-dtype: f32, f16, bf16 or q8_0 (NULL: default) */
     int device;         /* --device: enum em_device_kind (0: auto) */
     int cuda_index;     /* --device cuda:N */
+    const char *draft_device; /* --draft-device cuda:N as given; NULL: cpu */
 } em_model_flags;
 
 /* The flags' lines for a command's --help. */
@@ -49,7 +50,7 @@ typedef struct em_model_flags {
     "                         -m and no --draft: plain; with neither: the default drafter\n"            \
     "      --device D         where the target runs: cpu, cuda:N (cuda = cuda:0) or auto (default:\n"   \
     "                         cuda:0 when a usable GPU is there and the model fits, else cpu)\n"       \
-    "      --draft-device D   where the drafter runs: cpu (cuda:N is not available yet)\n"              \
+    "      --draft-device D   where the drafter runs: cpu (default) or cuda:N (greedy drafting)\n"     \
     "      --moe-storage M    routed experts resident (mapped), ssd (read on demand through the\n"      \
     "                         expert cache) or auto (resident when the model fits in memory)\n"         \
     "      --expert-cache B   ssd: expert cache budget, e.g. 8GiB (default: half the free memory)\n"   \

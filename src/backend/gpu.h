@@ -440,6 +440,68 @@ uint64_t em_gpu_mla_scratch_floats(const em_gpu_mla_dims *d, int n);
 int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache, const int32_t *d_pos, int n,
                       const float *d_qa, int64_t ldq, float *d_scratch, float *d_ctx, int64_t ldc, em_err *err);
 
+/* ---- the drafter (draft/dspark_cuda.c; draft/dspark.c is the reference) -------------------- */
+
+/* Grouped-query attention of n block rows (draft/dspark.c's attn_task): for row i and query
+ * head h (kv head h / (n_head / n_kv)), out = softmax(q . K / sqrt(hd)) V over the cache rows
+ * 0 .. *d_n_ctx - 1 (d_kc / d_vc: capacity rows of n_kv * hd) followed by the block rows 0 ..
+ * nb - 1 (d_k / d_v: n rows of n_kv * hd; nb = n, or i + 1 when causal). q and out: n rows of
+ * n_head * hd. The context length is read on the device, so a captured graph serves every
+ * length; past capacity it is clamped. Scores in fp32 (lanes over the head's values, a fixed
+ * butterfly), the softmax's sum in double: close to the CPU's, not bit-identical (a drafter's
+ * numbers only steer which tokens it proposes; the target decides). d_scratch:
+ * em_gpu_gqa_scratch_floats floats. */
+typedef struct em_gpu_gqa_dims {
+    int n_head, n_kv, hd;  /* hd <= 256, n_head a multiple of n_kv */
+    int64_t capacity;
+    bool causal;
+} em_gpu_gqa_dims;
+uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n);
+int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, const float *d_kc, const float *d_vc,
+                      const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, float *d_scratch, float *d_out,
+                      em_err *err);
+/* x[j][i] += b[i] for rows rows of n values (row j at d_x + j * ldx). */
+int em_gpu_add_bias(em_gpu *g, float *d_x, int64_t ldx, int rows, int64_t n, const float *d_b, em_err *err);
+
+/* The slot chain of one propose on the device (draft.h's em_draft_chain for greedy picks,
+ * schedule.c's keep test), without a host round trip per slot: the host uploads one
+ * em_gpu_draft_io before the block and downloads it after. The walk's fields are schedule.c's
+ * em_draft_sched, in the same doubles. */
+#define EM_GPU_DRAFT_MAX_BLOCK 16
+typedef struct em_gpu_draft_io {
+    /* in: the block's tokens and positions, the context length, the chain */
+    int32_t block_tok[EM_GPU_DRAFT_MAX_BLOCK];
+    int32_t pos[EM_GPU_DRAFT_MAX_BLOCK];
+    int64_t n_ctx;
+    int32_t n_max;       /* slots to make at most */
+    int32_t may_stop;    /* run the keep test (schedule parameters given) */
+    int32_t n_cost;
+    int32_t all, stopped, width; /* the walk (em_draft_sched) */
+    double expected, survival, best;
+    double cost[EM_GPU_DRAFT_MAX_BLOCK + 1];
+    /* out: toks[0] is the anchor (in); toks[k + 1] the pick of slot k */
+    int32_t alive;       /* 1 while the chain goes on (in: 1) */
+    int32_t n;           /* slots made (in: 0) */
+    int32_t toks[EM_GPU_DRAFT_MAX_BLOCK + 1];
+    float conf[EM_GPU_DRAFT_MAX_BLOCK];
+} em_gpu_draft_io;
+
+/* Slot k's confidence (with a confidence head): z = (b + w . [h ; e]) / t[k] (w: d values, then
+ * rank more when d_e is given; d_t NULL: no temperatures), sums in double, into io->conf[k];
+ * then, with io->may_stop, the keep test (schedule.c's em_draft_sched_keep), which clears
+ * io->alive at the first slot it would not verify. Nothing happens once io->alive is 0. */
+int em_gpu_draft_keep(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_h, int d, const float *d_e, int rank,
+                      const float *d_w, float b, const float *d_t, em_err *err);
+/* Slot k's pick: the argmax of v_i = cap(base[i]) + bias[i] over the dvocab draft ids (cap:
+ * c tanh(x / c) when softcap > 0; d_bias NULL: none), the target id of draft id i being
+ * d2t[i] (d_d2t NULL: i), NaN skipped, the lowest target id on ties (em_argmax over the target
+ * logits, where ids d2t cannot reach are -inf). Sets io->toks[k + 1] and io->n = k + 1, or
+ * clears io->alive when no value is usable (or when k + 1 reaches io->n_max, after the pick).
+ * d_logits (may be NULL): the row of vocab target logits is written there (-inf where d2t
+ * does not reach). Nothing happens once io->alive is 0. */
+int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
+                      float softcap, const int32_t *d_d2t, float *d_logits, int vocab, em_err *err);
+
 #ifdef __cplusplus
 }
 #endif

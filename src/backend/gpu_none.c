@@ -248,3 +248,29 @@ int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache,
     (void)g, (void)d, (void)d_cache, (void)d_pos, (void)n, (void)d_qa, (void)ldq, (void)d_scratch, (void)d_ctx, (void)ldc;
     return NONE(err);
 }
+uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n) {
+    (void)d, (void)n;
+    return 0;
+}
+int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, const float *d_kc, const float *d_vc,
+                      const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, float *d_scratch, float *d_out,
+                      em_err *err) {
+    (void)g, (void)d, (void)d_q, (void)d_kc, (void)d_vc, (void)d_n_ctx, (void)d_k, (void)d_v, (void)n, (void)d_scratch,
+        (void)d_out;
+    return NONE(err);
+}
+int em_gpu_add_bias(em_gpu *g, float *d_x, int64_t ldx, int rows, int64_t n, const float *d_b, em_err *err) {
+    (void)g, (void)d_x, (void)ldx, (void)rows, (void)n, (void)d_b;
+    return NONE(err);
+}
+int em_gpu_draft_keep(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_h, int d, const float *d_e, int rank,
+                      const float *d_w, float b, const float *d_t, em_err *err) {
+    (void)g, (void)d_io, (void)k, (void)d_h, (void)d, (void)d_e, (void)rank, (void)d_w, (void)b, (void)d_t;
+    return NONE(err);
+}
+int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
+                      float softcap, const int32_t *d_d2t, float *d_logits, int vocab, em_err *err) {
+    (void)g, (void)d_io, (void)k, (void)d_base, (void)d_bias, (void)dvocab, (void)softcap, (void)d_d2t, (void)d_logits,
+        (void)vocab;
+    return NONE(err);
+}

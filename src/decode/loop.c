@@ -89,6 +89,8 @@ typedef struct gen {
     em_decode_result *res;
     uint64_t rows_verified;
     em_decode_govern gov;
+    bool no_draft; /* the drafter cannot run this request's chain (a device drafter that does not
+                      sample yet): plain passes for the rest of it */
     bool done;
 } gen;
 
@@ -322,7 +324,12 @@ static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
         sched_params(&cost, want, &sp);
         chain.sched = &sp;
     }
-    if (!rc) rc = em_draft_propose(d, anchor, want, &chain, &o, err);
+    if (!rc && (rc = em_draft_propose(d, anchor, want, &chain, &o, err)) == EM_EUNSUPPORTED && !g->greedy) {
+        em_log(EM_LOG_WARN, "%s: decoding this request plainly", err ? err->msg : "the drafter refused the chain");
+        if (err) *err = (em_err){ 0 };
+        g->no_draft = true;
+        rc = EM_OK, o.n = 0;
+    }
     g->res->draft_seconds += em_time_now() - t0;
     if (rc) return em_err_prefix(err, "drafter: block after token %d", anchor);
     if (o.n < 0 || o.n > want)
@@ -409,7 +416,7 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     int64_t wanted = (int64_t)g->p->n_max - g->res->n_gen; /* a pass emits at most its width */
     if (limit > wanted) limit = wanted;
     if (limit > s->max_width) limit = s->max_width;
-    const bool can_draft = s->drafter && limit > 1;
+    const bool can_draft = s->drafter && limit > 1 && !g->no_draft;
     const bool drafts = can_draft && em_decode_govern_draft(&g->gov);
     const double t0 = em_time_now();
     /* the verify's first row is known: its reads go on while the drafter works */

@@ -3,11 +3,13 @@
  * pointers, counts, token ids and chains), the dispatch of em_draft_open to the DSpark/DFlash
  * loader, and the chain's per-slot rules (pick, keep) on the CPU, so every CPU drafter picks
  * and stops exactly alike. Must not know any implementation's internals. */
+#include "backend/gpu.h"
 #include "draft/draft_impl.h"
 #include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 int em_draft_read_taps(const char *draft_path, int *taps, int *n_taps, em_err *err) {
     if (!taps || !n_taps) return em_err_set(err, EM_EINVAL, "em_draft_read_taps: taps or n_taps is NULL");
@@ -31,7 +33,10 @@ int em_draft_open(em_drafter **out, const char *draft_path, const em_target_shar
         return em_err_set(err, EM_EINVAL, "em_draft_open: context size %d is negative", o.n_ctx);
     if (o.n_threads == 0) o.n_threads = em_cpu_count();
     if (o.n_ctx == 0) o.n_ctx = EM_DRAFT_DEFAULT_CTX;
-    return em_dspark_open(out, draft_path, target, &o, err);
+    if (!o.device || !strcmp(o.device, "cpu")) return em_dspark_open(out, draft_path, target, &o, err);
+    int index, rc = em_gpu_parse_device(o.device, &index, err);
+    if (rc) return rc;
+    return em_dspark_cuda_open(out, draft_path, target, &o, index, err);
 }
 
 int em_draft_add_context(em_drafter *d, const float *feats, int n, em_err *err) {

@@ -55,7 +55,7 @@ typedef struct em_draft_info {
                              bias), at the same rates: a block stopped after k slots costs
                              block_seconds + k * slot_seconds */
     int64_t n_ctx;       /* context rows held (read-only for callers) */
-    const char *device;  /* where it runs: "cpu" (static string) */
+    const char *device;  /* where it runs: "cpu", or "cuda:N (device name)"; owned by the drafter */
 } em_draft_info;
 
 /* ---- the schedule's keep test (schedule.c), as plain data ------------------------------------
@@ -160,6 +160,8 @@ struct em_drafter {
 typedef struct em_draft_opts {
     int n_threads;        /* 0: em_cpu_count() */
     int n_ctx;            /* context rows the cache holds at most; 0: 4096 */
+    const char *device;   /* where it runs: NULL or "cpu", or "cuda" / "cuda:N" (greedy drafting,
+                             the vanilla Markov head: draft/dspark_cuda.c) */
 } em_draft_opts;
 
 /* The target layers (0-based) a drafter file taps, read from its keys alone: what the target

@@ -38,7 +38,8 @@ step test_gpu_ops "$dir/bin/test_gpu_ops" ${EMBER_GPU_TEST_FLAGS:-}
 convert_fixtures() {
   mkdir -p "$dir/models"
   local c
-  for c in kimi_a:f32 kimi_a:q8_0 kimi_b:f32 kimi_b:q8_0 kimi_b_bf16:bf16 kimi_c:f32 kimi_c:q8_0; do
+  for c in kimi_a:f32 kimi_a:q8_0 kimi_b:f32 kimi_b:q8_0 kimi_b_bf16:bf16 kimi_c:f32 kimi_c:q8_0 dspark_deepspec:f32 \
+    dspark_deepspec_gated:f32 dspark_specforge_rnn:f32; do
     "$dir/bin/ember" convert "tests/fixtures/${c%%:*}" -o "$dir/models/${c%%:*}_${c##*:}.gguf" --type "${c##*:}" \
       >/dev/null || return 1
   done
@@ -46,7 +47,13 @@ convert_fixtures() {
 if [ -x "$dir/bin/test_gpu_target" ] && [ -x "$dir/bin/ember" ]; then
   step convert_fixtures convert_fixtures
   step test_gpu_target "$dir/bin/test_gpu_target" "$dir/models"
+  # the drafter on cuda:0 (draft/dspark_cuda.c) against the CPU drafter: tests/cuda/test_gpu_draft.c
+  [ -x "$dir/bin/test_gpu_draft" ] && step test_gpu_draft "$dir/bin/test_gpu_draft" "$dir/models"
 fi
+# the default pair on the 128 eval prompts, greedy speculative == plain, with the target and the
+# drafter on cuda:0 (tests/test_default_pair.c; the old-callback comparisons are CPU-only)
+[ -x "$dir/bin/test_default_pair" ] && step default_pair_gpu env EMBER_SRC="$PWD" EMBER_TEST_DEVICE=cuda:0 \
+  EMBER_TEST_DRAFT_DEVICE=cuda:0 "$dir/bin/test_default_pair"
 if [ -x "$dir/bin/ember" ]; then
   # greedy `ember run` on cpu and cuda:0: the same tokens; speculative (the default pair's
   # drafter) equal to plain on cuda:0
@@ -60,6 +67,13 @@ if [ -x "$dir/bin/ember" ]; then
     if [ -n "${2:-}" ]; then
       c=$(greedy -m "$m" -p "Once upon a time" --device cuda:0 --draft "$2") || return 1
       echo "cuda:0 speculative: $c"
+      [ "$a" = "$c" ] || return 1
+      # the drafter on cuda:0 too, and a CPU target with a GPU drafter
+      c=$(greedy -m "$m" -p "Once upon a time" --device cuda:0 --draft "$2" --draft-device cuda:0) || return 1
+      echo "cuda:0 / cuda:0 drafter: $c"
+      [ "$a" = "$c" ] || return 1
+      c=$(greedy -m "$m" -p "Once upon a time" --device cpu --draft "$2" --draft-device cuda:0) || return 1
+      echo "cpu / cuda:0 drafter: $c"
       [ "$a" = "$c" ] || return 1
     fi
   }

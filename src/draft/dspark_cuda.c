@@ -1,0 +1,473 @@
+/* draft/dspark_cuda.c: the DSpark / DFlash drafter on a CUDA device (docs/cuda.md, "The drafter
+ * on the device"), a second em_drafter_ops over backend/gpu.h; draft/dspark.c is the reference
+ * it is tested against (tests/cuda/test_gpu_draft.c).
+ *
+ * The file is loaded by dspark_load.c as for the CPU (hparams, host views of every matrix, the
+ * RoPE table); each weight is then uploaded once. add_context uploads the feature rows and
+ * writes each layer's K (k_norm, RoPE at the row's position) and V into a context cache on the
+ * device. propose uploads one em_gpu_draft_io (the block's tokens and positions, the context
+ * length and the keep test's walk), replays one CUDA graph that runs the block forward, the
+ * LM head of every draft slot and, slot by slot, the Markov embedding of the previous pick,
+ * the confidence and keep test, the vanilla Markov bias and the pick, all reading the chain's
+ * state on the device, then downloads the io: one upload and one download per block, no host
+ * round trip per slot.
+ *
+ * Scope (refused with EM_EUNSUPPORTED, naming the file): greedy chains only (no sampler, no
+ * test callbacks), the vanilla Markov head or none, blocks of at most EM_GPU_DRAFT_MAX_BLOCK.
+ * Invariants: the context cache holds rows 0 .. n_ctx - 1 only; every device buffer is
+ * allocated at open, so a propose allocates nothing and its graph never changes shape. */
+#include "backend/gpu.h"
+#include "draft/dspark_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Context rows one upload carries (the products take at most EM_GPU_MAX_ROWS rows). */
+#define GD_CHUNK EM_GPU_MAX_ROWS
+/* The nominal device for block_seconds / slot_seconds (model/kimi_cuda.c's). */
+#define GD_NOMINAL_BPS 4.6e12
+#define GD_NOMINAL_KERNEL_S 1.0e-6
+
+typedef struct gd_layer {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv;
+    em_gpu_mat wq, wk, wv, wo, gate, up, down;
+} gd_layer;
+
+typedef struct gdspark {
+    em_drafter base;
+    dspark *cpu; /* the loaded file: hparams, host views, RoPE; its own cache stays unused */
+    em_gpu *g;
+    char device[288]; /* "cuda:N (name)" */
+    gd_layer *layers;
+    em_gpu_mat fc, embd, head, w1, w2;
+    bool head_is_embd; /* one upload when the file (or the target) ties them */
+    float *hidden_norm, *out_norm, *conf_w, *conf_t;
+    int32_t *d2t;
+    double *inv_freq;
+    int64_t cap;
+    float *kc, *vc;                      /* [n_layer][cap][n_kv * hd] */
+    float *feat;                         /* [GD_CHUNK][n_feat] */
+    int32_t *ctx_pos;                    /* [GD_CHUNK] */
+    float *h, *xn, *q, *k, *v, *att, *o, *fg, *fu; /* block rows */
+    float *base_logits;                  /* [n_drafts][dvocab] */
+    float *e, *bias;                     /* [rank], [dvocab] */
+    float *logits;                       /* [n_drafts][vocab]: corrected rows, when asked */
+    float *scores;
+    void *act;                           /* activation scratch of the largest product */
+    em_gpu_draft_io *io;                 /* device */
+    em_gpu_graph *graph[2];              /* propose without / with the logits rows */
+} gdspark;
+
+/* ---- upload ------------------------------------------------------------------------------ */
+
+static int up_mat(gdspark *s, const em_mat *m, const char *name, em_gpu_mat *out, em_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!m->data) return EM_OK;
+    return em_gpu_mat_upload(s->g, m->type, m->rows, m->cols, m->data, name, out, err);
+}
+
+static int up_vec(gdspark *s, const float *v, int64_t n, const char *what, float **out, em_err *err) {
+    *out = NULL;
+    if (!v) return EM_OK;
+    int rc = em_gpu_alloc(s->g, (uint64_t)n * sizeof(float), what, (void **)out, err);
+    return rc ? rc : em_gpu_upload(s->g, *out, v, (uint64_t)n * sizeof(float), err);
+}
+
+static int alloc_f(gdspark *s, uint64_t n, const char *what, float **out, em_err *err) {
+    return em_gpu_alloc(s->g, (n ? n : 1) * sizeof(float), what, (void **)out, err);
+}
+
+static int upload_layer(gdspark *s, int l, em_err *err) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    const dsp_layer *y = &s->cpu->layers[l];
+    gd_layer *d = &s->layers[l];
+    const int64_t qw = (int64_t)hp->n_head * hp->hd, kw = (int64_t)hp->n_kv * hp->hd;
+    char name[64];
+    int rc;
+    const struct {
+        const em_mat *m;
+        em_gpu_mat *out;
+        const char *what;
+    } mats[] = { { &y->wq, &d->wq, "attn_q" },      { &y->wk, &d->wk, "attn_k" },     { &y->wv, &d->wv, "attn_v" },
+                 { &y->wo, &d->wo, "attn_output" }, { &y->gate, &d->gate, "ffn_gate" }, { &y->up, &d->up, "ffn_up" },
+                 { &y->down, &d->down, "ffn_down" } };
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, mats[i].what);
+        if ((rc = up_mat(s, mats[i].m, name, mats[i].out, err))) return rc;
+    }
+    if ((rc = up_vec(s, y->attn_norm, hp->d, "drafter norms", &d->attn_norm, err)) ||
+        (rc = up_vec(s, y->ffn_norm, hp->d, "drafter norms", &d->ffn_norm, err)) ||
+        (rc = up_vec(s, y->q_norm, hp->hd, "drafter norms", &d->q_norm, err)) ||
+        (rc = up_vec(s, y->k_norm, hp->hd, "drafter norms", &d->k_norm, err)) ||
+        (rc = up_vec(s, y->bq, qw, "drafter biases", &d->bq, err)) ||
+        (rc = up_vec(s, y->bk, kw, "drafter biases", &d->bk, err)) ||
+        (rc = up_vec(s, y->bv, kw, "drafter biases", &d->bv, err)))
+        return rc;
+    return EM_OK;
+}
+
+static int upload_weights(gdspark *s, em_err *err) {
+    const dspark *c = s->cpu;
+    const dsp_hparams *hp = &c->hp;
+    int rc;
+    s->layers = em_calloc((size_t)hp->n_layer, sizeof *s->layers, "drafter layers", err);
+    if (!s->layers) return EM_ENOMEM;
+    for (int l = 0; l < hp->n_layer; l++)
+        if ((rc = upload_layer(s, l, err))) return rc;
+    s->head_is_embd = c->head.data == c->embd.data && c->head.type == c->embd.type;
+    if ((rc = up_mat(s, &c->fc, "fc.weight", &s->fc, err)) || (rc = up_mat(s, &c->embd, "token_embd", &s->embd, err)) ||
+        (!s->head_is_embd && (rc = up_mat(s, &c->head, "output", &s->head, err))) ||
+        (rc = up_mat(s, &c->w1, "markov W1", &s->w1, err)) || (rc = up_mat(s, &c->w2, "markov W2", &s->w2, err)) ||
+        (rc = up_vec(s, c->hidden_norm, hp->d, "drafter norms", &s->hidden_norm, err)) ||
+        (rc = up_vec(s, c->out_norm, hp->d, "drafter norms", &s->out_norm, err)) ||
+        (rc = up_vec(s, c->conf_w, hp->conf ? hp->d + (hp->conf_markov ? hp->rank : 0) : 0, "confidence head",
+                     &s->conf_w, err)) ||
+        (rc = up_vec(s, c->conf_t, hp->block, "confidence temperatures", &s->conf_t, err)))
+        return rc;
+    if (s->head_is_embd) s->head = s->embd;
+    if (c->d2t) {
+        if ((rc = em_gpu_alloc(s->g, (uint64_t)hp->dvocab * sizeof(int32_t), "d2t", (void **)&s->d2t, err)) ||
+            (rc = em_gpu_upload(s->g, s->d2t, c->d2t, (uint64_t)hp->dvocab * sizeof(int32_t), err)))
+            return rc;
+    }
+    const int half = c->rope.dims / 2;
+    if ((rc = em_gpu_alloc(s->g, (uint64_t)(half ? half : 1) * sizeof(double), "RoPE table", (void **)&s->inv_freq, err)))
+        return rc;
+    return em_gpu_upload(s->g, s->inv_freq, c->rope.inv_freq, (uint64_t)half * sizeof(double), err);
+}
+
+/* The largest activation scratch a product of the drafter needs (n rows of its input). */
+static uint64_t act_bytes(const gdspark *s) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    const int64_t cols[] = { s->base.info.n_feat, hp->d, (int64_t)hp->n_head * hp->hd, hp->ff, hp->rank > 0 ? hp->rank : 32 };
+    uint64_t most = 0;
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        uint64_t b = em_gpu_act_bytes(EM_TYPE_Q8_0, cols[i], EM_GPU_MAX_ROWS);
+        if (b > most) most = b;
+    }
+    return most;
+}
+
+static int alloc_buffers(gdspark *s, em_err *err) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    const uint64_t B = (uint64_t)hp->block, d = (uint64_t)hp->d, qw = (uint64_t)hp->n_head * hp->hd;
+    const uint64_t kw = (uint64_t)hp->n_kv * hp->hd, nd = (uint64_t)s->base.info.n_drafts;
+    const em_gpu_gqa_dims gd = { hp->n_head, hp->n_kv, hp->hd, s->cap, hp->causal };
+    int rc;
+    if ((rc = alloc_f(s, (uint64_t)hp->n_layer * (uint64_t)s->cap * kw, "drafter context cache (K)", &s->kc, err)) ||
+        (rc = alloc_f(s, (uint64_t)hp->n_layer * (uint64_t)s->cap * kw, "drafter context cache (V)", &s->vc, err)) ||
+        (rc = alloc_f(s, GD_CHUNK * (uint64_t)s->base.info.n_feat, "drafter features", &s->feat, err)) ||
+        (rc = em_gpu_alloc(s->g, GD_CHUNK * sizeof(int32_t), "drafter positions", (void **)&s->ctx_pos, err)) ||
+        (rc = alloc_f(s, B * d, "drafter rows", &s->h, err)) || (rc = alloc_f(s, B * d, "drafter rows", &s->xn, err)) ||
+        (rc = alloc_f(s, B * qw, "drafter rows", &s->q, err)) || (rc = alloc_f(s, B * kw, "drafter rows", &s->k, err)) ||
+        (rc = alloc_f(s, B * kw, "drafter rows", &s->v, err)) || (rc = alloc_f(s, B * qw, "drafter rows", &s->att, err)) ||
+        (rc = alloc_f(s, B * d, "drafter rows", &s->o, err)) ||
+        (rc = alloc_f(s, B * (uint64_t)hp->ff, "drafter rows", &s->fg, err)) ||
+        (rc = alloc_f(s, B * (uint64_t)hp->ff, "drafter rows", &s->fu, err)) ||
+        (rc = alloc_f(s, nd * (uint64_t)hp->dvocab, "drafter logits", &s->base_logits, err)) ||
+        (rc = alloc_f(s, nd * (uint64_t)hp->vocab, "drafter logits", &s->logits, err)) ||
+        (rc = alloc_f(s, (uint64_t)(hp->rank > 0 ? hp->rank : 1), "markov row", &s->e, err)) ||
+        (rc = alloc_f(s, (uint64_t)hp->dvocab, "markov bias", &s->bias, err)) ||
+        (rc = alloc_f(s, em_gpu_gqa_scratch_floats(&gd, hp->block), "drafter attention scores", &s->scores, err)) ||
+        (rc = em_gpu_alloc(s->g, act_bytes(s), "drafter activations", &s->act, err)) ||
+        (rc = em_gpu_alloc(s->g, sizeof(em_gpu_draft_io), "drafter chain", (void **)&s->io, err)))
+        return rc;
+    return EM_OK;
+}
+
+/* ---- products ---------------------------------------------------------------------------- */
+
+/* y = W x over n rows (n <= EM_GPU_MAX_ROWS). */
+static int mm(gdspark *s, const em_gpu_mat *w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, em_err *err) {
+    em_gpu_act a;
+    int rc = em_gpu_act_prepare(s->g, w->type, x, ldx, w->cols, n, s->act, &a, err);
+    return rc ? rc : em_gpu_matmul(s->g, w, &a, y, ldy, err);
+}
+
+/* Two or three products of the same rows: one launch when their layouts agree. */
+static int mm_same(gdspark *s, const em_gpu_mm_out *o, int count, const float *x, int64_t ldx, int n, em_err *err) {
+    bool same = true;
+    for (int i = 1; i < count; i++) same &= o[i].w->type == o[0].w->type;
+    if (!same) {
+        for (int i = 0; i < count; i++) {
+            int rc = mm(s, o[i].w, x, ldx, n, o[i].d_y, o[i].ldy, err);
+            if (rc) return rc;
+        }
+        return EM_OK;
+    }
+    em_gpu_act a;
+    int rc = em_gpu_act_prepare(s->g, o[0].w->type, x, ldx, o[0].w->cols, n, s->act, &a, err);
+    return rc ? rc : em_gpu_matmul_multi(s->g, o, count, &a, err);
+}
+
+/* ---- context ----------------------------------------------------------------------------- */
+
+static int add_chunk(gdspark *s, const float *feats, int n, em_err *err) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    const int64_t d = hp->d, kw = (int64_t)hp->n_kv * hp->hd, p0 = s->base.info.n_ctx, nf = s->base.info.n_feat;
+    int32_t pos[GD_CHUNK];
+    for (int i = 0; i < n; i++) pos[i] = (int32_t)(p0 + i);
+    int rc;
+    if ((rc = em_gpu_upload(s->g, s->feat, feats, (uint64_t)n * (uint64_t)nf * sizeof(float), err)) ||
+        (rc = em_gpu_upload(s->g, s->ctx_pos, pos, (uint64_t)n * sizeof(int32_t), err)) ||
+        (rc = mm(s, &s->fc, s->feat, nf, n, s->h, d, err)) ||
+        (rc = em_gpu_rmsnorm_rows(s->g, s->h, d, s->hidden_norm, hp->eps, n, d, s->h, d, err)))
+        return rc;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const gd_layer *y = &s->layers[l];
+        float *kc = s->kc + ((int64_t)l * s->cap + p0) * kw, *vc = s->vc + ((int64_t)l * s->cap + p0) * kw;
+        const em_gpu_mm_out kv[] = { { &y->wk, kc, kw }, { &y->wv, vc, kw } };
+        if ((rc = mm_same(s, kv, 2, s->h, d, n, err)) || (y->bk && (rc = em_gpu_add_bias(s->g, kc, kw, n, kw, y->bk, err))) ||
+            (y->bv && (rc = em_gpu_add_bias(s->g, vc, kw, n, kw, y->bv, err))) ||
+            (rc = em_gpu_rmsnorm_rows(s->g, kc, hp->hd, y->k_norm, hp->eps, n * hp->n_kv, hp->hd, kc, hp->hd, err)) ||
+            (rc = em_gpu_rope_rows(s->g, kc, kw, n, hp->n_kv, hp->hd, hp->rope_dims, s->ctx_pos, s->inv_freq,
+                                   s->cpu->rope.attn_factor, err)))
+            return rc;
+    }
+    s->base.info.n_ctx += n;
+    return EM_OK;
+}
+
+static int gd_add_context(em_drafter *d, const float *feats, int n, em_err *err) {
+    gdspark *s = (gdspark *)d;
+    if ((int64_t)n > s->cap - s->base.info.n_ctx)
+        return em_err_set(err, EM_EOVERFLOW, "drafter %s on %s: %d context rows do not fit (%lld of %lld held; open with "
+                          "a larger n_ctx)", s->cpu->path, s->device, n, (long long)s->base.info.n_ctx, (long long)s->cap);
+    for (int done = 0; done < n;) {
+        const int c = n - done < GD_CHUNK ? n - done : GD_CHUNK;
+        int rc = add_chunk(s, feats + (int64_t)done * s->base.info.n_feat, c, err);
+        if (rc) return rc;
+        done += c;
+    }
+    return EM_OK;
+}
+
+/* ---- the block and the chain ---------------------------------------------------------------- */
+
+static int block_layer(gdspark *s, int l, em_err *err) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    const gd_layer *y = &s->layers[l];
+    const int B = hp->block;
+    const int64_t d = hp->d, qw = (int64_t)hp->n_head * hp->hd, kw = (int64_t)hp->n_kv * hp->hd;
+    const em_gpu_gqa_dims gd = { hp->n_head, hp->n_kv, hp->hd, s->cap, hp->causal };
+    const em_gpu_mm_out qkv[] = { { &y->wq, s->q, qw }, { &y->wk, s->k, kw }, { &y->wv, s->v, kw } };
+    const em_gpu_mm_out gu[] = { { &y->gate, s->fg, hp->ff }, { &y->up, s->fu, hp->ff } };
+    em_gpu *g = s->g;
+    int rc;
+    if ((rc = em_gpu_rmsnorm_rows(g, s->h, d, y->attn_norm, hp->eps, B, d, s->xn, d, err)) ||
+        (rc = mm_same(s, qkv, 3, s->xn, d, B, err)) || (y->bq && (rc = em_gpu_add_bias(g, s->q, qw, B, qw, y->bq, err))) ||
+        (y->bk && (rc = em_gpu_add_bias(g, s->k, kw, B, kw, y->bk, err))) ||
+        (y->bv && (rc = em_gpu_add_bias(g, s->v, kw, B, kw, y->bv, err))) ||
+        (rc = em_gpu_rmsnorm_rows(g, s->q, hp->hd, y->q_norm, hp->eps, B * hp->n_head, hp->hd, s->q, hp->hd, err)) ||
+        (rc = em_gpu_rmsnorm_rows(g, s->k, hp->hd, y->k_norm, hp->eps, B * hp->n_kv, hp->hd, s->k, hp->hd, err)) ||
+        (rc = em_gpu_rope_rows(g, s->q, qw, B, hp->n_head, hp->hd, hp->rope_dims, s->io->pos, s->inv_freq,
+                               s->cpu->rope.attn_factor, err)) ||
+        (rc = em_gpu_rope_rows(g, s->k, kw, B, hp->n_kv, hp->hd, hp->rope_dims, s->io->pos, s->inv_freq,
+                               s->cpu->rope.attn_factor, err)) ||
+        (rc = em_gpu_gqa_attend(g, &gd, s->q, s->kc + (int64_t)l * s->cap * kw, s->vc + (int64_t)l * s->cap * kw,
+                                &s->io->n_ctx, s->k, s->v, B, s->scores, s->att, err)) ||
+        (rc = mm(s, &y->wo, s->att, qw, B, s->o, d, err)) || (rc = em_gpu_add(g, s->h, s->o, B * d, s->h, err)) ||
+        (rc = em_gpu_rmsnorm_rows(g, s->h, d, y->ffn_norm, hp->eps, B, d, s->xn, d, err)) ||
+        (rc = mm_same(s, gu, 2, s->xn, d, B, err)) || (rc = em_gpu_swiglu(g, s->fg, s->fu, (int64_t)B * hp->ff, s->fg, err)) ||
+        (rc = mm(s, &y->down, s->fg, hp->ff, B, s->o, d, err)) || (rc = em_gpu_add(g, s->h, s->o, B * d, s->h, err)))
+        return rc;
+    return EM_OK;
+}
+
+/* Slot k of the chain: the previous pick's Markov row, the confidence and keep test, the
+ * Markov bias, the pick (draft/dspark.c's propose loop, on the io). */
+static int chain_slot(gdspark *s, int k, bool logits, em_err *err) {
+    const dspark *c = s->cpu;
+    const dsp_hparams *hp = &c->hp;
+    const float *hk = s->xn + (int64_t)(hp->slot0 + k) * hp->d;
+    const bool markov = hp->markov == DSP_MARKOV_VANILLA;
+    int rc;
+    if (hp->rank > 0 && (rc = em_gpu_embed(s->g, &s->w1, &s->io->toks[k], 1, s->e, hp->rank, err))) return rc;
+    if (hp->conf && (rc = em_gpu_draft_keep(s->g, s->io, k, hk, hp->d, hp->conf_markov ? s->e : NULL, hp->rank, s->conf_w,
+                                            c->conf_b, s->conf_t, err)))
+        return rc;
+    if (markov && (rc = mm(s, &s->w2, s->e, hp->rank, 1, s->bias, hp->dvocab, err))) return rc;
+    return em_gpu_draft_pick(s->g, s->io, k, s->base_logits + (int64_t)k * hp->dvocab, markov ? s->bias : NULL,
+                             hp->dvocab, hp->softcap, s->d2t, logits ? s->logits + (int64_t)k * hp->vocab : NULL,
+                             hp->vocab, err);
+}
+
+/* The whole propose after the io's upload: block forward, the slots' LM head, the chain. */
+static int propose_pass(gdspark *s, bool logits, em_err *err) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    const int64_t d = hp->d;
+    const int nd = s->base.info.n_drafts;
+    int rc = em_gpu_embed(s->g, &s->embd, s->io->block_tok, hp->block, s->h, d, err);
+    for (int l = 0; !rc && l < hp->n_layer; l++) rc = block_layer(s, l, err);
+    if (!rc) rc = em_gpu_rmsnorm_rows(s->g, s->h, d, s->out_norm, hp->eps, hp->block, d, s->xn, d, err);
+    if (!rc) rc = mm(s, &s->head, s->xn + (int64_t)hp->slot0 * d, d, nd, s->base_logits, hp->dvocab, err);
+    for (int k = 0; !rc && k < nd; k++) rc = chain_slot(s, k, logits, err);
+    return rc;
+}
+
+/* Replays the propose graph (captured the first time: everything it reads sits on the
+ * device, so one graph serves every block). */
+static int run_propose(gdspark *s, bool logits, em_err *err) {
+    em_gpu_graph **gr = &s->graph[logits];
+    if (!*gr) {
+        int rc = em_gpu_capture_begin(s->g, err);
+        if (rc) return rc;
+        rc = propose_pass(s, logits, err);
+        em_err cerr = { 0 };
+        int rc2 = em_gpu_capture_end(s->g, gr, rc ? &cerr : err);
+        if (rc || rc2) return rc ? rc : rc2;
+    }
+    return em_gpu_graph_launch(s->g, *gr, err);
+}
+
+/* What the device chain can run: greedy picks, the drafter's own keep test. */
+static int chain_supported(const gdspark *s, const em_draft_chain *chain, em_err *err) {
+    const bool sampling = chain->sampler && em_sampler_params_of(chain->sampler)->temperature > 0;
+    if (sampling || chain->choose || chain->keep)
+        return em_err_set(err, EM_EUNSUPPORTED, "drafter %s on %s: only greedy drafting runs on the device yet (%s); "
+                          "use --draft-device cpu", s->cpu->path, s->device,
+                          sampling ? "this request samples" : "test callbacks steer the chain");
+    return EM_OK;
+}
+
+static void io_begin(const gdspark *s, int32_t anchor, int n_max, const em_draft_chain *chain, em_gpu_draft_io *io) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    memset(io, 0, sizeof *io);
+    for (int i = 0; i < hp->block; i++) {
+        io->block_tok[i] = i == 0 ? anchor : hp->mask_id;
+        io->pos[i] = (int32_t)(s->base.info.n_ctx + i);
+    }
+    io->n_ctx = s->base.info.n_ctx;
+    io->n_max = n_max < s->base.info.n_drafts ? n_max : s->base.info.n_drafts;
+    io->may_stop = hp->conf && chain->sched;
+    em_draft_sched st;
+    em_draft_sched_start(&st, chain->sched);
+    io->all = st.all, io->stopped = st.stopped, io->width = st.width;
+    io->expected = st.expected, io->survival = st.survival, io->best = st.best;
+    if (chain->sched) {
+        io->n_cost = chain->sched->n_cost < EM_GPU_DRAFT_MAX_BLOCK + 1 ? chain->sched->n_cost : EM_GPU_DRAFT_MAX_BLOCK + 1;
+        memcpy(io->cost, chain->sched->cost, (size_t)io->n_cost * sizeof(double));
+    }
+    io->alive = 1;
+    for (int i = 0; i <= EM_GPU_DRAFT_MAX_BLOCK; i++) io->toks[i] = -1;
+    io->toks[0] = anchor;
+    for (int i = 0; i < EM_GPU_DRAFT_MAX_BLOCK; i++) io->conf[i] = NAN;
+}
+
+static int gd_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain, em_draft_out *out,
+                      em_err *err) {
+    gdspark *s = (gdspark *)d;
+    const dsp_hparams *hp = &s->cpu->hp;
+    int rc = chain_supported(s, chain, err);
+    if (rc) return rc;
+    em_gpu_draft_io io;
+    io_begin(s, anchor, n_max, chain, &io);
+    const bool logits = out->logits != NULL;
+    if ((rc = em_gpu_upload(s->g, s->io, &io, sizeof io, err)) || (rc = run_propose(s, logits, err)) ||
+        (rc = em_gpu_download(s->g, &io, s->io, sizeof io, err)))
+        return rc;
+    const int made = io.n < io.n_max ? io.n : io.n_max;
+    for (int k = 0; k < made; k++) out->tokens[k] = io.toks[k + 1];
+    out->n = made;
+    if (out->conf_logits) /* the slots whose confidence was computed: the made ones and the one that stopped */
+        for (int k = 0; k < io.n_max && k <= made; k++)
+            if (!isnan(io.conf[k])) out->conf_logits[k] = io.conf[k];
+    if (logits && made > 0)
+        rc = em_gpu_download(s->g, out->logits, s->logits, (uint64_t)made * (uint64_t)hp->vocab * sizeof(float), err);
+    return rc;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static void gd_reset(em_drafter *d) { d->info.n_ctx = 0; }
+
+static void gd_close(em_drafter *d) {
+    gdspark *s = (gdspark *)d;
+    if (s->g) {
+        for (int i = 0; i < 2; i++) em_gpu_graph_free(s->graph[i]);
+        for (int l = 0; s->layers && l < s->cpu->hp.n_layer; l++) {
+            gd_layer *y = &s->layers[l];
+            em_gpu_mat *m[] = { &y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down };
+            for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) em_gpu_mat_free(s->g, m[i]);
+            float *v[] = { y->attn_norm, y->ffn_norm, y->q_norm, y->k_norm, y->bq, y->bk, y->bv };
+            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) em_gpu_free(s->g, v[i]);
+        }
+        em_gpu_mat *m[] = { &s->fc, &s->embd, s->head_is_embd ? NULL : &s->head, &s->w1, &s->w2 };
+        for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+            if (m[i]) em_gpu_mat_free(s->g, m[i]);
+        void *v[] = { s->hidden_norm, s->out_norm, s->conf_w, s->conf_t, s->d2t, s->inv_freq, s->kc, s->vc, s->feat,
+                      s->ctx_pos, s->h, s->xn, s->q, s->k, s->v, s->att, s->o, s->fg, s->fu, s->base_logits, s->e,
+                      s->bias, s->logits, s->scores, s->act, s->io };
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) em_gpu_free(s->g, v[i]);
+        em_gpu_close(s->g);
+    }
+    free(s->layers);
+    if (s->cpu) s->cpu->base.ops->close(&s->cpu->base);
+    free(s);
+}
+
+static const em_drafter_ops gd_ops = {
+    .add_context = gd_add_context,
+    .propose = gd_propose,
+    .reset = gd_reset,
+    .close = gd_close,
+};
+
+/* What the device drafter does not run yet, before anything is uploaded. */
+static int check_scope(const dspark *c, em_err *err) {
+    const dsp_hparams *hp = &c->hp;
+    if (hp->markov != DSP_MARKOV_NONE && hp->markov != DSP_MARKOV_VANILLA)
+        return em_err_set(err, EM_EUNSUPPORTED, "drafter %s: its %s Markov head does not run on a GPU yet (use "
+                          "--draft-device cpu)", c->path, hp->markov == DSP_MARKOV_GATED ? "gated" : "rnn");
+    if (hp->block > EM_GPU_DRAFT_MAX_BLOCK)
+        return em_err_set(err, EM_EUNSUPPORTED, "drafter %s: blocks of %d slots (a GPU drafter takes at most %d)", c->path,
+                          hp->block, EM_GPU_DRAFT_MAX_BLOCK);
+    if (hp->hd > 256) return em_err_set(err, EM_EUNSUPPORTED, "drafter %s: heads of %d values (at most 256 on a GPU)", c->path, hp->hd);
+    return EM_OK;
+}
+
+/* Nominal costs on the device: weight bytes at GD_NOMINAL_BPS plus a microsecond a kernel. */
+static void set_costs(gdspark *s) {
+    const dsp_hparams *hp = &s->cpu->hp;
+    double bytes = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const gd_layer *y = &s->layers[l];
+        const em_gpu_mat *m[] = { &y->wq, &y->wk, &y->wv, &y->wo, &y->gate, &y->up, &y->down };
+        for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) bytes += (double)m[i]->bytes;
+    }
+    const double kernels = 16.0 * hp->n_layer + 6.0;
+    s->base.info.block_seconds = bytes / GD_NOMINAL_BPS + kernels * GD_NOMINAL_KERNEL_S;
+    s->base.info.slot_seconds = ((double)s->head.bytes / s->base.info.n_drafts + (double)s->w2.bytes) / GD_NOMINAL_BPS +
+                                5.0 * GD_NOMINAL_KERNEL_S;
+}
+
+int em_dspark_cuda_open(em_drafter **out, const char *draft_path, const em_target_shared *target,
+                        const em_draft_opts *opts, int cuda_index, em_err *err) {
+    gdspark *s = em_calloc(1, sizeof *s, "GPU drafter", err);
+    if (!s) return EM_ENOMEM;
+    s->base.ops = &gd_ops;
+    em_draft_opts co = *opts;
+    co.n_threads = 1, co.device = NULL; /* the CPU side only loads */
+    int rc = em_dspark_open((em_drafter **)&s->cpu, draft_path, target, &co, err);
+    if (!rc) rc = check_scope(s->cpu, err);
+    if (!rc) rc = em_gpu_open(cuda_index, &s->g, err);
+    if (rc) {
+        gd_close(&s->base);
+        return rc;
+    }
+    const em_gpu_info *gi = em_gpu_get_info(s->g);
+    snprintf(s->device, sizeof s->device, "cuda:%d (%s)", cuda_index, gi ? gi->name : "?");
+    s->base.info = s->cpu->base.info;
+    s->base.info.n_ctx = 0;
+    s->base.info.device = s->device;
+    s->cap = s->cpu->cap;
+    if ((rc = upload_weights(s, err)) || (rc = alloc_buffers(s, err))) {
+        gd_close(&s->base);
+        return rc;
+    }
+    set_costs(s);
+    *out = &s->base;
+    return EM_OK;
+}

@@ -124,7 +124,7 @@ static int upload_weights(gdspark *s, em_err *err) {
         (rc = up_vec(s, c->out_norm, hp->d, "drafter norms", &s->out_norm, err)) ||
         (rc = up_vec(s, c->conf_w, hp->conf ? hp->d + (hp->conf_markov ? hp->rank : 0) : 0, "confidence head",
                      &s->conf_w, err)) ||
-        (rc = up_vec(s, c->conf_t, hp->block, "confidence temperatures", &s->conf_t, err)))
+        (rc = up_vec(s, c->conf_t, s->base.info.n_drafts, "confidence temperatures", &s->conf_t, err)))
         return rc;
     if (s->head_is_embd) s->head = s->embd;
     if (c->d2t) {

@@ -317,7 +317,11 @@ static int run_propose(gdspark *s, bool logits, em_err *err) {
         rc = propose_pass(s, logits, err);
         em_err cerr = { 0 };
         int rc2 = em_gpu_capture_end(s->g, gr, rc ? &cerr : err);
-        if (rc || rc2) return rc ? rc : rc2;
+        if (rc || rc2) { /* never replay a half-captured pass */
+            em_gpu_graph_free(*gr);
+            *gr = NULL;
+            return rc ? rc : rc2;
+        }
     }
     return em_gpu_graph_launch(s->g, *gr, err);
 }

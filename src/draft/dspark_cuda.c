@@ -3,7 +3,8 @@
  * it is tested against (tests/cuda/test_gpu_draft.c).
  *
  * The file is loaded by dspark_load.c as for the CPU (hparams, host views of every matrix, the
- * RoPE table); each weight is then uploaded once. add_context uploads the feature rows and
+ * RoPE table); each weight is then uploaded once, except an embedding or LM head borrowed from
+ * a target on the same device, whose device copy it uses (em_target_shared.d_*). add_context uploads the feature rows and
  * writes each layer's K (k_norm, RoPE at the row's position) and V into a context cache on the
  * device. propose uploads one em_gpu_draft_io (the block's tokens and positions, the context
  * length and the keep test's walk), replays one CUDA graph that runs the block forward, the
@@ -42,7 +43,8 @@ typedef struct gdspark {
     char device[288]; /* "cuda:N (name)" */
     gd_layer *layers;
     em_gpu_mat fc, embd, head, w1, w2;
-    bool head_is_embd; /* one upload when the file (or the target) ties them */
+    bool head_is_embd;   /* one upload when the file (or the target) ties them */
+    bool lent_embd, lent_head; /* the target's device copies (same device): not ours to free */
     float *hidden_norm, *out_norm, *conf_w, *conf_t;
     int32_t *d2t;
     double *inv_freq;
@@ -108,7 +110,32 @@ static int upload_layer(gdspark *s, int l, em_err *err) {
     return EM_OK;
 }
 
-static int upload_weights(gdspark *s, em_err *err) {
+/* The target's device copy of m when the drafter borrowed m from a target on this device. */
+static const em_gpu_mat *lent(const em_target_shared *t, int index, const em_mat *m) {
+    if (!t || t->cuda_index != index || !m->data) return NULL;
+    if (t->d_token_embd && t->token_embd && m->data == t->token_embd->data) return t->d_token_embd;
+    if (t->d_output && t->output && m->data == t->output->data) return t->d_output;
+    return NULL;
+}
+
+/* The embedding and the LM head: the target's device copies when it lends them, else ours. */
+static int embd_head(gdspark *s, const em_target_shared *t, int index, em_err *err) {
+    const dspark *c = s->cpu;
+    const em_gpu_mat *de = lent(t, index, &c->embd), *dh = lent(t, index, &c->head);
+    int rc = EM_OK;
+    s->head_is_embd = c->head.data == c->embd.data && c->head.type == c->embd.type;
+    if ((s->lent_embd = de != NULL)) s->embd = *de;
+    else rc = up_mat(s, &c->embd, "token_embd", &s->embd, err);
+    if (rc || s->head_is_embd) {
+        s->head = s->embd, s->lent_head = s->lent_embd;
+        return rc;
+    }
+    if ((s->lent_head = dh != NULL)) s->head = *dh;
+    else rc = up_mat(s, &c->head, "output", &s->head, err);
+    return rc;
+}
+
+static int upload_weights(gdspark *s, const em_target_shared *t, int index, em_err *err) {
     const dspark *c = s->cpu;
     const dsp_hparams *hp = &c->hp;
     int rc;
@@ -116,9 +143,7 @@ static int upload_weights(gdspark *s, em_err *err) {
     if (!s->layers) return EM_ENOMEM;
     for (int l = 0; l < hp->n_layer; l++)
         if ((rc = upload_layer(s, l, err))) return rc;
-    s->head_is_embd = c->head.data == c->embd.data && c->head.type == c->embd.type;
-    if ((rc = up_mat(s, &c->fc, "fc.weight", &s->fc, err)) || (rc = up_mat(s, &c->embd, "token_embd", &s->embd, err)) ||
-        (!s->head_is_embd && (rc = up_mat(s, &c->head, "output", &s->head, err))) ||
+    if ((rc = up_mat(s, &c->fc, "fc.weight", &s->fc, err)) || (rc = embd_head(s, t, index, err)) ||
         (rc = up_mat(s, &c->w1, "markov W1", &s->w1, err)) || (rc = up_mat(s, &c->w2, "markov W2", &s->w2, err)) ||
         (rc = up_vec(s, c->hidden_norm, hp->d, "drafter norms", &s->hidden_norm, err)) ||
         (rc = up_vec(s, c->out_norm, hp->d, "drafter norms", &s->out_norm, err)) ||
@@ -126,7 +151,6 @@ static int upload_weights(gdspark *s, em_err *err) {
                      &s->conf_w, err)) ||
         (rc = up_vec(s, c->conf_t, s->base.info.n_drafts, "confidence temperatures", &s->conf_t, err)))
         return rc;
-    if (s->head_is_embd) s->head = s->embd;
     if (c->d2t) {
         if ((rc = em_gpu_alloc(s->g, (uint64_t)hp->dvocab * sizeof(int32_t), "d2t", (void **)&s->d2t, err)) ||
             (rc = em_gpu_upload(s->g, s->d2t, c->d2t, (uint64_t)hp->dvocab * sizeof(int32_t), err)))
@@ -398,7 +422,8 @@ static void gd_close(em_drafter *d) {
             float *v[] = { y->attn_norm, y->ffn_norm, y->q_norm, y->k_norm, y->bq, y->bk, y->bv };
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) em_gpu_free(s->g, v[i]);
         }
-        em_gpu_mat *m[] = { &s->fc, &s->embd, s->head_is_embd ? NULL : &s->head, &s->w1, &s->w2 };
+        em_gpu_mat *m[] = { &s->fc, s->lent_embd ? NULL : &s->embd, s->head_is_embd || s->lent_head ? NULL : &s->head,
+                            &s->w1, &s->w2 };
         for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
             if (m[i]) em_gpu_mat_free(s->g, m[i]);
         void *v[] = { s->hidden_norm, s->out_norm, s->conf_w, s->conf_t, s->d2t, s->inv_freq, s->kc, s->vc, s->feat,
@@ -467,7 +492,7 @@ int em_dspark_cuda_open(em_drafter **out, const char *draft_path, const em_targe
     s->base.info.n_ctx = 0;
     s->base.info.device = s->device;
     s->cap = s->cpu->cap;
-    if ((rc = upload_weights(s, err)) || (rc = alloc_buffers(s, err))) {
+    if ((rc = upload_weights(s, target, cuda_index, err)) || (rc = alloc_buffers(s, err))) {
         gd_close(&s->base);
         return rc;
     }

@@ -452,7 +452,7 @@ static int kimi_shared_weights(const em_target *t, em_target_shared *out, em_err
     const kimi *k = (const kimi *)t;
     *out = (em_target_shared){ .path = em_gguf_path(k->g), .arch = t->info.arch, .n_embd = k->hp.n_embd,
                                .n_layer = k->hp.n_layer, .n_vocab = k->hp.n_vocab, .token_embd = &k->w.tok_embd,
-                               .output = &k->w.output };
+                               .output = &k->w.output, .cuda_index = -1 };
     return EM_OK;
 }
 

@@ -894,7 +894,8 @@ static int gk_shared_weights(const em_target *t, em_target_shared *out, em_err *
     const gk *k = (const gk *)t;
     *out = (em_target_shared){ .path = em_gguf_path(k->g), .arch = t->info.arch, .n_embd = k->hp.n_embd,
                                .n_layer = k->hp.n_layer, .n_vocab = k->hp.n_vocab, .token_embd = &k->w.tok_embd,
-                               .output = &k->w.output };
+                               .output = &k->w.output, .cuda_index = em_gpu_get_info(k->gpu)->index,
+                               .d_token_embd = dmat(k, &k->w.tok_embd), .d_output = dmat(k, &k->w.output) };
     return EM_OK;
 }
 

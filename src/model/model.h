@@ -209,6 +209,10 @@ struct em_target_shared {
     int n_embd, n_layer, n_vocab;
     const struct em_mat *token_embd; /* [n_vocab] rows of n_embd, readable as values; NULL: none */
     const struct em_mat *output;     /* the LM head, [n_vocab] rows of n_embd; NULL: none */
+    /* a target on a CUDA device: its device copies of the two (backend/gpu.h), which a drafter
+     * on the same device uses instead of uploading its own; cuda_index -1 (and NULLs): none */
+    int cuda_index;
+    const struct em_gpu_mat *d_token_embd, *d_output;
 };
 /* Fills out. EM_EUNSUPPORTED when the target lends nothing, EM_EFORMAT when its file lacks
  * tensor data (cut short: nothing may read it). */

@@ -7,8 +7,13 @@
  * builds can be checked to propose bit-identical blocks. A benchmark (prints numbers), not a
  * test.
  *
+ * --device cuda:N runs the drafter there (draft/dspark_cuda.c): the block stops at n_max = keep
+ * slots (a device drafter takes no keep callback) and no logits rows are downloaded, as in the
+ * decode loop; its hash covers tokens and confidences only.
+ *
  * usage: bench_draft DRAFT.gguf TARGET.gguf [--threads N] [--keep K] [--passes P] [--reps R]
- *                    [--ctx C] [--step S] [--vary 1]   (--vary 1: stop after 1, 2, .. K slots in turn) */
+ *                    [--ctx C] [--step S] [--vary 1] [--device D]
+ *        (--vary 1: stop after 1, 2, .. K slots in turn) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,12 +48,14 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_draft DRAFT.gguf TARGET.gguf [--threads N] [--keep K] [--passes P] "
-                        "[--reps R] [--ctx C] [--step S] [--vary 1]\n");
+                        "[--reps R] [--ctx C] [--step S] [--vary 1] [--device D]\n");
         return 2;
     }
     int threads = 2, keep = 6, passes = 30, reps = 15, ctx = 16, step = 4, vary = 0;
+    const char *device = NULL;
     for (int i = 3; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--device")) device = strcmp(argv[i + 1], "cpu") ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--threads")) threads = v;
         else if (!strcmp(argv[i], "--keep")) keep = v;
         else if (!strcmp(argv[i], "--passes")) passes = v;
@@ -61,7 +68,7 @@ int main(int argc, char **argv) {
     em_drafter *d = NULL;
     em_target *t = NULL; /* opened only to lend the drafter its embedding / LM head */
     em_target_shared shared;
-    em_draft_opts o = { .n_threads = threads, .n_ctx = 4096 };
+    em_draft_opts o = { .n_threads = threads, .n_ctx = 4096, .device = device };
     if (em_model_open(&t, argv[2], &(em_model_opts){ .n_threads = 1 }, &err) ||
         em_target_shared_weights(t, &shared, &err) || em_draft_open(&d, argv[1], &shared, &o, &err)) {
         fprintf(stderr, "bench_draft: %s\n", err.msg);
@@ -96,13 +103,14 @@ int main(int argc, char **argv) {
                 if (em_draft_add_context(d, feats, ctx, &err)) goto fail;
             }
             if (em_draft_add_context(d, feats, step, &err)) goto fail;
-            em_draft_out out = { .tokens = toks, .logits = logits, .conf_logits = conf };
-            em_draft_chain chain = { .keep = keep_first, .keep_ud = &ud }; /* greedy picks */
+            em_draft_out out = { .tokens = toks, .logits = device ? NULL : logits, .conf_logits = conf };
+            em_draft_chain chain = { .keep = device ? NULL : keep_first, .keep_ud = &ud }; /* greedy picks */
             if (vary) ud.keep = keep > 0 ? 1 + p % keep : 0; /* stops at 1 .. keep in turn */
-            if (em_draft_propose(d, anchor, nd, &chain, &out, &err)) goto fail;
+            const int n_max = device ? (ud.keep > 0 ? ud.keep : 1) : nd;
+            if (em_draft_propose(d, anchor, n_max, &chain, &out, &err)) goto fail;
             hash = fnv(hash, toks, (size_t)out.n * sizeof *toks);
             hash = fnv(hash, conf, (size_t)(out.n < nd ? out.n + 1 : nd) * sizeof *conf);
-            hash = fnv(hash, logits, (size_t)out.n * (size_t)info->n_vocab * sizeof *logits);
+            if (!device) hash = fnv(hash, logits, (size_t)out.n * (size_t)info->n_vocab * sizeof *logits);
             made += out.n;
             anchor = out.n > 0 ? toks[out.n - 1] : anchor;
         }
@@ -111,8 +119,8 @@ int main(int argc, char **argv) {
     }
     qsort(wall, (size_t)reps, sizeof *wall, cmp_double);
     qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
-    printf("bench_draft: %d threads, keep %d, %d passes x %d reps: %.1f us wall, %.1f us cpu per pass (median; "
-           "min wall %.1f), %.2f slots per pass, hash %016llx\n", threads, keep, passes, reps, wall[reps / 2],
+    printf("bench_draft: %s, %d threads, keep %d, %d passes x %d reps: %.1f us wall, %.1f us cpu per pass (median; "
+           "min wall %.1f), %.2f slots per pass, hash %016llx\n", info->device, threads, keep, passes, reps, wall[reps / 2],
            cpu[reps / 2], wall[0], (double)made / ((double)passes * reps), (unsigned long long)hash);
     em_draft_close(d);
     em_target_close(t);

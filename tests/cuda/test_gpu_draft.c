@@ -4,9 +4,10 @@
  *    and causal, context lengths 0, 1, 100 and 333;
  *  - greedy proposes of the default pair (models/) and of the DSpark fixture drafter (kimi_a +
  *    dspark_deepspec, converted by run.sh into MODELS_DIR) after context rows added in pieces
- *    of 1, 5 and 37 (past one upload's 16): every slot's corrected logits within 1e-3 of the
- *    largest logit, confidence logits within 1e-3, the same tokens wherever the CPU's best
- *    logit leads its second by more than that, the keep test stopping at the same slot (with
+ *    of 1, 5 and 37 (past one upload's 16): every slot's corrected logits within tol of the
+ *    largest logit, confidence logits within tol (tol: 1e-4 for the F32 fixture, 3e-2 for the
+ *    Q8_0 pair, test_pair says why), the same tokens wherever the CPU's best logit leads its
+ *    second by more than that, the keep test stopping at the same slot (with
  *    the loop's kind of cost table), n_max honoured; a reset and the same again;
  *  - refusals: a sampling chain (EM_EUNSUPPORTED, and nothing drawn), the gated and rnn Markov
  *    heads at open, a device that is not there.
@@ -164,8 +165,10 @@ static void costs(em_draft_sched_params *sp, int n_max) {
     for (int n = 1; n <= sp->n_cost; n++) sp->cost[n - 1] = 1.0 + 0.15 * (n - 1);
 }
 
-/* One propose on both; compares logits, confidences, tokens. */
-static void compare_propose(const char *label, pair *p, int32_t anchor, int n_max, bool sched) {
+/* One propose on both; compares logits (max |d| over the largest |logit| within tol),
+ * confidences (|d| within tol) and tokens (equal, or the chains part at a near tie: the CPU's
+ * best two logits within tol of the largest). */
+static void compare_propose(const char *label, pair *p, int32_t anchor, int n_max, bool sched, double tol) {
     const em_draft_info *in = em_draft_get_info(p->cpu);
     const int V = in->n_vocab, nd = in->n_drafts;
     int32_t tc[EM_DRAFT_MAX_BLOCK], tg[EM_DRAFT_MAX_BLOCK];
@@ -195,11 +198,11 @@ static void compare_propose(const char *label, pair *p, int32_t anchor, int n_ma
         for (int i = 0; i < V; i++)
             if (isfinite(a[i]) || isfinite(b[i])) worst = fmax(worst, fabs((double)a[i] - b[i]) / (mx > 0 ? mx : 1));
         if (tc[k] == tg[k]) same++;
-        else if (b1 - b2 <= 1e-3f * mx) ties++, n = k + 1; /* a near tie: the chains part here */
+        else if (b1 - b2 <= tol * mx) ties++, n = k + 1; /* a near tie: the chains part here */
         else ok = false;
         if (in->has_confidence) worst_z = fmax(worst_z, fabs((double)zc[k] - zg[k]));
     }
-    ok = ok && worst < 1e-3 && worst_z < 1e-3 && (ties || oc.n == og.n) && og.n <= n_max;
+    ok = ok && worst < tol && worst_z < tol && (ties || oc.n == og.n) && og.n <= n_max;
     record(label, ok, "%d/%d drafts (cpu %d, gpu %d), logits %.1e, conf %.1e, near ties %d (rc %d %s)", same, n, oc.n,
            og.n, worst, worst_z, ties, rc, err.msg);
     free(lc), free(lg);
@@ -216,7 +219,12 @@ static void add_rows(pair *p, int rows) {
     free(f);
 }
 
-static void test_pair(const char *name, const char *target, const char *draft) {
+/* tol: 1e-4 for F32 weights (the products' and the attention's orders differ, nothing else);
+ * 3e-2 for Q8_0 weights, whose activations are quantized: a value that lands on the other side
+ * of an int8 rounding step moves a product's output by up to half a step (1/254 of the row's
+ * largest value) times its weight, as between the CPU and the GPU target (docs/cuda.md run 8:
+ * kimi_b q8_0 1.5e-2, argmax equal). */
+static void test_pair(const char *name, const char *target, const char *draft, double tol) {
     pair p;
     em_err err = { 0 };
     int rc = open_pair(&p, target, draft, &err);
@@ -236,9 +244,9 @@ static void test_pair(const char *name, const char *target, const char *draft) {
                 const int32_t anchor = (int32_t)((a * 7919 + i * 104729 + round * 31) % V);
                 snprintf(label, sizeof label, "%s: r%d ctx %lld anchor %d all", name, round,
                          (long long)em_draft_get_info(p.gpu)->n_ctx, anchor);
-                compare_propose(label, &p, anchor, nd, false);
+                compare_propose(label, &p, anchor, nd, false, tol);
                 snprintf(label, sizeof label, "%s: r%d keep test, n_max %d", name, round, a + 2);
-                compare_propose(label, &p, anchor, a + 2 < nd ? a + 2 : nd, true);
+                compare_propose(label, &p, anchor, a + 2 < nd ? a + 2 : nd, true, tol);
             }
         }
         em_draft_reset(p.cpu);
@@ -303,11 +311,11 @@ int main(int argc, char **argv) {
     printf("== GPU drafter checks (%s) ==\n", em_gpu_get_info(g)->name);
     test_attention(g);
     em_gpu_close(g);
-    test_pair("default pair", "models/kimi-linear-19m-q8_0.gguf", "models/dspark-kimi-linear-19m-q8_0.gguf");
+    test_pair("default pair", "models/kimi-linear-19m-q8_0.gguf", "models/dspark-kimi-linear-19m-q8_0.gguf", 3e-2);
     char t[512], d[512];
     snprintf(t, sizeof t, "%s/kimi_a_f32.gguf", argv[1]);
     snprintf(d, sizeof d, "%s/dspark_deepspec_f32.gguf", argv[1]);
-    test_pair("fixture kimi_a + dspark_deepspec", t, d);
+    test_pair("fixture kimi_a + dspark_deepspec", t, d, 1e-4);
     test_refusals(argv[1]);
     printf("== %d checks, %d passed, %d failed ==\n", n_ok + n_fail, n_ok, n_fail);
     return n_fail ? 1 : 0;

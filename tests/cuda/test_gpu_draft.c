@@ -5,7 +5,7 @@
  *  - greedy proposes of the default pair (models/) and of the DSpark fixture drafter (kimi_a +
  *    dspark_deepspec, converted by run.sh into MODELS_DIR) after context rows added in pieces
  *    of 1, 5 and 37 (past one upload's 16): every slot's corrected logits within tol of the
- *    largest logit, confidence logits within tol (tol: 1e-4 for the F32 fixture, 3e-2 for the
+ *    largest logit, confidence logits within tol of max(1, |z|) (tol: 1e-4 for the F32 fixture, 3e-2 for the
  *    Q8_0 pair, test_pair says why), the same tokens wherever the CPU's best logit leads its
  *    second by more than that, the keep test stopping at the same slot (with
  *    the loop's kind of cost table), n_max honoured; a reset and the same again;
@@ -166,7 +166,7 @@ static void costs(em_draft_sched_params *sp, int n_max) {
 }
 
 /* One propose on both; compares logits (max |d| over the largest |logit| within tol),
- * confidences (|d| within tol) and tokens (equal, or the chains part at a near tie: the CPU's
+ * confidences (|d| over max(1, |z|) within tol) and tokens (equal, or the chains part at a near tie: the CPU's
  * best two logits within tol of the largest). */
 static void compare_propose(const char *label, pair *p, int32_t anchor, int n_max, bool sched, double tol) {
     const em_draft_info *in = em_draft_get_info(p->cpu);
@@ -200,7 +200,8 @@ static void compare_propose(const char *label, pair *p, int32_t anchor, int n_ma
         if (tc[k] == tg[k]) same++;
         else if (b1 - b2 <= tol * mx) ties++, n = k + 1; /* a near tie: the chains part here */
         else ok = false;
-        if (in->has_confidence) worst_z = fmax(worst_z, fabs((double)zc[k] - zg[k]));
+        if (in->has_confidence) /* a logit of its own scale: relative to max(1, |z|) */
+            worst_z = fmax(worst_z, fabs((double)zc[k] - zg[k]) / fmax(1.0, fabs((double)zc[k])));
     }
     ok = ok && worst < tol && worst_z < tol && (ties || oc.n == og.n) && og.n <= n_max;
     record(label, ok, "%d/%d drafts (cpu %d, gpu %d), logits %.1e, conf %.1e, near ties %d (rc %d %s)", same, n, oc.n,

@@ -18,35 +18,14 @@
 #include "model/model.h"
 #include "sample/sample.h"
 
+#include "check.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int n_fail, n_ok;
-
-static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void record(const char *name, int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char d[300];
-    vsnprintf(d, sizeof d, fmt, ap);
-    va_end(ap);
-    printf("%-4s %-44s %s\n", ok ? "ok" : "FAIL", name, d);
-    fflush(stdout);
-    if (ok) n_ok++;
-    else n_fail++;
-}
-
-static void *xcalloc(size_t n, size_t s) {
-    void *p = calloc(n ? n : 1, s);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float randn(void) {

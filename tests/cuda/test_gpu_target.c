@@ -21,6 +21,8 @@
 #include "../compat/k3_synth.h"
 
 #include <jansson.h>
+#include "check.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,30 +31,7 @@
 
 #define MAXN 20 /* the widest verify checked (past max_verify 16) */
 
-static int n_fail, n_ok;
 static const char *models_dir;
-
-static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void record(const char *name, int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char d[300];
-    vsnprintf(d, sizeof d, fmt, ap);
-    va_end(ap);
-    printf("%-4s %-44s %s\n", ok ? "ok" : "FAIL", name, d);
-    fflush(stdout);
-    if (ok) n_ok++;
-    else n_fail++;
-}
-
-static void *xcalloc(size_t n, size_t s) {
-    void *p = calloc(n ? n : 1, s);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 static em_target *open_on(const char *path, int device, const em_model_opts *base, em_err *err) {
     em_model_opts o = base ? *base : (em_model_opts){ 0 };

@@ -98,6 +98,12 @@ if [ -n "${EMBER_GPU_BENCH48:-}" ] && [ -x "$dir/bin/bench_target" ] && [ -f "$d
   [ -n "${EMBER_GPU_BENCH_NOPDL:-}" ] && step bench48_nopdl env EMBER_GPU_PDL=0 "$dir/bin/bench_target" \
     -m /dev/shm/k48.gguf --device cuda:0 -p 1024 -n 128 --reps "${EMBER_GPU_BENCH_REPS:-3}"
 fi
+# the default pair on the eval prompts in one process (bench/bench_pair.c; EMBER_GPU_BENCH_PAIR=1):
+# plain against speculative, the whole pair on cuda:0, then the target on cuda:0 with a CPU drafter
+if [ -n "${EMBER_GPU_BENCH_PAIR:-}" ] && [ -x "$dir/bin/bench_pair" ]; then
+  step bench_pair_gpu "$dir/bin/bench_pair" --device cuda:0 --draft-device cuda:0 --limit 64
+  step bench_pair_gpu_cpu "$dir/bin/bench_pair" --device cuda:0 --draft-device cpu --limit 64
+fi
 # where a decode pass's time goes, kernel by kernel (EMBER_GPU_PROFILE48=1, after the benchmark
 # wrote the model): Nsight Compute's duration of each kernel alone, summed per kernel, over a
 # 64-token prompt and 8 greedy steps; the summary table is the log's end
@@ -127,7 +133,7 @@ fi
 echo
 grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
 grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" "$out/test_gpu_target.log" 2>/dev/null
-for b in bench48 bench48_nopdl benchk3; do [ -f "$out/$b.log" ] && cat "$out/$b.log"; done
+for b in bench48 bench48_nopdl benchk3 bench_pair_gpu bench_pair_gpu_cpu; do [ -f "$out/$b.log" ] && cat "$out/$b.log"; done
 echo "== device run summary =="
 fail=0
 for i in "${!names[@]}"; do

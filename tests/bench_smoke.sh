@@ -11,6 +11,7 @@
 #     -n 0 has no decode entry; prompts longer than the model's default context work;
 #   - the text table has a prompt and a decode line;
 #   - bad flags exit 2, a missing model exits 1;
+#   - bench_pair (the default pair, one prompt a set): speculative tokens equal plain ones;
 #   - compat_llama_ref bench --json: the same fields, llama.cpp's settings reported (n_ubatch
 #     512, F16 K/V cache); skipped (the rest still counts) when npm cannot install the package.
 #
@@ -107,6 +108,15 @@ check "exit of an unknown flag" 2 $?
 "$EMBER" bench -m "$W/missing.gguf" >/dev/null 2>"$W/e5.err"
 check "exit of a missing model" 1 $?
 grep -q "missing.gguf" "$W/e5.err" && pass || fail "missing model message: $(cat "$W/e5.err")"
+
+# bench_pair (bench/bench_pair.c): the default pair on one prompt of each set, plain and
+# speculative in one process; its own identity check decides the exit status
+if [ -x "$BUILD/bench_pair" ] && [ -f "$SRC/models/dspark-kimi-linear-19m-q8_0.gguf" ]; then
+    (cd "$SRC" && "$BUILD/bench_pair" --limit 1 -n 16 --threads 1) >"$W/p1.txt" 2>"$W/p1.err" &&
+        [ "$(grep -c 'identical 1/1' "$W/p1.txt")" = 2 ] && pass || fail "bench_pair: $(cat "$W/p1.txt" "$W/p1.err" | tail -n 4)"
+    "$BUILD/bench_pair" --limit 0 >/dev/null 2>&1
+    check "bench_pair: exit of --limit 0" 2 $?
+fi
 
 BINS=$(em_npm_ggml_bins "$SRC")
 rc=$?

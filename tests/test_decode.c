@@ -900,6 +900,7 @@ typedef struct tdraft {
     int n_table;
     float noise;
     int64_t proposals;
+    bool greedy_only;          /* refuse sampling chains (EM_EUNSUPPORTED), as a device drafter does */
 } tdraft;
 
 static int td_add_context(em_drafter *d, const float *feats, int n, em_err *err) {
@@ -953,8 +954,9 @@ static float td_slot(tdraft *t, int k, int64_t pos, int32_t prev) {
 
 static int td_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain,
                       em_draft_out *out, em_err *err) {
-    (void)err;
     tdraft *t = (tdraft *)d;
+    if (t->greedy_only && chain->sampler && em_sampler_params_of(chain->sampler)->temperature > 0)
+        return em_err_set(err, EM_EUNSUPPORTED, "test drafter: greedy chains only");
     int64_t pos = d->info.n_ctx; /* the anchor's */
     assert_true(pos + d->info.n_drafts + 1 < TD_MAX_POS);
     for (int64_t p = t->last_anchor_pos + 1; t->last_anchor_pos >= 0 && p < pos; p++) {
@@ -1561,6 +1563,34 @@ static void test_decode_lossless(void **state) {
     exact_free(&x);
 }
 
+/* A drafter that refuses sampling chains (EM_EUNSUPPORTED, before any draw; the drafter on a
+ * GPU does): a sampled request then decodes plainly, the same tokens as plain decoding with
+ * the same seed, nothing drafted, and the next greedy request drafts again. */
+static void test_decode_refused_chain(void **state) {
+    (void)state;
+    NEED_MODEL();
+    int32_t prompt[4] = { 72, 316, 111, 259 };
+    tdraft *d = td_create(TD_ORACLE, g_tf, 7, true, 1);
+    d->greedy_only = true;
+    collect truth = { 0 }, a = { 0 }, b = { 0 }, c = { 0 };
+    plain_greedy(g_tf, prompt, 4, GEN_N + 8, &truth);
+    int32_t *seq = concat(prompt, 4, truth.ids, truth.n);
+    d->truth = seq, d->n_truth = 4 + truth.n;
+    em_decode_params ps = sampled(GEN_N, 77, 8);
+    em_decode_result rp = gen_with(g_tf, NULL, 0, 0, prompt, 4, &ps, &a);
+    em_decode_result rs = gen_with(g_tf, &d->base, 0, 0, prompt, 4, &ps, &b);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.ids, b.ids, (size_t)a.n * sizeof a.ids[0]);
+    assert_int_equal(rs.drafted, 0);
+    assert_int_equal(rs.passes, rp.passes);
+    em_decode_params pg = greedy(GEN_N);
+    em_decode_result rg = gen_with(g_tf, &d->base, 0, 0, prompt, 4, &pg, &c);
+    assert_memory_equal(c.ids, truth.ids, (size_t)GEN_N * sizeof c.ids[0]);
+    assert_true(rg.drafted > 0);
+    free(seq);
+    td_close(&d->base);
+}
+
 /* ---- whether to draft: the governor -------------------------------------------------------- */
 
 #define GOV_N 150
@@ -1838,6 +1868,7 @@ int main(void) {
         cmocka_unit_test(test_decode_stops),    cmocka_unit_test(test_decode_commit_state),
         cmocka_unit_test(test_decode_lossless), cmocka_unit_test(test_decode_bad_input),
         cmocka_unit_test(test_decode_governed), cmocka_unit_test(test_decode_governed_memory),
+        cmocka_unit_test(test_decode_refused_chain),
         cmocka_unit_test(test_decode_dspark_fixtures), cmocka_unit_test(test_decode_long_prompt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -47,6 +47,7 @@
 #include "quant/quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,7 +326,9 @@ static int draft_block(gen *g, int32_t anchor, int limit, em_err *err) {
         chain.sched = &sp;
     }
     if (!rc && (rc = em_draft_propose(d, anchor, want, &chain, &o, err)) == EM_EUNSUPPORTED && !g->greedy) {
-        em_log(EM_LOG_WARN, "%s: decoding this request plainly", err ? err->msg : "the drafter refused the chain");
+        static atomic_bool warned; /* once a process: a server would repeat it every request */
+        em_log(atomic_exchange(&warned, true) ? EM_LOG_DEBUG : EM_LOG_WARN, "%s: decoding sampled requests plainly",
+               err ? err->msg : "the drafter refused the chain");
         if (err) *err = (em_err){ 0 };
         g->no_draft = true;
         rc = EM_OK, o.n = 0;

@@ -4,12 +4,13 @@
  *
  * The file is loaded by dspark_load.c as for the CPU (hparams, host views of every matrix, the
  * RoPE table); each weight is then uploaded once, except an embedding or LM head borrowed from
- * a target on the same device, whose device copy it uses (em_target_shared.d_*). add_context uploads the feature rows and
- * writes each layer's K (k_norm, RoPE at the row's position) and V into a context cache on the
- * device. propose uploads one em_gpu_draft_io (the block's tokens and positions, the context
- * length and the keep test's walk), replays one CUDA graph that runs the block forward, the
- * LM head of every draft slot and, slot by slot, the Markov embedding of the previous pick,
- * the confidence and keep test, the vanilla Markov bias and the pick, all reading the chain's
+ * a target on the same device, whose device copy it uses (em_target_shared.d_*). add_context
+ * uploads the feature rows and writes each layer's K (k_norm, RoPE at the row's position) and
+ * V into a context cache on the device. propose uploads one em_gpu_draft_io (the block's
+ * tokens and positions, the context length and the keep test's walk), replays one CUDA graph
+ * that runs the block forward, the LM head of every draft slot and, slot by slot, the Markov
+ * embedding of the previous pick, the confidence and keep test, the vanilla Markov bias and
+ * the pick, all reading the chain's
  * state on the device, then downloads the io: one upload and one download per block, no host
  * round trip per slot.
  *

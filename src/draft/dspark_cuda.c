@@ -10,9 +10,8 @@
  * tokens and positions, the context length and the keep test's walk), replays one CUDA graph
  * that runs the block forward, the LM head of every draft slot and, slot by slot, the Markov
  * embedding of the previous pick, the confidence and keep test, the vanilla Markov bias and
- * the pick, all reading the chain's
- * state on the device, then downloads the io: one upload and one download per block, no host
- * round trip per slot.
+ * the pick, all reading the chain's state on the device, then downloads the io: one upload
+ * and one download per block, no host round trip per slot.
  *
  * Scope (refused with EM_EUNSUPPORTED, naming the file): greedy chains only (no sampler, no
  * test callbacks), the vanilla Markov head or none, blocks of at most EM_GPU_DRAFT_MAX_BLOCK.

@@ -137,7 +137,7 @@ static double get_num(json_t *o, const char *key) {
 /* Checks every field; returns the tokens (malloc'd) and their count. */
 static int32_t *check_json(json_t *j, int *n_tokens) {
     static const char *const top[] = { "tokens", "n_prompt", "n_gen", "tok_per_s", "prompt_tok_per_s",
-                                       "finish", "spec", "experts" };
+                                       "finish", "spec", "experts", "device", "draft_device" };
     assert_int_equal(json_object_size(j), sizeof top / sizeof top[0]);
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (!json_object_get(j, top[i])) fail_msg("no '%s'", top[i]);
@@ -159,6 +159,8 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     const char *finish = json_string_value(json_object_get(j, "finish"));
     assert_non_null(finish);
     assert_true(!strcmp(finish, "stop") || !strcmp(finish, "length"));
+    assert_string_equal(json_string_value(json_object_get(j, "device")), "cpu");
+    assert_true(json_is_null(json_object_get(j, "draft_device"))); /* plain: no drafter */
 
     json_t *spec = json_object_get(j, "spec");
     static const char *const spec_keys[] = { "passes", "drafted", "accepted", "tau", "fast_commits",
@@ -366,6 +368,8 @@ static void test_draft(void **state) {
     char *spec_out = read_text("out.txt");
     assert_memory_equal(strstr(spec_out, "\"tokens\":"), plain, (size_t)(strchr(plain, ']') - plain));
     json_t *spec = json_object_get(j, "spec");
+    assert_string_equal(json_string_value(json_object_get(j, "device")), "cpu"); /* where each ran */
+    assert_string_equal(json_string_value(json_object_get(j, "draft_device")), "cpu");
     assert_true(get_int(spec, "drafted") <= 4 * get_int(spec, "passes")); /* width 5: 4 drafts at most */
     assert_true(get_int(spec, "drafted") > 0 && get_num(spec, "draft_seconds") > 0);
     assert_true(get_num(spec, "mean_verify_width") > 1 && get_num(spec, "mean_verify_width") <= 5);

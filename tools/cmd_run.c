@@ -49,7 +49,8 @@ static const char run_usage[] =
     "                         prefetched, prefetch_used (experts read ahead; of them used),\n"
     "                         cache_bytes, gen_bytes_read, gen_bytes_per_token: read from\n"
     "                         storage after the prompt, and that over the tokens the passes\n"
-    "                         committed}\n"
+    "                         committed}, device and draft_device (where the target and the\n"
+    "                         drafter ran; draft_device null without a drafter)\n"
     EM_MODEL_FLAGS_USAGE
     "\n"
     "tok/s of generation counts the tokens after the first (which comes from the prompt's pass)\n"
@@ -235,7 +236,7 @@ static json_t *spec_json(const em_decode_result *r) {
                      (json_int_t)r->plain_passes);
 }
 
-static int print_json(const sink *k, const em_decode_result *r, const em_target *t, em_err *err) {
+static int print_json(const sink *k, const em_decode_result *r, const em_target *t, const em_drafter *d, em_err *err) {
     json_t *tokens = json_array();
     for (size_t i = 0; tokens && i < k->n; i++) json_array_append_new(tokens, json_integer(k->tokens[i]));
     json_t *spec = spec_json(r);
@@ -252,9 +253,11 @@ static int print_json(const sink *k, const em_decode_result *r, const em_target 
                                 (json_int_t)xc.cache_bytes, "gen_bytes_read", (json_int_t)r->gen_bytes_read,
                                 "gen_bytes_per_token", committed ? (double)r->gen_bytes_read / (double)committed : 0.0);
     json_t *o = tokens && spec && experts
-                    ? json_pack("{s:o, s:i, s:i, s:f, s:f, s:s, s:o, s:o}", "tokens", tokens, "n_prompt",
+                    ? json_pack("{s:o, s:i, s:i, s:f, s:f, s:s, s:o, s:o, s:s, s:o}", "tokens", tokens, "n_prompt",
                                 r->n_prompt, "n_gen", r->n_gen, "tok_per_s", gen_rate(r), "prompt_tok_per_s",
-                                prompt_rate(r), "finish", finish_name(r->finish), "spec", spec, "experts", experts)
+                                prompt_rate(r), "finish", finish_name(r->finish), "spec", spec, "experts", experts,
+                                "device", em_target_get_info(t)->device, "draft_device",
+                                d ? json_string(em_draft_get_info(d)->device) : json_null())
                     : NULL;
     if (!o) {
         json_decref(tokens);
@@ -309,7 +312,7 @@ static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_op
                 (unsigned long long)r.passes, (unsigned long long)r.accepted, (unsigned long long)r.drafted,
                 r.passes ? (double)(r.passes + r.accepted) / (double)r.passes : 0.0, r.mean_verify_width,
                 r.draft_seconds, (unsigned long long)r.plain_passes);
-    if (!rc && o->json) rc = print_json(&k, &r, t, err);
+    if (!rc && o->json) rc = print_json(&k, &r, t, d, err);
     if (!rc && (fflush(stdout) != 0 || ferror(stdout)))
         rc = em_err_set(err, EM_EIO, "writing to standard output failed");
     free(k.tokens);

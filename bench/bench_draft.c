@@ -40,11 +40,6 @@ static bool keep_first(void *ud, int k, float z) {
     return k < ((bench_ud *)ud)->keep;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_draft DRAFT.gguf TARGET.gguf [--threads N] [--keep K] [--passes P] "
@@ -117,11 +112,10 @@ int main(int argc, char **argv) {
         wall[r] = (em_time_now() - w0) / passes * 1e6;
         cpu[r] = (bench_cpu_now() - c0) / passes * 1e6;
     }
-    qsort(wall, (size_t)reps, sizeof *wall, cmp_double);
-    qsort(cpu, (size_t)reps, sizeof *cpu, cmp_double);
+    const double wall_med = bench_median(wall, reps), cpu_med = bench_median(cpu, reps);
     printf("bench_draft: %s, %d threads, keep %d, %d passes x %d reps: %.1f us wall, %.1f us cpu per pass (median; "
-           "min wall %.1f), %.2f slots per pass, hash %016llx\n", info->device, threads, keep, passes, reps, wall[reps / 2],
-           cpu[reps / 2], wall[0], (double)made / ((double)passes * reps), (unsigned long long)hash);
+           "min wall %.1f), %.2f slots per pass, hash %016llx\n", info->device, threads, keep, passes, reps, wall_med,
+           cpu_med, wall[0], (double)made / ((double)passes * reps), (unsigned long long)hash);
     em_draft_close(d);
     em_target_close(t);
     return 0;

@@ -26,6 +26,8 @@
 #include "model/model.h"
 #include "text/text.h"
 
+#include "bench_util.h"
+
 #define MAX_GEN 1024
 #define MAX_PROMPTS 64
 
@@ -39,16 +41,6 @@ static int collect(void *ud, int32_t token, const char *bytes, size_t len) {
     tokens *t = ud;
     if (token >= 0 && t->n < MAX_GEN) t->ids[t->n++] = token;
     return 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
 }
 
 static int device_of(const char *v, int *kind, int *index, em_err *err) {
@@ -119,8 +111,8 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
     if (rc) return rc;
     const double tau = passes ? (double)(passes + accepted) / (double)passes : 0;
     printf("%-28s %3d prompts  plain %7.0f tok/s  spec %7.0f tok/s  %.2fx (per prompt %.2fx)  tau %.2f  pass %.3f ms "
-           "(drafter %.3f)  identical %d/%d\n", path, n, median(tp, n), median(ts, n), median(ts, n) / median(tp, n),
-           median(ratio, n), tau, passes ? spec_s / (double)passes * 1e3 : 0, passes ? draft_s / (double)passes * 1e3 : 0,
+           "(drafter %.3f)  identical %d/%d\n", path, n, bench_median(tp, n), bench_median(ts, n), bench_median(ts, n) / bench_median(tp, n),
+           bench_median(ratio, n), tau, passes ? spec_s / (double)passes * 1e3 : 0, passes ? draft_s / (double)passes * 1e3 : 0,
            same, n);
     return same == n ? EM_OK : em_err_set(err, EM_EINVAL, "%s: speculative greedy tokens differ from plain on %d prompts",
                                           path, n - same);

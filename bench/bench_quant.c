@@ -29,6 +29,8 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
+#include "bench_util.h"
+
 #define MIB (1024ull * 1024ull)
 #define GIB (1024ull * MIB)
 #define MAX_RUNS 64
@@ -53,18 +55,13 @@ typedef struct options {
 
 /* ---- small utilities ---------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct stats {
     double min, median, max;
 } stats;
 
 static stats summarize(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    stats s = { v[0], n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[n - 1] };
+    const double median = bench_median(v, n);
+    stats s = { v[0], median, v[n - 1] };
     return s;
 }
 

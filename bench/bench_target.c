@@ -13,6 +13,8 @@
 #include "format/gguf.h"
 #include "model/model.h"
 
+#include "bench_util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,15 +34,6 @@ typedef struct sizes {
     double dense, expert, embd_row; /* bytes: non-expert weights, one expert, one embedding row */
     int n_expert, k;
 } sizes;
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what, const em_err *err) {
     fprintf(stderr, "bench_target: %s: %s\n", what, err->msg);
@@ -191,16 +184,16 @@ int main(int argc, char **argv) {
             die("verify (routes)", &err);
         ux[n] = info->n_route ? union_experts(routes, n, info, sz.k, sz.n_expert) : 0;
     }
-    const double pp_m = median(pp, o.reps), tg_m = median(tg, o.reps);
+    const double pp_m = bench_median(pp, o.reps), tg_m = bench_median(tg, o.reps);
     const double tok_bytes = sz.dense + sz.embd_row + (double)info->n_moe_layers * sz.k * sz.expert;
     const double roof = o.bw / tok_bytes;
-    double t1 = median(tw[1], o.reps);
+    double t1 = bench_median(tw[1], o.reps);
     if (o.json) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"open_s\":%.2f,\"prefill_tokens\":%d,\"prefill_tok_s\":%.1f,"
                "\"decode_tok_s\":%.1f,\"decode_ms\":%.4f,\"token_bytes\":%.0f,\"roofline_tok_s\":%.1f,\"verify\":[",
                o.model, info->device, open_s, o.n_prompt, pp_m, tg_m, 1e3 / tg_m, tok_bytes, roof);
         for (int n = 1; n <= o.max_width; n++) {
-            const double tn = median(tw[n], o.reps);
+            const double tn = bench_median(tw[n], o.reps);
             printf("%s{\"n\":%d,\"ms\":%.4f,\"ratio\":%.3f,\"union_experts\":%.0f,\"bytes\":%.0f}", n > 1 ? "," : "", n,
                    tn * 1e3, tn / t1, ux[n], sz.dense + ux[n] * sz.expert);
         }
@@ -213,7 +206,7 @@ int main(int argc, char **argv) {
                o.ctx_prompt, tg_m, 1e3 / tg_m, tok_bytes / 1e9, roof, o.bw / 1e12, 100.0 * tg_m / roof);
         printf("verify curve: n  ms  t(n)/t(1)  union experts (all MoE layers)  GB read\n");
         for (int n = 1; n <= o.max_width; n++) {
-            const double tn = median(tw[n], o.reps);
+            const double tn = bench_median(tw[n], o.reps);
             printf("  %2d  %.3f  %.2f  %5.0f  %.3f\n", n, tn * 1e3, tn / t1, ux[n], (sz.dense + ux[n] * sz.expert) / 1e9);
         }
     }

@@ -1,7 +1,8 @@
-/* tests/cuda/check.h: the check log the device tests share (test_gpu_target, test_gpu_draft):
- * one line per check ("ok" or "FAIL", its name, what was measured), counted for the summary
- * line and the exit status, and a calloc that ends the test when the host is out of memory.
- * Header-only: each test is one translation unit. */
+/* tests/cuda/check.h: the check log the device tests share (test_gpu_target, test_gpu_seq,
+ * test_gpu_draft): one line per check ("ok" or "FAIL", its name, what was measured), counted
+ * for the summary line and the exit status, and a calloc that ends the test when the host is
+ * out of memory. Header-only (static inline: a test uses what it needs); each test is one
+ * translation unit. */
 #ifndef EM_TESTS_CUDA_CHECK_H
 #define EM_TESTS_CUDA_CHECK_H
 
@@ -11,8 +12,8 @@
 
 static int n_fail, n_ok;
 
-static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void record(const char *name, int ok, const char *fmt, ...) {
+static inline void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline void record(const char *name, int ok, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     char d[300];
@@ -24,7 +25,7 @@ static void record(const char *name, int ok, const char *fmt, ...) {
     else n_fail++;
 }
 
-static void *xcalloc(size_t n, size_t s) {
+static inline void *xcalloc(size_t n, size_t s) {
     void *p = calloc(n ? n : 1, s);
     if (!p) {
         fprintf(stderr, "out of host memory\n");

@@ -13,8 +13,9 @@
 #include "compute/compute.h"
 #include "model/kda.h"
 
+#include "check.h"
+
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,24 +33,11 @@
 
 static em_gpu *G;
 static em_err E;
-static int n_fail, n_ok;
 static int no_bench;    /* --no-bench: checks only (the memcheck run) */
 static int mla_only;    /* --mla-only: the MLA checks and timings only */
 static int mla_profile; /* --mla-profile: one attend of 1 and of 16 rows at context 4096, nothing else
                          * (for a profiler: ncu -k regex:k_mla_) */
 
-static void record(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void record(const char *name, int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char d[200];
-    vsnprintf(d, sizeof d, fmt, ap);
-    va_end(ap);
-    printf("%-4s %-40s %s\n", ok ? "ok" : "FAIL", name, d);
-    fflush(stdout);
-    if (ok) n_ok++;
-    else n_fail++;
-}
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void) {

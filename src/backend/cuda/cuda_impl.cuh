@@ -98,4 +98,27 @@ static inline unsigned emc_blocks(int64_t work, int per_block) {
     return (unsigned)((work + per_block - 1) / per_block);
 }
 
+/* ---- argmax in a block (k_argmax, the drafter's pick) ---------------------------------------- */
+
+/* b beats a: a larger value, or an equal one at a lower index; an index of -1 is "none"
+ * (sample/'s em_argmax order). */
+__device__ __forceinline__ bool am_better(float bv, int bi, float av, int ai) {
+    if (bi < 0) return false;
+    if (ai < 0) return true;
+    return bv > av || (bv == av && bi < ai);
+}
+
+/* The best of the block's n (a power of two, = blockDim.x) (value, index) pairs in shared
+ * memory into sv[0], si[0], by a fixed halving tree. Every thread calls it after writing its
+ * pair and a barrier. */
+__device__ __forceinline__ void am_block_best(float *sv, int *si, int n) {
+    for (int h = n / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h && am_better(sv[threadIdx.x + h], si[threadIdx.x + h], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + h];
+            si[threadIdx.x] = si[threadIdx.x + h];
+        }
+        __syncthreads();
+    }
+}
+
 #endif

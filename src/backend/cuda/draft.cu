@@ -169,13 +169,6 @@ extern "C" int em_gpu_draft_keep(em_gpu *g, em_gpu_draft_io *d_io, int k, const 
 
 #define PICK_THREADS 1024
 
-/* b beats a: a larger value, or an equal one at a lower target id; an id of -1 is "none". */
-__device__ __forceinline__ bool pick_better(float bv, int bi, float av, int ai) {
-    if (bi < 0) return false;
-    if (ai < 0) return true;
-    return bv > av || (bv == av && bi < ai);
-}
-
 __global__ void __launch_bounds__(PICK_THREADS)
     k_draft_pick(em_gpu_draft_io *io, int k, const float *base, const float *bias, int dvocab, float softcap,
                  const int32_t *d2t, float *logits, int vocab) {
@@ -194,18 +187,12 @@ __global__ void __launch_bounds__(PICK_THREADS)
         if (bias) x += bias[i];
         const int id = d2t ? d2t[i] : i;
         if (logits) logits[id] = x;
-        if (!isnan(x) && pick_better(x, id, bv, bi)) bv = x, bi = id;
+        if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id; /* ids: target ids */
     }
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
     __syncthreads();
-    for (int s = PICK_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s && pick_better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
-            sv[threadIdx.x] = sv[threadIdx.x + s];
-            si[threadIdx.x] = si[threadIdx.x + s];
-        }
-        __syncthreads();
-    }
+    am_block_best(sv, si, PICK_THREADS);
     if (threadIdx.x != 0) return;
     /* em_argmax gives -1 only when every logit is NaN; a row of -inf still has an argmax */
     if (si[0] < 0) {

@@ -347,13 +347,6 @@ extern "C" int em_gpu_embed(em_gpu *g, const em_gpu_mat *table, const int32_t *d
 
 #define ARGMAX_THREADS 1024
 
-/* b beats a: a larger value, or an equal one at a lower index; an index of -1 is "none". */
-__device__ __forceinline__ bool am_better(float bv, int bi, float av, int ai) {
-    if (bi < 0) return false;
-    if (ai < 0) return true;
-    return bv > av || (bv == av && bi < ai);
-}
-
 __global__ void k_argmax(const float *x, int64_t ldx, int64_t n, int32_t *out) {
     emc_kernel_begin();
     __shared__ float sv[ARGMAX_THREADS];
@@ -372,13 +365,7 @@ __global__ void k_argmax(const float *x, int64_t ldx, int64_t n, int32_t *out) {
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
     __syncthreads();
-    for (int h = ARGMAX_THREADS / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h && am_better(sv[threadIdx.x + h], si[threadIdx.x + h], sv[threadIdx.x], si[threadIdx.x])) {
-            sv[threadIdx.x] = sv[threadIdx.x + h];
-            si[threadIdx.x] = si[threadIdx.x + h];
-        }
-        __syncthreads();
-    }
+    am_block_best(sv, si, ARGMAX_THREADS);
     if (threadIdx.x == 0) out[blockIdx.x] = si[0];
 }
 

@@ -460,6 +460,20 @@ uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n);
 int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, const float *d_kc, const float *d_vc,
                       const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, float *d_scratch, float *d_out,
                       em_err *err);
+/* Qwen3 attention's head norms and RoPE in one launch: for every row j < rows, each of the n_qh
+ * heads of q (row j at d_q + j * ldq, heads hd apart) and the n_kh heads of k (d_k: NULL for
+ * none) is normed over its hd values with its weight (d_wq / d_wk, NULL: none) and then rotated
+ * at position pos[j] as em_gpu_rope_rows does (its first dims values). One warp a head: the
+ * sum of squares meets in another order than em_gpu_rmsnorm_rows' (the same up to rounding).
+ * hd <= 256, dims <= hd. */
+int em_gpu_head_norm_rope(em_gpu *g, float *d_q, int64_t ldq, int n_qh, const float *d_wq, float *d_k, int64_t ldk,
+                          int n_kh, const float *d_wk, int rows, int hd, float eps, int dims, const int32_t *d_pos,
+                          const double *d_inv_freq, double attn_factor, em_err *err);
+/* Rows rounded through a feature ring's storage type (decode/ring.c), y = to_float(from_float(x))
+ * bit for bit as quant/ does it for finite values: F16 and BF16 to nearest even, Q8_0 in
+ * 32-value blocks from each row's start (a last partial block padded with zeros, as the ring
+ * pads its rows); F32 copies. rows rows of n values, row j at d_x + j * n and d_y + j * n. */
+int em_gpu_round_rows(em_gpu *g, int type, const float *d_x, int64_t n, int rows, float *d_y, em_err *err);
 /* x[j][i] += b[i] for rows rows of n values (row j at d_x + j * ldx). */
 int em_gpu_add_bias(em_gpu *g, float *d_x, int64_t ldx, int rows, int64_t n, const float *d_b, em_err *err);
 
@@ -468,6 +482,7 @@ int em_gpu_add_bias(em_gpu *g, float *d_x, int64_t ldx, int rows, int64_t n, con
  * em_gpu_draft_io before the block and downloads it after. The walk's fields are schedule.c's
  * em_draft_sched, in the same doubles. */
 #define EM_GPU_DRAFT_MAX_BLOCK 16
+#define EM_GPU_DRAFT_TOPK 64 /* candidates a sampled slot keeps at most */
 typedef struct em_gpu_draft_io {
     /* in: the block's tokens and positions, the context length, the chain */
     int32_t block_tok[EM_GPU_DRAFT_MAX_BLOCK];
@@ -479,28 +494,86 @@ typedef struct em_gpu_draft_io {
     int32_t all, stopped, width; /* the walk (em_draft_sched) */
     double expected, survival, best;
     double cost[EM_GPU_DRAFT_MAX_BLOCK + 1];
+    /* sampling (em_gpu_draft_sample): the sampler's filters and the key of this block's draws */
+    float temperature, top_p, min_p;
+    int32_t top_k;       /* 1..EM_GPU_DRAFT_TOPK; larger or off (0) counts as EM_GPU_DRAFT_TOPK */
+    uint64_t key;
     /* out: toks[0] is the anchor (in); toks[k + 1] the pick of slot k */
     int32_t alive;       /* 1 while the chain goes on (in: 1) */
     int32_t n;           /* slots made (in: 0) */
     int32_t toks[EM_GPU_DRAFT_MAX_BLOCK + 1];
     float conf[EM_GPU_DRAFT_MAX_BLOCK];
+    int32_t n_q[EM_GPU_DRAFT_MAX_BLOCK]; /* sampling: candidates of slot k's distribution */
 } em_gpu_draft_io;
 
-/* Slot k's confidence (with a confidence head): z = (b + w . [h ; e]) / t[k] (w: d values, then
- * rank more when d_e is given; d_t NULL: no temperatures), sums in double, into io->conf[k];
- * then, with io->may_stop, the keep test (schedule.c's em_draft_sched_keep), which clears
- * io->alive at the first slot it would not verify. Nothing happens once io->alive is 0. */
-int em_gpu_draft_keep(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_h, int d, const float *d_e, int rank,
-                      const float *d_w, float b, const float *d_t, em_err *err);
+/* The distribution a sampled slot's draft was drawn from: ids (target ids) in rank order and
+ * their probabilities (io->n_q[k] of them). */
+typedef struct em_gpu_draft_q {
+    int32_t id[EM_GPU_DRAFT_TOPK];
+    float p[EM_GPU_DRAFT_TOPK];
+} em_gpu_draft_q;
+
+/* The start of slot k (draft/dspark.c's propose loop before the bias): with a Markov head,
+ * e = W1[io->toks[k]], the previous pick's row (rank values as em_gpu_embed makes them; NaN for
+ * an id outside W1), into d_e, and when d_e_qs is given also e's Q8_0 activations as
+ * em_gpu_act_prepare makes them (quants at d_e_qs, scales at d_e_qd; rank a multiple of 32);
+ * then with a confidence head z = (b + w . [h ; e when conf_markov]) / t[k] (h: slot k's final
+ * row, d_h + (slot0 + k) * d; d_conf_t NULL: no temperatures), summed in double (a fixed
+ * order across one warp), into io->conf[k], and with io->may_stop the keep test (schedule.c's
+ * em_draft_sched_keep), which clears io->alive at the first slot it would not verify. Nothing
+ * happens once io->alive is 0. */
+#define EM_GPU_DRAFT_MAX_RANK 1024
+typedef struct em_gpu_draft_slot {
+    int w1_type;              /* W1 as uploaded (em_gpu_mat's type, data, scales, rows) */
+    const void *w1_data;      /* NULL: no Markov head */
+    const void *w1_scales;
+    int64_t w1_rows;
+    int rank;                 /* 1..EM_GPU_DRAFT_MAX_RANK with a Markov head */
+    float *d_e;
+    int8_t *d_e_qs;           /* NULL: no activations */
+    float *d_e_qd;
+    const float *d_h;
+    int d, slot0;
+    const float *d_conf_w;    /* NULL: no confidence head */
+    float conf_b;
+    const float *d_conf_t;
+    int conf_markov;
+} em_gpu_draft_slot;
+int em_gpu_draft_slot_begin(em_gpu *g, em_gpu_draft_io *d_io, int k, const em_gpu_draft_slot *slot, em_err *err);
+/* The gated and rnn Markov heads around their product (draft/dspark.c markov_bias), with e =
+ * W1[prev] and h the slot's final hidden row. em_gpu_draft_markov_in writes the product's input:
+ * [h ; e] (gated, d + rank values) or [state ; e ; h] (rnn, 2 rank + d). em_gpu_draft_markov_out
+ * takes the product z (rank values, or 3 rank: a, c, o) and its bias b and writes W2's input:
+ * sigmoid(z + b) * e (gated), or, for rnn, g = sigmoid(a + b_a), state = g state + (1 - g)
+ * tanh(c + b_c), and tanh(o + b_o). One block each; the arithmetic is the CPU's, in floats. */
+enum { EM_GPU_MARKOV_GATED = 1, EM_GPU_MARKOV_RNN = 2 };
+int em_gpu_draft_markov_in(em_gpu *g, int kind, const float *d_h, int d, const float *d_e, const float *d_state, int rank,
+                           float *d_zin, em_err *err);
+int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, const float *d_b, const float *d_e, float *d_state,
+                            int rank, float *d_out, em_err *err);
 /* Slot k's pick: the argmax of v_i = cap(base[i]) + bias[i] over the dvocab draft ids (cap:
  * c tanh(x / c) when softcap > 0; d_bias NULL: none), the target id of draft id i being
  * d2t[i] (d_d2t NULL: i), NaN skipped, the lowest target id on ties (em_argmax over the target
  * logits, where ids d2t cannot reach are -inf). Sets io->toks[k + 1] and io->n = k + 1, or
  * clears io->alive when no value is usable (or when k + 1 reaches io->n_max, after the pick).
  * d_logits (may be NULL): the row of vocab target logits is written there (-inf where d2t
- * does not reach). Nothing happens once io->alive is 0. */
+ * does not reach). Nothing happens once io->alive is 0. next (may be NULL): then the same launch
+ * goes on with em_gpu_draft_slot_begin of slot k + 1 (one launch where there were two). */
 int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
-                      float softcap, const int32_t *d_d2t, float *d_logits, int vocab, em_err *err);
+                      float softcap, const int32_t *d_d2t, float *d_logits, int vocab, const em_gpu_draft_slot *next,
+                      em_err *err);
+/* Slot k's draw when sampling, into d_q[k] and io->toks[k + 1] (io->n = k + 1; io->alive
+ * cleared when no value is usable, or after the pick when k + 1 reaches io->n_max): over the
+ * corrected logits v of em_gpu_draft_pick, sample/'s em_sampler_dist with io's filters on the
+ * top_k (at most EM_GPU_DRAFT_TOPK) best ids in its rank order (larger v first, then the lower
+ * target id; NaN and -inf never, +inf alone when there is one): min-p against the best,
+ * top-p on the softmax of the top-k set, then the temperature; the draw is a counter-based
+ * uniform of (io->key, k) against the cumulative probabilities in rank order. With top_k in
+ * 1..EM_GPU_DRAFT_TOPK this is the CPU sampler's distribution up to rounding; wider top-k
+ * (or none) keeps the best EM_GPU_DRAFT_TOPK. Either way the draft is drawn from exactly the
+ * distribution written to d_q, which is what rejection sampling needs. */
+int em_gpu_draft_sample(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
+                        float softcap, const int32_t *d_d2t, em_gpu_draft_q *d_q, em_err *err);
 
 #ifdef __cplusplus
 }

@@ -259,18 +259,44 @@ int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, con
         (void)d_out;
     return NONE(err);
 }
+int em_gpu_head_norm_rope(em_gpu *g, float *d_q, int64_t ldq, int n_qh, const float *d_wq, float *d_k, int64_t ldk,
+                          int n_kh, const float *d_wk, int rows, int hd, float eps, int dims, const int32_t *d_pos,
+                          const double *d_inv_freq, double attn_factor, em_err *err) {
+    (void)g, (void)d_q, (void)ldq, (void)n_qh, (void)d_wq, (void)d_k, (void)ldk, (void)n_kh, (void)d_wk, (void)rows,
+        (void)hd, (void)eps, (void)dims, (void)d_pos, (void)d_inv_freq, (void)attn_factor;
+    return NONE(err);
+}
+int em_gpu_round_rows(em_gpu *g, int type, const float *d_x, int64_t n, int rows, float *d_y, em_err *err) {
+    (void)g, (void)type, (void)d_x, (void)n, (void)rows, (void)d_y;
+    return NONE(err);
+}
 int em_gpu_add_bias(em_gpu *g, float *d_x, int64_t ldx, int rows, int64_t n, const float *d_b, em_err *err) {
     (void)g, (void)d_x, (void)ldx, (void)rows, (void)n, (void)d_b;
     return NONE(err);
 }
-int em_gpu_draft_keep(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_h, int d, const float *d_e, int rank,
-                      const float *d_w, float b, const float *d_t, em_err *err) {
-    (void)g, (void)d_io, (void)k, (void)d_h, (void)d, (void)d_e, (void)rank, (void)d_w, (void)b, (void)d_t;
+int em_gpu_draft_slot_begin(em_gpu *g, em_gpu_draft_io *d_io, int k, const em_gpu_draft_slot *slot, em_err *err) {
+    (void)g, (void)d_io, (void)k, (void)slot;
+    return NONE(err);
+}
+int em_gpu_draft_markov_in(em_gpu *g, int kind, const float *d_h, int d, const float *d_e, const float *d_state, int rank,
+                           float *d_zin, em_err *err) {
+    (void)g, (void)kind, (void)d_h, (void)d, (void)d_e, (void)d_state, (void)rank, (void)d_zin;
+    return NONE(err);
+}
+int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, const float *d_b, const float *d_e, float *d_state,
+                            int rank, float *d_out, em_err *err) {
+    (void)g, (void)kind, (void)d_z, (void)d_b, (void)d_e, (void)d_state, (void)rank, (void)d_out;
     return NONE(err);
 }
 int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
-                      float softcap, const int32_t *d_d2t, float *d_logits, int vocab, em_err *err) {
+                      float softcap, const int32_t *d_d2t, float *d_logits, int vocab, const em_gpu_draft_slot *next,
+                      em_err *err) {
     (void)g, (void)d_io, (void)k, (void)d_base, (void)d_bias, (void)dvocab, (void)softcap, (void)d_d2t, (void)d_logits,
-        (void)vocab;
+        (void)vocab, (void)next;
+    return NONE(err);
+}
+int em_gpu_draft_sample(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
+                        float softcap, const int32_t *d_d2t, em_gpu_draft_q *d_q, em_err *err) {
+    (void)g, (void)d_io, (void)k, (void)d_base, (void)d_bias, (void)dvocab, (void)softcap, (void)d_d2t, (void)d_q;
     return NONE(err);
 }

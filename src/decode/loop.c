@@ -16,6 +16,10 @@
  * anchor is the last emitted token, not yet in the target's state. Plain decoding is this loop
  * with no drafter: K = 0, width 1, no features.
  *
+ * A drafter on its target's device (info.target_features) skips the ring: the target keeps each
+ * call's features on the device (em_rows.device_features) and the drafter takes them into its
+ * context right after the call, rounded through the ring's type, with no host round trip.
+ *
  * Invariants: every buffer is sized at create from the target's and drafter's info (nothing
  * is allocated per step; the sampler is made once per generate call because its parameters
  * come with the call). Before each step the target holds exactly the prompt and the emitted
@@ -77,6 +81,9 @@ struct em_decode {
     em_sample_dist *dists; /* [max_width - 1]: the distribution each draft was drawn from */
     em_decode_ring *ring;
     em_decode_accept *accept;
+    bool device_feats;     /* the drafter reads the features its target keeps on their device:
+                              added to its context right after each call, the ring unused */
+    int feature_type;      /* the ring's storage type (the rounding the drafter's rows get) */
 };
 
 /* One generate call's state. */
@@ -90,8 +97,8 @@ typedef struct gen {
     em_decode_result *res;
     uint64_t rows_verified;
     em_decode_govern gov;
-    bool no_draft; /* the drafter cannot run this request's chain (a device drafter that does not
-                      sample yet): plain passes for the rest of it */
+    bool no_draft; /* the drafter refused this request's chain (EM_EUNSUPPORTED for a sampled
+                      one): plain passes for the rest of it */
     bool done;
 } gen;
 
@@ -193,6 +200,15 @@ static int alloc_buffers(em_decode *s, const em_decode_opts *o, em_err *err) {
     return rc;
 }
 
+/* Whether the drafter can take its context from the feature rows the target keeps on their
+ * device: every call of the loop (a prefill chunk, a verify) fits in them. */
+static bool device_features(const em_target *target, const em_drafter *d, int max_width) {
+    em_target_shared sh;
+    em_err ignored = { 0 };
+    if (!d->info.target_features || em_target_shared_weights(target, &sh, &ignored)) return false;
+    return sh.d_features && sh.feature_rows >= PREFILL_CHUNK && sh.feature_rows >= max_width;
+}
+
 int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *opts, em_err *err) {
     *out = NULL;
     if (!target) return em_err_set(err, EM_EINVAL, "spec: no target");
@@ -220,6 +236,8 @@ int em_decode_create(em_decode **out, em_target *target, const em_decode_opts *o
     s->max_width = max_width;
     s->n_vocab = info->n_vocab;
     s->n_feat = s->drafter ? info->n_feat : 0;
+    s->feature_type = o.feature_type;
+    s->device_feats = s->drafter && device_features(target, s->drafter, max_width);
     rc = alloc_buffers(s, &o, err);
     if (!rc && s->tok) rc = em_tok_stream_create(&s->stream, s->tok, EM_TOK_STREAM_SKIP_SPECIAL, err);
     if (rc) {
@@ -385,6 +403,14 @@ static int emit(gen *g, int32_t id, em_err *err) {
     return EM_OK;
 }
 
+/* The drafter's context += the first n rows the target's last call kept on the device. */
+static int add_device_features(gen *g, int n, em_err *err) {
+    double t0 = em_time_now();
+    int rc = em_draft_add_context_target(g->s->drafter, 0, n, g->s->feature_type, err);
+    g->res->draft_seconds += em_time_now() - t0;
+    return rc ? em_err_prefix(err, "drafter context at position %lld", (long long)g->s->drafter->info.n_ctx) : EM_OK;
+}
+
 /* A plain pass with a drafter: the drafter's context catches up before the ring (which holds
  * feat_rows rows) would drop rows it has not read, in one batch of context. */
 static int keep_drafter_near(gen *g, em_err *err) {
@@ -430,14 +456,15 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
 
     s->rows[0] = *anchor;
     em_rows rows = { .logits = g->greedy ? NULL : s->logits, .argmax = g->greedy ? s->argmax : NULL,
-                     .features = s->drafter ? s->feats : NULL };
+                     .features = s->drafter && !s->device_feats ? s->feats : NULL, .device_features = s->device_feats };
     rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
     if (rc) return rc;
     int32_t next;
     int n_acc = accept_rows(g, K, &next, err);
     if (n_acc < 0) return n_acc;
     rc = em_target_commit(s->target, 1 + n_acc, err);
-    if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
+    if (!rc && s->device_feats) rc = add_device_features(g, 1 + n_acc, err);
+    else if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
     if (!rc && s->drafter && !drafts) rc = keep_drafter_near(g, err);
     if (rc) return rc;
     if (can_draft) {
@@ -467,10 +494,12 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
         int m = n_prompt - r0 < PREFILL_CHUNK ? n_prompt - r0 : PREFILL_CHUNK;
         const bool last = r0 + m == n_prompt;
         em_rows rows = { .logits = last && !g->greedy ? s->logits : NULL, .argmax = last && g->greedy ? s->argmax : NULL,
-                         .last_only = true, .features = s->drafter ? s->feats : NULL };
+                         .last_only = true, .features = s->drafter && !s->device_feats ? s->feats : NULL,
+                         .device_features = s->device_feats };
         int rc = em_target_prefill(s->target, prompt + r0, m, &rows, err);
-        if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, r0, s->feats, m, err);
-        if (!rc && s->drafter) {
+        if (!rc && s->device_feats) rc = add_device_features(g, m, err);
+        else if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, r0, s->feats, m, err);
+        if (!rc && s->drafter && !s->device_feats) {
             double t0 = em_time_now();
             rc = sync_drafter(g, err);
             g->res->draft_seconds += em_time_now() - t0;

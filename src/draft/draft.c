@@ -6,6 +6,7 @@
 #include "backend/gpu.h"
 #include "draft/draft_impl.h"
 #include "model/model.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +53,18 @@ int em_draft_add_context(em_drafter *d, const float *feats, int n, em_err *err) 
                               (long long)(i / d->info.n_feat), (long long)(i % d->info.n_feat),
                               (double)feats[i]);
     return d->ops->add_context(d, feats, n, err);
+}
+
+int em_draft_add_context_target(em_drafter *d, int row0, int n, int type, em_err *err) {
+    if (!d) return em_err_set(err, EM_EINVAL, "em_draft_add_context_target: drafter is NULL");
+    if (!d->info.target_features || !d->ops->add_context_target)
+        return em_err_set(err, EM_EUNSUPPORTED, "em_draft_add_context_target: the drafter on %s does not read its "
+                          "target's device features", d->info.device ? d->info.device : "cpu");
+    if (row0 < 0 || n < 0) return em_err_set(err, EM_EINVAL, "em_draft_add_context_target: rows %d + %d", row0, n);
+    if (type != EM_TYPE_F32 && type != EM_TYPE_F16 && type != EM_TYPE_BF16 && type != EM_TYPE_Q8_0)
+        return em_err_set(err, EM_EINVAL, "em_draft_add_context_target: type %s is not f32, f16, bf16 or q8_0",
+                          em_type_name(type));
+    return n ? d->ops->add_context_target(d, row0, n, type, err) : EM_OK;
 }
 
 /* The chain's combinations that make sense (draft.h), for n_max slots of n_vocab ids. */

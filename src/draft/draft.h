@@ -56,6 +56,8 @@ typedef struct em_draft_info {
                              block_seconds + k * slot_seconds */
     int64_t n_ctx;       /* context rows held (read-only for callers) */
     const char *device;  /* where it runs: "cpu", or "cuda:N (device name)"; owned by the drafter */
+    bool target_features; /* it runs on its target's device and reads the features the target
+                             keeps there (em_draft_add_context_target) */
 } em_draft_info;
 
 /* ---- the schedule's keep test (schedule.c), as plain data ------------------------------------
@@ -110,8 +112,11 @@ typedef bool (*em_draft_keep)(void *ud, int k, float conf_logit);
  *          when dists is NULL), then one em_sampler_draw: one draw per made slot, in slot
  *          order, from the caller's stream (so a seeded run is reproducible and a loop that
  *          drew the same way gets the same tokens); a row with no usable logit ends the block.
+ * A drafter on a device (dspark_cuda.c) draws differently, still from exactly the dists it
+ * reports: one draw of the caller's stream keys a counter-based generator for the whole block,
+ * and its distributions keep at most the 64 best ids (the sampler's own when top-k is 1..64).
  * Invariants: dists[k] is written only for made slots while sampling; the sampler's stream
- * advances only by those draws. Invalid (EM_EINVAL): choose with a sampler, keep with sched,
+ * advances only by those draws (a device drafter: by one per propose). Invalid (EM_EINVAL): choose with a sampler, keep with sched,
  * dists without a sampler or holding fewer than n_vocab ids, n_cost out of range. */
 typedef struct em_draft_chain {
     em_sampler *sampler;      /* NULL: greedy; else the caller's seeded sampler (its filters,
@@ -145,6 +150,8 @@ typedef struct em_draft_out {
 
 typedef struct em_drafter_ops {
     int (*add_context)(em_drafter *d, const float *feats, int n, em_err *err);
+    /* NULL unless info.target_features */
+    int (*add_context_target)(em_drafter *d, int row0, int n, int type, em_err *err);
     int (*propose)(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain,
                    em_draft_out *out, em_err *err);
     void (*reset)(em_drafter *d);
@@ -182,6 +189,13 @@ int em_draft_open(em_drafter **out, const char *draft_path, const em_target_shar
 
 /* The operations, with their arguments checked. */
 int em_draft_add_context(em_drafter *d, const float *feats, int n, em_err *err);
+/* The same from the feature rows row0 .. row0 + n - 1 its target left on the device by its last
+ * call (em_rows.device_features; em_target_shared.d_features), each first rounded through the
+ * storage type a feature ring of that type would give (EM_TYPE_F32, F16, BF16 or Q8_0, as
+ * quant/ does), so the drafter sees what em_draft_add_context of the ring's rows would give it.
+ * Stream-ordered after the target's work: no host sync. EM_EUNSUPPORTED unless
+ * info.target_features. */
+int em_draft_add_context_target(em_drafter *d, int row0, int n, int type, em_err *err);
 int em_draft_propose(em_drafter *d, int32_t anchor, int n_max, const em_draft_chain *chain,
                      em_draft_out *out, em_err *err);
 void em_draft_reset(em_drafter *d);

@@ -30,6 +30,9 @@
 #include <unistd.h>
 
 #define GK_ROWS EM_GPU_MAX_ROWS
+/* Rows of features a call may leave on the device (em_rows.device_features): the decode loop's
+ * prefill calls (decode/loop.c PREFILL_CHUNK). */
+#define GK_FEATURE_ROWS 128
 /* Device memory kept free beyond what the target allocates: the CUDA context's own heaps,
  * graphs, and the products' launch-time needs. */
 #define GK_MARGIN_BYTES (512ull << 20)
@@ -75,6 +78,7 @@ typedef struct gk_bufs {
     void *moe;
     float *bank, *mix;                                        /* K3 AttnRes */
     float *feat, *logits;
+    float *feat_out;    /* [GK_FEATURE_ROWS][n_feat]: a call's features kept on the device */
     uint8_t *act;       /* bump region for activations, reset per layer half */
     uint64_t act_cap, act_used;
 } gk_bufs;
@@ -646,12 +650,13 @@ static int download_rows(gk *k, const em_rows *o, int r0, int m, int n, int h0, 
         for (int j = h0; j < m; j++)
             if (want_argmax(o, r0 + j, n)) o->argmax[o->last_only ? 0 : r0 + j] = am[j - h0];
     }
-    if (lo >= 0) {
-        if (o->last_only) return em_gpu_download(k->gpu, o->logits, k->B.logits + (int64_t)(lo - h0) * V,
-                                                 (size_t)V * sizeof(float), err);
-        if (hi == lo || !o->logit_rows) /* one run straight into the caller's rows */
-            return em_gpu_download(k->gpu, o->logits + (int64_t)(r0 + lo) * V, k->B.logits + (int64_t)(lo - h0) * V,
-                                   (size_t)(hi - lo + 1) * (size_t)V * sizeof(float), err);
+    /* then the features and routes too: a sampling loop asks for logits and features */
+    if (lo >= 0 && o->last_only) {
+        rc = em_gpu_download(k->gpu, o->logits, k->B.logits + (int64_t)(lo - h0) * V, (size_t)V * sizeof(float), err);
+    } else if (lo >= 0 && (hi == lo || !o->logit_rows)) { /* one run straight into the caller's rows */
+        rc = em_gpu_download(k->gpu, o->logits + (int64_t)(r0 + lo) * V, k->B.logits + (int64_t)(lo - h0) * V,
+                             (size_t)(hi - lo + 1) * (size_t)V * sizeof(float), err);
+    } else if (lo >= 0) {
         for (int j = lo; j <= hi && !rc; j++)
             if (want_logits(o, r0 + j, n))
                 rc = em_gpu_download(k->gpu, o->logits + (int64_t)(r0 + j) * V, k->B.logits + (int64_t)(j - h0) * V,
@@ -660,6 +665,9 @@ static int download_rows(gk *k, const em_rows *o, int r0, int m, int n, int h0, 
     if (!rc && o && o->features)
         rc = em_gpu_download(k->gpu, o->features + (int64_t)r0 * info->n_feat, k->B.feat,
                              (size_t)m * (size_t)info->n_feat * sizeof(float), err);
+    if (!rc && o && o->device_features) /* stream-ordered: no host sync for these */
+        rc = em_gpu_copy(k->gpu, k->B.feat_out + (int64_t)r0 * info->n_feat, k->B.feat,
+                         (uint64_t)m * (uint64_t)info->n_feat * sizeof(float), err);
     if (!rc && o && o->routes) {
         const int K = k->hp.n_expert_used;
         if ((rc = em_gpu_download(k->gpu, k->h_ids, k->B.ids, (size_t)k->n_moe * GK_ROWS * K * sizeof(int32_t), err)))
@@ -688,7 +696,8 @@ static int commit_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r
     logs_mark(k, m, true);
     const int h0 = head_from(o, r0, m, n);
     if (h0 >= 0 && (rc = head(k, h0, m - h0, err))) return rc;
-    if (o && (h0 >= 0 || o->features || o->routes)) rc = download_rows(k, o, r0, m, n, h0 < 0 ? m : h0, err);
+    if (o && (h0 >= 0 || o->features || o->device_features || o->routes))
+        rc = download_rows(k, o, r0, m, n, h0 < 0 ? m : h0, err);
     else rc = em_gpu_sync(k->gpu, err);
     if (!rc) k->base.pos += m;
     return rc;
@@ -773,7 +782,10 @@ static int wide_verify(gk *k, const int32_t *tok, int n, const em_rows *out, em_
 }
 
 /* What the CUDA target does not report yet. */
-static int rows_supported(const gk *k, const em_rows *out, em_err *err) {
+static int rows_supported(const gk *k, const em_rows *out, int n, em_err *err) {
+    if (out && out->device_features && (k->base.info.n_feat == 0 || out->features || n > GK_FEATURE_ROWS))
+        return em_err_set(err, EM_EINVAL, "%s: %d rows of features kept on the device (at most %d, none when features "
+                          "are also copied out, %d captured)", k->device, n, GK_FEATURE_ROWS, k->base.info.n_feat);
     if (!out || !out->route_margins) return EM_OK;
     return em_err_set(err, EM_EUNSUPPORTED, "%s: route margins are not reported on the GPU yet (the CPU target has them)",
                       k->device);
@@ -782,7 +794,7 @@ static int rows_supported(const gk *k, const em_rows *out, em_err *err) {
 static int gk_verify(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
     gk *k = (gk *)t;
     const double t0 = em_time_now();
-    int rc = rows_supported(k, out, err);
+    int rc = rows_supported(k, out, n, err);
     if (rc) return rc;
     t->pending = -1;
     const bool logged = n <= t->info.max_verify;
@@ -794,7 +806,8 @@ static int gk_verify(em_target *t, const int32_t *tok, int n, const em_rows *out
         if (!rc) logs_mark(k, n, false);
         const int h0 = head_from(out, 0, n, n);
         if (!rc && h0 >= 0) rc = h0 == 0 ? graphed(k, &k->g_head[n], issue_head, n, 0, err) : head(k, h0, n - h0, err);
-        if (!rc && (h0 >= 0 || out->features || out->routes)) rc = download_rows(k, out, 0, n, n, h0 < 0 ? n : h0, err);
+        if (!rc && (h0 >= 0 || out->features || out->device_features || out->routes))
+            rc = download_rows(k, out, 0, n, n, h0 < 0 ? n : h0, err);
         else if (!rc) rc = em_gpu_sync(k->gpu, err);
     }
     if (rc) {
@@ -811,7 +824,7 @@ static int gk_verify(em_target *t, const int32_t *tok, int n, const em_rows *out
 
 static int gk_prefill(em_target *t, const int32_t *tok, int n, const em_rows *out, em_err *err) {
     gk *k = (gk *)t;
-    int rc = rows_supported(k, out, err);
+    int rc = rows_supported(k, out, n, err);
     if (rc) return rc;
     t->pending = -1;
     const int64_t pos0 = t->pos;
@@ -895,7 +908,9 @@ static int gk_shared_weights(const em_target *t, em_target_shared *out, em_err *
     *out = (em_target_shared){ .path = em_gguf_path(k->g), .arch = t->info.arch, .n_embd = k->hp.n_embd,
                                .n_layer = k->hp.n_layer, .n_vocab = k->hp.n_vocab, .token_embd = &k->w.tok_embd,
                                .output = &k->w.output, .cuda_index = em_gpu_get_info(k->gpu)->index,
-                               .d_token_embd = dmat(k, &k->w.tok_embd), .d_output = dmat(k, &k->w.output) };
+                               .d_token_embd = dmat(k, &k->w.tok_embd), .d_output = dmat(k, &k->w.output),
+                               .gpu = k->gpu, .d_features = t->info.n_feat ? k->B.feat_out : NULL,
+                               .feature_rows = t->info.n_feat ? GK_FEATURE_ROWS : 0 };
     return EM_OK;
 }
 
@@ -963,6 +978,7 @@ static void carve_bufs(gk *k, carver *c) {
     }
     if (hp->res_block > 0) B->bank = carve(c, (uint64_t)k->max_banks * R * E * F4), B->mix = carve(c, R * E * F4);
     B->feat = carve(c, R * (uint64_t)(k->base.info.n_feat ? k->base.info.n_feat : 1) * F4);
+    B->feat_out = carve(c, (k->base.info.n_feat ? GK_FEATURE_ROWS : 1) * (uint64_t)k->base.info.n_feat * F4);
     B->logits = carve(c, R * (uint64_t)hp->n_vocab * F4);
     /* activations of a layer half: at most eight Q8_0 inputs of the widest row, and the
      * per-head products' own */

@@ -54,6 +54,9 @@ typedef struct em_rows {
     bool last_only;    /* only the last row's logits/argmax, packed (see above) */
     float *features;   /* [n][n_feat] (residual stream after the feature layers, concatenated
                           in the order given at open); NULL: not captured */
+    bool device_features; /* instead: the features stay on the target's device, row i at
+                          em_target_shared's d_features + i * n_feat, for a drafter there (n at
+                          most its feature_rows; a target that lends no d_features refuses it) */
     int32_t *routes;   /* [n][n_route]: per MoE layer (in layer order) the experts chosen for
                           the row, best first; NULL: not reported */
     float *route_margins; /* [n][n_moe_layers]: per MoE layer the selection score of the last
@@ -213,6 +216,12 @@ struct em_target_shared {
      * on the same device uses instead of uploading its own; cuda_index -1 (and NULLs): none */
     int cuda_index;
     const struct em_gpu_mat *d_token_embd, *d_output;
+    /* its device handle (backend/gpu.h em_gpu): a drafter there issues its work on it, so that
+     * the two are ordered without host syncs; and its device feature rows (em_rows'
+     * device_features): [feature_rows][n_feat] F32, valid until the next call */
+    struct em_gpu *gpu;
+    const float *d_features;
+    int feature_rows;
 };
 /* Fills out. EM_EUNSUPPORTED when the target lends nothing, EM_EFORMAT when its file lacks
  * tensor data (cut short: nothing may read it). */

@@ -131,8 +131,14 @@ static int check_rows(const em_target *t, const char *what, const int32_t *tok, 
         if (tok[i] < 0 || tok[i] >= t->info.n_vocab)
             return em_err_set(err, EM_EINVAL, "%s: token %d (row %d) is out of range [0, %d)", what,
                               tok[i], i, t->info.n_vocab);
-    if (out->features && t->info.n_feat == 0)
+    if ((out->features || out->device_features) && t->info.n_feat == 0)
         return em_err_set(err, EM_EINVAL, "%s: features asked for, but no feature layers were set at open", what);
+    if (out->device_features) { /* only a target that lends its device feature rows keeps them there */
+        em_target_shared sh;
+        em_err ignored = { 0 };
+        if (!t->ops->shared_weights || t->ops->shared_weights(t, &sh, &ignored) || !sh.d_features)
+            return em_err_set(err, EM_EINVAL, "%s: features kept on a device asked of a target that has none", what);
+    }
     return check_selection(what, out, err);
 }
 

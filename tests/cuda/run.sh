@@ -81,7 +81,8 @@ if [ -x "$dir/bin/ember" ]; then
   step greedy_default same_tokens models/kimi-linear-19m-q8_0.gguf models/dspark-kimi-linear-19m-q8_0.gguf
   # commit counters with the whole pair on cuda:0: every pass a fast commit, no full replay
   counters() {
-    "$dir/bin/ember" run -p "def quote(s):" -n 64 --temp 0 --json --device cuda:0 --draft-device cuda:0 2>>"$out/greedy.err" |
+    "$dir/bin/ember" run -m models/kimi-linear-19m-q8_0.gguf --draft models/dspark-kimi-linear-19m-q8_0.gguf \
+      -p "def quote(s):" -n 64 --temp 0 --json --spec-policy always --device cuda:0 --draft-device cuda:0 2>>"$out/greedy.err" |
       tail -1 | python3 -c 'import json,sys; s=json.load(sys.stdin)["spec"]; print(s); sys.exit(not (s["passes"] > 0 and s["fast_commits"] == s["passes"] and s["full_replays"] == 0 and s["drafted"] > 0))'
   }
   step commit_counters counters

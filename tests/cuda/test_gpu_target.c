@@ -238,7 +238,15 @@ static void check_features(const char *path) {
     const double rel = rc ? 0 : max_rel(fg, fc, n, F);
     record("features kimi_a f32", !rc && rel <= 1e-4 && amc == amg, "%s rel %.2e (tol 1e-4), last argmax cpu %d gpu %d",
            rc ? err.msg : "", rel, amc, amg);
-    free(fc), free(fg);
+
+    /* with the last row's logits asked for too (a sampling loop's prefill): the features still come */
+    float *lg = xcalloc((size_t)em_target_get_info(g)->n_vocab, sizeof *lg);
+    memset(fg, 0, (size_t)n * (size_t)F * sizeof *fg);
+    em_target_reset(g);
+    if (!rc) rc = em_target_prefill(g, tok, n, &(em_rows){ .features = fg, .logits = lg, .last_only = true }, &err);
+    const double rel2 = rc ? 0 : max_rel(fg, fc, n, F);
+    record("features kimi_a f32, with logits", !rc && rel2 <= 1e-4, "%s rel %.2e (tol 1e-4)", rc ? err.msg : "", rel2);
+    free(fc), free(fg), free(lg);
     em_target_close(g);
     em_target_close(c);
 }

@@ -98,6 +98,73 @@ static inline unsigned emc_blocks(int64_t work, int per_block) {
     return (unsigned)((work + per_block - 1) / per_block);
 }
 
+/* ---- weights' values and Q8_0 activations ---------------------------------------------------- */
+
+/* Value i of row t of a Q4_K, Q6_K or MXFP4 table in gpu.h's layouts, with quant/'s
+ * dequantization arithmetic ((d sc) q - dmin m; (d sc) q; code * e8m0), so bit-identical. */
+static __device__ float embed_q4_K(const uint8_t *qs, const uint8_t *meta, int64_t cols, int64_t t, int64_t i) {
+    const int64_t at = t * cols + i;
+    const uint8_t q = (qs[at / 64 * 32 + i % 32] >> (4 * ((i % 64) / 32))) & 15;
+    const uint8_t *m = meta + at / 256 * 16, *s = m + 4;
+    const int j = (int)((i % 256) / 32);
+    int sc, mn;
+    if (j < 4) {
+        sc = s[j] & 63, mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4;
+        mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+    const float d = __half2float(__ushort_as_half((unsigned short)(m[0] | m[1] << 8)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(m[2] | m[3] << 8)));
+    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)q), __fmul_rn(dmin, (float)mn));
+}
+static __device__ float embed_q6_K(const uint8_t *ql, const uint8_t *sc, int64_t rows, int64_t cols, int64_t t, int64_t i) {
+    const int64_t at = t * cols + i, all = rows * cols;
+    const int lo = (ql[at / 64 * 32 + i % 32] >> (4 * ((i % 64) / 32))) & 15;
+    const int hi = (sc[at / 64 * 16 + i % 16] >> (2 * ((i % 64) / 16))) & 3;
+    const float s = (float)((const int8_t *)(sc + all / 4))[at / 16];
+    const float d = __half2float(((const __half *)(sc + all / 4 + all / 16))[at / 256]);
+    return __fmul_rn(__fmul_rn(d, s), (float)((lo | hi << 4) - 32));
+}
+static __device__ float embed_mxfp4(const uint8_t *qs, const uint8_t *e, int64_t cols, int64_t t, int64_t i) {
+    const int64_t at = t * cols + i;
+    const int code = (qs[at / 32 * 16 + i % 16] >> (4 * ((i % 32) / 16))) & 15;
+    const int mag[8] = { 0, 1, 2, 3, 4, 6, 8, 12 };
+    const uint32_t x = e[at / 32];
+    const float d = __uint_as_float(x < 2 ? 0x00200000u << x : (x - 1) << 23);
+    return __fmul_rn((float)(code & 8 ? -mag[code & 7] : mag[code & 7]), d);
+}
+
+/* Value i of row t of a table of type type in gpu.h's layouts (em_gpu_mat: data, scales), as
+ * quant/'s to_float gives it: F16/BF16 widened, Q8_0 q * d, the K types and MXFP4 above. */
+static __device__ float emc_table_value(int type, const void *data, const __half *scales, int64_t rows, int64_t cols,
+                                        int64_t t, int64_t i) {
+    const int64_t at = t * cols + i;
+    const uint8_t *d8 = (const uint8_t *)data, *s8 = (const uint8_t *)scales;
+    switch (type) {
+    case EM_TYPE_F32: return ((const float *)data)[at];
+    case EM_TYPE_F16: return __half2float(((const __half *)data)[at]);
+    case EM_TYPE_BF16: return __uint_as_float((uint32_t)((const uint16_t *)data)[at] << 16);
+    case EM_TYPE_Q4_K: return embed_q4_K(d8, s8, cols, t, i);
+    case EM_TYPE_Q6_K: return embed_q6_K(d8, s8, rows, cols, t, i);
+    case EM_TYPE_MXFP4: return embed_mxfp4(d8, s8, cols, t, i);
+    default: return (float)((const int8_t *)data)[at] * __half2float(scales[at / 32]); /* Q8_0 */
+    }
+}
+
+/* One 32-value block of Q8_0 activations by a warp, lane l quantizing value v of lane l: the
+ * block's quants at q, its scale at *d. em_quant_q8_0's arithmetic: amax, d = amax / 127,
+ * id = 1 / d (0 when d is 0), q = trunc(roundf(x * id)), the fp16-rounded d kept (as float). */
+static __device__ __forceinline__ void quant_q8_0_block(float v, int lane, int8_t *q, float *d) {
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float dd = __fdiv_rn(amax, 127.0f);
+    const float id = dd != 0.0f ? __fdiv_rn(1.0f, dd) : 0.0f;
+    const float r = roundf(__fmul_rn(v, id));
+    q[lane] = (int8_t)(r > -2147483904.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN);
+    if (lane == 0) *d = __half2float(__float2half_rn(dd));
+}
+
 /* ---- argmax in a block (k_argmax, the drafter's pick) ---------------------------------------- */
 
 /* b beats a: a larger value, or an equal one at a lower index; an index of -1 is "none"

@@ -8,9 +8,13 @@
  *   the sum of exp in double, and each thread owns columns of the output, summing p V over the
  *   positions in ascending order. Close to the CPU's floats, not bit-identical (the drafter
  *   only steers proposals; acceptance is the target's).
- * - keep: one thread, the confidence sum in the CPU's order and doubles (bit-identical for the
- *   same h and e), then em_draft_sched_keep's arithmetic.
- * - pick: one block, em_argmax's rule on the corrected logits in target ids.
+ * - a slot's start: the block reads the previous pick's Markov row (and quantizes it for W2),
+ *   then one warp sums the confidence in doubles (lanes over the terms, a fixed butterfly:
+ *   the CPU's sum up to rounding) and one thread runs em_draft_sched_keep's arithmetic.
+ * - pick: one block, em_argmax's rule on the corrected logits in target ids; the same block may
+ *   go on with the next slot's start (a launch less per slot).
+ * - the gated and rnn Markov heads: their input gathered and their output mixed in one block
+ *   each, the CPU's float arithmetic (the product between them is em_gpu_matmul).
  * Launch shapes depend only on the dims and n (graph capture); the context length, the chain's
  * state and the previous pick are read on the device. */
 #include "backend/cuda/cuda_impl.cuh"
@@ -100,6 +104,99 @@ extern "C" int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const floa
     return emc_launched(err, "k_gqa");
 }
 
+/* ---- features rounded through a ring's type ------------------------------------------------------ */
+
+/* Warp w of block b: 32-value block b * 8 + w over the rows' blocks (row by row). */
+__global__ void k_round_rows(int type, const float *x, int64_t n, int64_t blocks, float *y) {
+    emc_kernel_begin();
+    const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (blk >= blocks) return; /* whole warps leave */
+    const int lane = threadIdx.x & 31;
+    const int64_t per_row = (n + 31) / 32, j = blk / per_row, i = blk % per_row * 32 + lane;
+    const bool in = i < n;
+    const float v = in ? x[j * n + i] : 0.0f;
+    float r = v;
+    if (type == EM_TYPE_F16) {
+        r = __half2float(__float2half_rn(v));
+    } else if (type == EM_TYPE_BF16) { /* em_fp32_to_bf16 */
+        const uint32_t u = __float_as_uint(v);
+        r = __uint_as_float(((u + (0x7fffu + ((u >> 16) & 1u))) >> 16) << 16);
+    } else if (type == EM_TYPE_Q8_0) {
+        int8_t q[32];
+        float d;
+        quant_q8_0_block(v, lane, q, &d); /* lane writes q[lane]; lane 0 writes d */
+        d = __shfl_sync(0xffffffffu, d, 0);
+        r = (float)q[lane] * d;
+    }
+    if (in) y[j * n + i] = r;
+}
+
+extern "C" int em_gpu_round_rows(em_gpu *g, int type, const float *d_x, int64_t n, int rows, float *d_y, em_err *err) {
+    EMC_CHECK(d_x && d_y && n > 0 && rows >= 0 &&
+                  (type == EM_TYPE_F32 || type == EM_TYPE_F16 || type == EM_TYPE_BF16 || type == EM_TYPE_Q8_0),
+              "GPU round rows: %d rows of %lld, type %d (F32, F16, BF16 or Q8_0)", rows, (long long)n, type);
+    int rc = emc_use(g, err);
+    if (rc || rows == 0) return rc;
+    if (type == EM_TYPE_F32) return d_x == d_y ? EM_OK : em_gpu_copy(g, d_y, d_x, (uint64_t)rows * (uint64_t)n * 4, err);
+    const int64_t blocks = (int64_t)rows * ((n + 31) / 32);
+    emc_launch(g, k_round_rows, emc_blocks(blocks * 32, 256), 256, 0, type, d_x, n, blocks, d_y);
+    return emc_launched(err, "k_round_rows");
+}
+
+/* ---- head norms and RoPE ------------------------------------------------------------------------ */
+
+#define HNR_WARPS 4
+
+/* Warp w of block b: head unit b * HNR_WARPS + w, units by row, then q's heads, then k's. */
+__global__ void __launch_bounds__(HNR_WARPS * 32)
+    k_head_norm_rope(float *q, int64_t ldq, int n_qh, const float *wq, float *k, int64_t ldk, int n_kh, const float *wk,
+                     int rows, int hd, float eps, int half, const int32_t *pos, const double *inv_freq,
+                     double attn_factor) {
+    emc_kernel_begin();
+    __shared__ float sv[HNR_WARPS][GQA_MAX_HD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, per_row = n_qh + n_kh;
+    const int unit = blockIdx.x * HNR_WARPS + warp;
+    if (unit >= rows * per_row) return; /* whole warps leave; only __syncwarp below */
+    const int j = unit / per_row, hh = unit % per_row;
+    const bool is_q = hh < n_qh;
+    float *v = is_q ? q + j * ldq + (int64_t)hh * hd : k + j * ldk + (int64_t)(hh - n_qh) * hd;
+    const float *w = is_q ? wq : wk;
+    float *t = sv[warp];
+    double s = 0.0;
+    for (int c = lane; c < hd; c += 32) {
+        const float x = v[c];
+        t[c] = x;
+        s += (double)x * (double)x;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float scale = (float)(1.0 / sqrt(s / (double)hd + (double)eps)); /* em_rmsnorm's */
+    for (int c = lane; c < hd; c += 32) t[c] = w ? t[c] * scale * w[c] : t[c] * scale;
+    __syncwarp();
+    for (int i = lane; i < half; i += 32) { /* k_rope's rotation */
+        const double a = (double)pos[j] * inv_freq[i];
+        const float cs = (float)(cos(a) * attn_factor), sn = (float)(sin(a) * attn_factor);
+        const float p = t[i], r = t[i + half];
+        v[i] = p * cs - r * sn;
+        v[i + half] = r * cs + p * sn;
+    }
+    for (int c = 2 * half + lane; c < hd; c += 32) v[c] = t[c];
+}
+
+extern "C" int em_gpu_head_norm_rope(em_gpu *g, float *d_q, int64_t ldq, int n_qh, const float *d_wq, float *d_k,
+                                     int64_t ldk, int n_kh, const float *d_wk, int rows, int hd, float eps, int dims,
+                                     const int32_t *d_pos, const double *d_inv_freq, double attn_factor, em_err *err) {
+    EMC_CHECK((d_q || n_qh == 0) && (d_k || n_kh == 0) && n_qh >= 0 && n_kh >= 0 && d_pos && d_inv_freq && rows >= 0 &&
+                  hd > 0 && hd <= GQA_MAX_HD && dims > 0 && dims % 2 == 0 && dims <= hd && ldq >= (int64_t)n_qh * hd &&
+                  ldk >= (int64_t)n_kh * hd,
+              "GPU head norm + rope: %d rows, %d + %d heads of %d, %d dims, or a missing buffer", rows, n_qh, n_kh, hd, dims);
+    int rc = emc_use(g, err);
+    const int64_t units = (int64_t)rows * (n_qh + n_kh);
+    if (rc || units == 0) return rc;
+    emc_launch(g, k_head_norm_rope, (unsigned)((units + HNR_WARPS - 1) / HNR_WARPS), HNR_WARPS * 32, 0, d_q, ldq, n_qh, d_wq,
+               d_k, ldk, n_kh, d_wk, rows, hd, eps, dims / 2, d_pos, d_inv_freq, attn_factor);
+    return emc_launched(err, "k_head_norm_rope");
+}
+
 __global__ void k_add_bias(float *x, int64_t ldx, int64_t n, const float *b) {
     emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -143,35 +240,132 @@ __device__ bool chain_keep(em_gpu_draft_io *io, float z) {
     return ++io->width, true;
 }
 
-__global__ void k_draft_keep(em_gpu_draft_io *io, int k, const float *h, int d, const float *e, int rank,
-                             const float *w, float b, const float *t) {
-    emc_kernel_begin();
-    if (threadIdx.x != 0 || !io->alive || k >= io->n_max) return;
-    double z = b; /* dspark.c's confidence(): the same order, the same doubles */
-    for (int i = 0; i < d; i++) z += (double)w[i] * h[i];
-    if (e)
-        for (int i = 0; i < rank; i++) z += (double)w[d + i] * e[i];
-    if (t) z /= t[k];
+/* The start of slot k by a whole block (blockDim a multiple of 32): e = W1[toks[k]] (and its
+ * Q8_0 activations), then the confidence and keep test by thread 0. The exit when the chain is
+ * over is uniform over the block (io read after a barrier). */
+__device__ void slot_begin(em_gpu_draft_io *io, int k, const em_gpu_draft_slot &s) {
+    __shared__ float es[EM_GPU_DRAFT_MAX_RANK];
+    if (!io->alive || k >= io->n_max) return;
+    const int lane = threadIdx.x & 31;
+    if (s.w1_data) {
+        const int32_t t = io->toks[k];
+        const bool bad = t < 0 || t >= s.w1_rows;
+        for (int i = threadIdx.x; i < s.rank; i += blockDim.x) {
+            const float v = bad ? __int_as_float(0x7fc00000)
+                                : emc_table_value(s.w1_type, s.w1_data, (const __half *)s.w1_scales, s.w1_rows, s.rank, t, i);
+            es[i] = v;
+            s.d_e[i] = v;
+        }
+        __syncthreads();
+        if (s.d_e_qs)
+            for (int b = (int)(threadIdx.x >> 5); b < s.rank / 32; b += (int)(blockDim.x >> 5))
+                quant_q8_0_block(es[b * 32 + lane], lane, s.d_e_qs + b * 32, s.d_e_qd + b);
+    }
+    if (!s.d_conf_w || threadIdx.x >= 32) return;
+    /* dspark.c's confidence() in doubles by warp 0: lane l sums terms l, l + 32, ... of
+     * w . [h ; e], the lanes meet in a fixed butterfly */
+    const float *h = s.d_h + (int64_t)(s.slot0 + k) * s.d, *w = s.d_conf_w;
+    const int n = s.d + (s.conf_markov && s.w1_data ? s.rank : 0);
+    double z = 0.0;
+    for (int i = lane; i < n; i += 32) z += (double)w[i] * (i < s.d ? h[i] : es[i - s.d]);
+    for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+    if (lane != 0) return;
+    z += s.conf_b;
+    if (s.d_conf_t) z /= s.d_conf_t[k];
     const float zf = (float)z;
     io->conf[k] = zf;
     if (io->may_stop && !chain_keep(io, zf)) io->alive = 0;
 }
 
-extern "C" int em_gpu_draft_keep(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_h, int d, const float *d_e,
-                                 int rank, const float *d_w, float b, const float *d_t, em_err *err) {
-    EMC_CHECK(d_io && d_h && d_w && d > 0 && (!d_e || rank > 0) && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK,
-              "GPU draft keep: slot %d, %d + %d values, or a missing buffer", k, d, rank);
+#define SLOT_THREADS 256
+
+__global__ void __launch_bounds__(SLOT_THREADS) k_draft_slot_begin(em_gpu_draft_io *io, int k, em_gpu_draft_slot s) {
+    emc_kernel_begin();
+    slot_begin(io, k, s);
+}
+
+static bool slot_ok(const em_gpu_draft_slot *s) {
+    if (!s->d_h || s->d < 1 || s->slot0 < 0 || s->slot0 > 1) return false;
+    if (s->w1_data && (s->rank < 1 || s->rank > EM_GPU_DRAFT_MAX_RANK || !s->d_e || s->w1_rows < 1 ||
+                       (s->d_e_qs && (s->rank % 32 || !s->d_e_qd)) || (s->w1_type != EM_TYPE_F32 && !s->w1_scales &&
+                       s->w1_type != EM_TYPE_F16 && s->w1_type != EM_TYPE_BF16)))
+        return false;
+    return s->w1_data || !s->conf_markov || !s->d_conf_w;
+}
+
+extern "C" int em_gpu_draft_slot_begin(em_gpu *g, em_gpu_draft_io *d_io, int k, const em_gpu_draft_slot *slot,
+                                       em_err *err) {
+    EMC_CHECK(d_io && slot && slot_ok(slot) && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK,
+              "GPU draft slot: slot %d, rank %d (1..%d, a multiple of 32 with activations), d %d, or a missing buffer", k,
+              slot ? slot->rank : 0, EM_GPU_DRAFT_MAX_RANK, slot ? slot->d : 0);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    emc_launch(g, k_draft_keep, 1, 32, 0, d_io, k, d_h, d, d_e, rank, d_w, b, d_t);
-    return emc_launched(err, "k_draft_keep");
+    emc_launch(g, k_draft_slot_begin, 1, SLOT_THREADS, 0, d_io, k, *slot);
+    return emc_launched(err, "k_draft_slot_begin");
+}
+
+/* ---- the gated and rnn Markov heads ------------------------------------------------------------ */
+
+#define MARKOV_THREADS 256
+
+__global__ void k_draft_markov_in(int kind, const float *h, int d, const float *e, const float *state, int rank,
+                                  float *zin) {
+    emc_kernel_begin();
+    const int n = kind == EM_GPU_MARKOV_GATED ? d + rank : 2 * rank + d;
+    for (int i = threadIdx.x; i < n; i += MARKOV_THREADS) {
+        float v;
+        if (kind == EM_GPU_MARKOV_GATED) v = i < d ? h[i] : e[i - d];
+        else v = i < rank ? state[i] : i < 2 * rank ? e[i - rank] : h[i - 2 * rank];
+        zin[i] = v;
+    }
+}
+
+__device__ __forceinline__ float markov_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); } /* em_sigmoidf */
+
+__global__ void k_draft_markov_out(int kind, const float *z, const float *b, const float *e, float *state, int rank,
+                                   float *out) {
+    emc_kernel_begin();
+    for (int i = threadIdx.x; i < rank; i += MARKOV_THREADS) {
+        if (kind == EM_GPU_MARKOV_GATED) {
+            out[i] = markov_sigmoid(z[i] + b[i]) * e[i];
+            continue;
+        }
+        const float a = z[i] + b[i], c = z[rank + i] + b[rank + i], o = z[2 * rank + i] + b[2 * rank + i];
+        const float gt = markov_sigmoid(a);
+        state[i] = gt * state[i] + (1.0f - gt) * tanhf(c);
+        out[i] = tanhf(o);
+    }
+}
+
+static bool markov_args(int kind, const float *e, const float *state, int rank) {
+    return (kind == EM_GPU_MARKOV_GATED || (kind == EM_GPU_MARKOV_RNN && state)) && e && rank > 0;
+}
+
+extern "C" int em_gpu_draft_markov_in(em_gpu *g, int kind, const float *d_h, int d, const float *d_e,
+                                      const float *d_state, int rank, float *d_zin, em_err *err) {
+    EMC_CHECK(markov_args(kind, d_e, d_state, rank) && d_h && d_zin && d > 0,
+              "GPU Markov input: kind %d, %d + %d values, or a missing buffer", kind, d, rank);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    emc_launch(g, k_draft_markov_in, 1, MARKOV_THREADS, 0, kind, d_h, d, d_e, d_state, rank, d_zin);
+    return emc_launched(err, "k_draft_markov_in");
+}
+
+extern "C" int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, const float *d_b, const float *d_e,
+                                       float *d_state, int rank, float *d_out, em_err *err) {
+    EMC_CHECK(markov_args(kind, d_e, d_state, rank) && d_z && d_b && d_out,
+              "GPU Markov output: kind %d, %d values, or a missing buffer", kind, rank);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    emc_launch(g, k_draft_markov_out, 1, MARKOV_THREADS, 0, kind, d_z, d_b, d_e, d_state, rank, d_out);
+    return emc_launched(err, "k_draft_markov_out");
 }
 
 #define PICK_THREADS 1024
 
 __global__ void __launch_bounds__(PICK_THREADS)
     k_draft_pick(em_gpu_draft_io *io, int k, const float *base, const float *bias, int dvocab, float softcap,
-                 const int32_t *d2t, float *logits, int vocab) {
+                 const int32_t *d2t, float *logits, int vocab, int has_next, em_gpu_draft_slot next) {
     emc_kernel_begin();
     __shared__ float sv[PICK_THREADS];
     __shared__ int si[PICK_THREADS];
@@ -193,26 +387,205 @@ __global__ void __launch_bounds__(PICK_THREADS)
     si[threadIdx.x] = bi;
     __syncthreads();
     am_block_best(sv, si, PICK_THREADS);
-    if (threadIdx.x != 0) return;
-    /* em_argmax gives -1 only when every logit is NaN; a row of -inf still has an argmax */
-    if (si[0] < 0) {
-        io->alive = 0;
-        return;
+    if (threadIdx.x == 0) {
+        /* em_argmax gives -1 only when every logit is NaN; a row of -inf still has an argmax */
+        if (si[0] < 0) {
+            io->alive = 0;
+        } else {
+            io->toks[k + 1] = si[0];
+            io->n = k + 1;
+            if (k + 1 >= io->n_max) io->alive = 0;
+        }
     }
-    io->toks[k + 1] = si[0];
-    io->n = k + 1;
-    if (k + 1 >= io->n_max) io->alive = 0;
+    if (!has_next) return;
+    __syncthreads();
+    slot_begin(io, k + 1, next);
 }
 
 extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias,
                                  int dvocab, float softcap, const int32_t *d_d2t, float *d_logits, int vocab,
-                                 em_err *err) {
+                                 const em_gpu_draft_slot *next, em_err *err) {
     EMC_CHECK(d_io && d_base && dvocab > 0 && vocab >= dvocab && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK &&
                   (d_d2t || vocab == dvocab),
               "GPU draft pick: slot %d, %d draft ids for %d target ids (d2t %s)", k, dvocab, vocab,
               d_d2t ? "given" : "missing");
+    EMC_CHECK(!next || (slot_ok(next) && k + 1 < EM_GPU_DRAFT_MAX_BLOCK), "GPU draft pick: a bad next slot after %d", k);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    emc_launch(g, k_draft_pick, 1, PICK_THREADS, 0, d_io, k, d_base, d_bias, dvocab, softcap, d_d2t, d_logits, vocab);
+    emc_launch(g, k_draft_pick, 1, PICK_THREADS, 0, d_io, k, d_base, d_bias, dvocab, softcap, d_d2t, d_logits, vocab,
+               next ? 1 : 0, next ? *next : em_gpu_draft_slot{});
     return emc_launched(err, "k_draft_pick");
+}
+
+/* ---- a sampled slot -------------------------------------------------------------------------- */
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_K EM_GPU_DRAFT_TOPK
+
+/* sample/sample.c's rank_key: ascending keys in rank order (larger logits first). */
+__device__ __forceinline__ uint32_t sample_rank_key(float l) {
+    uint32_t u = __float_as_uint(l);
+    if (u == 0x80000000u) u = 0;
+    const uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ~ascending;
+}
+
+/* Draft id i as a candidate: its value (pick's corrected logit; 0 for +inf when only the +inf
+ * ids count) and its 64-bit key (rank key, then the target id: unique, ascending in rank
+ * order). False when it is no candidate (NaN, -inf; anything but +inf when only_inf). */
+__device__ __forceinline__ bool sample_cand(const float *base, const float *bias, float softcap, const int32_t *d2t,
+                                            bool only_inf, int i, unsigned long long *key, float *val) {
+    float v = base[i];
+    if (softcap > 0) v = softcap * tanhf(v / softcap);
+    if (bias) v += bias[i];
+    if (only_inf) {
+        if (v != INFINITY) return false;
+        v = 0.0f;
+    } else if (isnan(v) || isinf(v)) {
+        return false;
+    }
+    const uint32_t id = d2t ? (uint32_t)d2t[i] : (uint32_t)i;
+    *key = ((unsigned long long)sample_rank_key(v) << 32) | id;
+    *val = v;
+    return true;
+}
+
+/* 53 random bits of (key, slot) as a uniform in [0, 1) (splitmix64's finalizer). */
+__device__ __forceinline__ double sample_uniform(uint64_t key, int k) {
+    uint64_t x = key ^ (0x9e3779b97f4a7c15ull * (uint64_t)(k + 1));
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The sampler's filters and draw over the n candidates in rank order (one thread; sample.c's
+ * em_sampler_dist from its step 3 on, and em_sampler_draw); returns the drawn target id. */
+__device__ int32_t sample_finish(em_gpu_draft_io *io, int k, const float *val, const int *id, int n,
+                                 em_gpu_draft_q *q) {
+    double term[SAMPLE_K], z = 0;
+    const double max = val[0];
+    if (io->top_p < 1)
+        for (int i = 0; i < n; i++) z += term[i] = exp((double)val[i] - max);
+    if (io->min_p > 0 && n > 1) { /* a prefix of the ranks: the max always stays */
+        const double floor = max + log((double)io->min_p);
+        int m = 1;
+        while (m < n && (double)val[m] >= floor) m++;
+        n = m;
+    }
+    if (io->top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < n; i++) {
+            cum += term[i] / z;
+            if (cum >= io->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += term[i] = exp(((double)val[i] - max) / io->temperature);
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        q->id[i] = id[i];
+        q->p[i] = (float)(term[i] / sum);
+        total += q->p[i];
+    }
+    io->n_q[k] = n;
+    if (n == 1) return id[0];
+    const double u = sample_uniform(io->key, k) * total;
+    double cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += q->p[i];
+        if (u < cum) return id[i];
+    }
+    return id[n - 1];
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    k_draft_sample(em_gpu_draft_io *io, int k, const float *base, const float *bias, int dvocab, float softcap,
+                   const int32_t *d2t, em_gpu_draft_q *q) {
+    emc_kernel_begin();
+    __shared__ unsigned int hist[256];
+    __shared__ unsigned long long s_prefix, s_mask;
+    __shared__ int s_left, s_pinf, s_usable, s_n;
+    __shared__ unsigned long long ckey[SAMPLE_K];
+    __shared__ float cval[SAMPLE_K], sval[SAMPLE_K];
+    __shared__ int cid[SAMPLE_K], sid[SAMPLE_K];
+    if (!io->alive || k >= io->n_max) return; /* uniform over the block */
+    const int t = threadIdx.x, K = io->top_k >= 1 && io->top_k < SAMPLE_K ? io->top_k : SAMPLE_K;
+    if (t == 0) s_pinf = 0, s_usable = 0, s_n = 0;
+    __syncthreads();
+    int pinf = 0, usable = 0;
+    for (int i = t; i < dvocab; i += SAMPLE_THREADS) {
+        float v = base[i];
+        if (softcap > 0) v = softcap * tanhf(v / softcap);
+        if (bias) v += bias[i];
+        pinf += v == INFINITY;
+        usable += !(isnan(v) || isinf(v));
+    }
+    if (pinf) atomicAdd(&s_pinf, pinf);
+    if (usable) atomicAdd(&s_usable, usable);
+    __syncthreads();
+    const bool only_inf = s_pinf > 0; /* sample.c: +inf logits take everything */
+    const int total = only_inf ? s_pinf : s_usable;
+    if (total == 0) {
+        if (t == 0) io->alive = 0;
+        return;
+    }
+    const int want = total < K ? total : K;
+    unsigned long long limit = ~0ull, key;
+    float v;
+    if (total > want) { /* radix select of the want-th smallest key, 8 bits a pass */
+        unsigned long long prefix = 0, mask = 0;
+        int left = want;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            for (int b = t; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
+            __syncthreads();
+            for (int i = t; i < dvocab; i += SAMPLE_THREADS)
+                if (sample_cand(base, bias, softcap, d2t, only_inf, i, &key, &v) && (key & mask) == prefix)
+                    atomicAdd(&hist[(key >> shift) & 255], 1u);
+            __syncthreads();
+            if (t == 0) {
+                unsigned int cum = 0;
+                int b = 0;
+                while (b < 255 && cum + hist[b] < (unsigned int)left) cum += hist[b++];
+                s_left = left - (int)cum;
+                s_prefix = prefix | ((unsigned long long)b << shift);
+                s_mask = mask | (0xffull << shift);
+            }
+            __syncthreads();
+            prefix = s_prefix, mask = s_mask, left = s_left;
+            __syncthreads();
+        }
+        limit = prefix;
+    }
+    for (int i = t; i < dvocab; i += SAMPLE_THREADS)
+        if (sample_cand(base, bias, softcap, d2t, only_inf, i, &key, &v) && key <= limit) {
+            const int at = atomicAdd(&s_n, 1);
+            if (at < SAMPLE_K) ckey[at] = key, cval[at] = v, cid[at] = (int)(key & 0xffffffffu);
+        }
+    __syncthreads();
+    const int n = s_n < want ? s_n : want;
+    if (t < n) { /* rank by key: the keys are unique */
+        int r = 0;
+        for (int j = 0; j < n; j++) r += ckey[j] < ckey[t];
+        sval[r] = cval[t], sid[r] = cid[t];
+    }
+    __syncthreads();
+    if (t != 0) return;
+    const int32_t tok = sample_finish(io, k, sval, sid, n, q + k);
+    io->toks[k + 1] = tok;
+    io->n = k + 1;
+    if (k + 1 >= io->n_max) io->alive = 0;
+}
+
+extern "C" int em_gpu_draft_sample(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias,
+                                   int dvocab, float softcap, const int32_t *d_d2t, em_gpu_draft_q *d_q, em_err *err) {
+    EMC_CHECK(d_io && d_base && d_q && dvocab > 0 && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK,
+              "GPU draft sample: slot %d, %d draft ids, or a missing buffer", k, dvocab);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    emc_launch(g, k_draft_sample, 1, SAMPLE_THREADS, 0, d_io, k, d_base, d_bias, dvocab, softcap, d_d2t, d_q);
+    return emc_launched(err, "k_draft_sample");
 }

@@ -226,18 +226,7 @@ __device__ __forceinline__ void mm_float_warp(const uint8_t *wdata, int64_t rows
     store_rows<N, OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
 }
 
-/* One warp per 32-value block; lane l quantizes value l (quant_q8_0_block: the block's quants
- * at q, its scale at *d; also em_gpu_matmul_heads'). em_quant_q8_0: amax, d = amax / 127,
- * id = 1 / d (0 when d is 0), q = trunc(roundf(x * id)), the fp16-rounded d kept (as float). */
-static __device__ __forceinline__ void quant_q8_0_block(float v, int lane, int8_t *q, float *d) {
-    float amax = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float dd = __fdiv_rn(amax, 127.0f);
-    const float id = dd != 0.0f ? __fdiv_rn(1.0f, dd) : 0.0f;
-    const float r = roundf(__fmul_rn(v, id));
-    q[lane] = (int8_t)(r > -2147483904.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN);
-    if (lane == 0) *d = __half2float(__float2half_rn(dd));
-}
+/* One warp per 32-value block (quant_q8_0_block; also em_gpu_matmul_heads'). */
 static __global__ void k_quant_q8_0(const float *x, int64_t ldx, int64_t cols, int n, int8_t *qs, float *d) {
     emc_kernel_begin();
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

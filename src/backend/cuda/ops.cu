@@ -267,41 +267,6 @@ extern "C" int em_gpu_res_mix(em_gpu *g, const float *d_bank, int n_bank, int64_
 
 /* ---- embedding gather ---------------------------------------------------------------------- */
 
-/* wt-cuda3: value i of row t of a Q4_K, Q6_K or MXFP4 table in gpu.h's layouts, with quant/'s
- * dequantization arithmetic ((d sc) q - dmin m; (d sc) q; code * e8m0), so bit-identical. */
-__device__ float embed_q4_K(const uint8_t *qs, const uint8_t *meta, int64_t cols, int64_t t, int64_t i) {
-    const int64_t at = t * cols + i;
-    const uint8_t q = (qs[at / 64 * 32 + i % 32] >> (4 * ((i % 64) / 32))) & 15;
-    const uint8_t *m = meta + at / 256 * 16, *s = m + 4;
-    const int j = (int)((i % 256) / 32);
-    int sc, mn;
-    if (j < 4) {
-        sc = s[j] & 63, mn = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0xF) | (s[j - 4] >> 6) << 4;
-        mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-    const float d = __half2float(__ushort_as_half((unsigned short)(m[0] | m[1] << 8)));
-    const float dmin = __half2float(__ushort_as_half((unsigned short)(m[2] | m[3] << 8)));
-    return __fsub_rn(__fmul_rn(__fmul_rn(d, (float)sc), (float)q), __fmul_rn(dmin, (float)mn));
-}
-__device__ float embed_q6_K(const uint8_t *ql, const uint8_t *sc, int64_t rows, int64_t cols, int64_t t, int64_t i) {
-    const int64_t at = t * cols + i, all = rows * cols;
-    const int lo = (ql[at / 64 * 32 + i % 32] >> (4 * ((i % 64) / 32))) & 15;
-    const int hi = (sc[at / 64 * 16 + i % 16] >> (2 * ((i % 64) / 16))) & 3;
-    const float s = (float)((const int8_t *)(sc + all / 4))[at / 16];
-    const float d = __half2float(((const __half *)(sc + all / 4 + all / 16))[at / 256]);
-    return __fmul_rn(__fmul_rn(d, s), (float)((lo | hi << 4) - 32));
-}
-__device__ float embed_mxfp4(const uint8_t *qs, const uint8_t *e, int64_t cols, int64_t t, int64_t i) {
-    const int64_t at = t * cols + i;
-    const int code = (qs[at / 32 * 16 + i % 16] >> (4 * ((i % 32) / 16))) & 15;
-    const int mag[8] = { 0, 1, 2, 3, 4, 6, 8, 12 };
-    const uint32_t x = e[at / 32];
-    const float d = __uint_as_float(x < 2 ? 0x00200000u << x : (x - 1) << 23);
-    return __fmul_rn((float)(code & 8 ? -mag[code & 7] : mag[code & 7]), d);
-}
-
 /* Block (column chunk, row j). Values as quant/'s to_float: F16/BF16 widened, Q8_0 q * d,
  * the K types and MXFP4 above. */
 __global__ void k_embed(int type, const void *data, const __half *scales, int64_t rows, int64_t cols, const int32_t *tok,
@@ -315,19 +280,7 @@ __global__ void k_embed(int type, const void *data, const __half *scales, int64_
         yr[i] = __int_as_float(0x7fc00000); /* a bad id shows as NaN, never as a stray read */
         return;
     }
-    const int64_t at = (int64_t)t * cols + i;
-    const uint8_t *d8 = (const uint8_t *)data, *s8 = (const uint8_t *)scales;
-    float v;
-    switch (type) {
-    case EM_TYPE_F32: v = ((const float *)data)[at]; break;
-    case EM_TYPE_F16: v = __half2float(((const __half *)data)[at]); break;
-    case EM_TYPE_BF16: v = __uint_as_float((uint32_t)((const uint16_t *)data)[at] << 16); break;
-    case EM_TYPE_Q4_K: v = embed_q4_K(d8, s8, cols, t, i); break;
-    case EM_TYPE_Q6_K: v = embed_q6_K(d8, s8, rows, cols, t, i); break;
-    case EM_TYPE_MXFP4: v = embed_mxfp4(d8, s8, cols, t, i); break;
-    default: v = (float)((const int8_t *)data)[at] * __half2float(scales[at / 32]); break; /* Q8_0 */
-    }
-    yr[i] = v;
+    yr[i] = emc_table_value(type, data, scales, rows, cols, t, i);
 }
 
 extern "C" int em_gpu_embed(em_gpu *g, const em_gpu_mat *table, const int32_t *d_tok, int n, float *d_y, int64_t ldy,

@@ -2,19 +2,21 @@
  * drafter (draft/dspark.c), the reference, on the same target and the same context rows:
  *  - the GPU ops it adds: grouped-query attention against a double-precision loop, non-causal
  *    and causal, context lengths 0, 1, 100 and 333; the heads' norms and RoPE in one launch
- *    against the two separate ops;
+ *    against the two separate ops; a slot's start (em_gpu_draft_slot_begin) against quant/'s
+ *    row, em_gpu_act_prepare's activations and a double loop;
  *  - greedy proposes of the default pair (models/) and of the DSpark fixture drafter (kimi_a +
  *    dspark_deepspec, converted by run.sh into MODELS_DIR) after context rows added in pieces
  *    of 1, 5 and 37 (past one upload's 16): every slot's corrected logits within tol of the
  *    largest logit, confidence logits within tol of max(1, |z|) (tol: 1e-4 for the F32 fixture, 3e-2 for the
  *    Q8_0 pair, test_pair says why), the same tokens wherever the CPU's best logit leads its
  *    second by more than that, the keep test stopping at the same slot (with
- *    the loop's kind of cost table), n_max honoured; a reset and the same again;
+ *    the loop's kind of cost table), n_max honoured; a second device drafter fed the same rows
+ *    proposing the same bits; a reset and the same again;
  *  - sampled drafts (test_sampling): distributions well formed and reproducible, slot 0's
  *    against the CPU sampler's, its draws against it (chi-square);
- *  - sampled decoding through the loop with the drafter on cuda:0 lossless (test_lossless);
- *  - the same for the gated and rnn Markov heads (kimi_a + dspark_deepspec_gated,
+ *  - both of the above for the gated and rnn Markov heads too (kimi_a + dspark_deepspec_gated,
  *    dspark_specforge_rnn);
+ *  - sampled decoding through the loop with the drafter on cuda:0 lossless (test_lossless);
  *  - the features a target on cuda:0 keeps there, read by the drafter on its device, rounded
  *    through each ring type: the same proposals as the CPU ring's rows (test_device_features);
  *  - refusals: logits rows of sampled drafts, a device that is not there.
@@ -233,7 +235,7 @@ static void test_slot_begin(em_gpu *g) {
 
 typedef struct pair {
     em_target *target;
-    em_drafter *cpu, *gpu;
+    em_drafter *cpu, *gpu, *gpu2; /* gpu2: a second device drafter, fed the same rows */
 } pair;
 
 static int open_pair(pair *p, const char *target_path, const char *draft_path, em_err *err) {
@@ -246,10 +248,12 @@ static int open_pair(pair *p, const char *target_path, const char *draft_path, e
     if (!rc) rc = em_target_shared_weights(p->target, &shared, err);
     if (!rc) rc = em_draft_open(&p->cpu, draft_path, &shared, &(em_draft_opts){ .n_threads = 4 }, err);
     if (!rc) rc = em_draft_open(&p->gpu, draft_path, &shared, &(em_draft_opts){ .n_threads = 4, .device = "cuda:0" }, err);
+    if (!rc) rc = em_draft_open(&p->gpu2, draft_path, &shared, &(em_draft_opts){ .n_threads = 4, .device = "cuda:0" }, err);
     return rc;
 }
 
 static void close_pair(pair *p) {
+    em_draft_close(p->gpu2);
     em_draft_close(p->gpu);
     em_draft_close(p->cpu);
     em_target_close(p->target);
@@ -277,8 +281,16 @@ static void compare_propose(const char *label, pair *p, int32_t anchor, int n_ma
     em_draft_out oc = { .tokens = tc, .logits = lc, .conf_logits = in->has_confidence ? zc : NULL };
     em_draft_out og = { .tokens = tg, .logits = lg, .conf_logits = in->has_confidence ? zg : NULL };
     em_err err = { 0 };
+    int32_t t2[EM_DRAFT_MAX_BLOCK];
+    float z2[EM_DRAFT_MAX_BLOCK], *l2 = xcalloc((size_t)nd * (size_t)V, 4);
+    for (int i = 0; i < EM_DRAFT_MAX_BLOCK; i++) z2[i] = NAN;
+    em_draft_out o2 = { .tokens = t2, .logits = l2, .conf_logits = in->has_confidence ? z2 : NULL };
     int rc = em_draft_propose(p->cpu, anchor, n_max, &chain, &oc, &err);
     if (!rc) rc = em_draft_propose(p->gpu, anchor, n_max, &chain, &og, &err);
+    if (!rc) rc = em_draft_propose(p->gpu2, anchor, n_max, &chain, &o2, &err);
+    /* two device drafters with the same rows propose the same bits */
+    const bool twin = !rc && o2.n == og.n && !memcmp(t2, tg, (size_t)og.n * sizeof t2[0]) &&
+                      !memcmp(z2, zg, sizeof z2) && !memcmp(l2, lg, (size_t)og.n * (size_t)V * sizeof *l2);
     double worst = 0, worst_z = 0;
     int same = 0, ties = 0, n = oc.n < og.n ? oc.n : og.n;
     bool ok = !rc;
@@ -299,9 +311,9 @@ static void compare_propose(const char *label, pair *p, int32_t anchor, int n_ma
         if (in->has_confidence) /* a logit of its own scale: relative to max(1, |z|) */
             worst_z = fmax(worst_z, fabs((double)zc[k] - zg[k]) / fmax(1.0, fabs((double)zc[k])));
     }
-    ok = ok && worst < tol && worst_z < tol && (ties || oc.n == og.n) && og.n <= n_max;
-    record(label, ok, "%d/%d drafts (cpu %d, gpu %d), logits %.1e, conf %.1e, near ties %d (rc %d %s)", same, n, oc.n,
-           og.n, worst, worst_z, ties, rc, err.msg);
+    ok = ok && worst < tol && worst_z < tol && (ties || oc.n == og.n) && og.n <= n_max && twin;
+    record(label, ok, "%d/%d drafts (cpu %d, gpu %d), logits %.1e, conf %.1e, near ties %d, second gpu drafter %s (rc %d %s)",
+           same, n, oc.n, og.n, worst, worst_z, ties, twin ? "identical" : "DIFFERS", rc, err.msg);
     for (int k = 0; !ok && !rc && k < oc.n && k < og.n && k < 3; k++) {
         const float *a = lc + (int64_t)k * V, *b = lg + (int64_t)k * V;
         int wi = 0;
@@ -311,7 +323,7 @@ static void compare_propose(const char *label, pair *p, int32_t anchor, int n_ma
                "worst id %d: %.6g / %.6g\n", k, tc[k], (double)zc[k], tg[k], (double)zg[k], (double)a[tc[k]],
                (double)b[tc[k]], (double)a[tg[k]], (double)b[tg[k]], wi, (double)a[wi], (double)b[wi]);
     }
-    free(lc), free(lg);
+    free(lc), free(lg), free(l2);
 }
 
 static void add_rows(pair *p, int rows) {
@@ -321,6 +333,7 @@ static void add_rows(pair *p, int rows) {
     em_err err = { 0 };
     int rc = em_draft_add_context(p->cpu, f, rows, &err);
     if (!rc) rc = em_draft_add_context(p->gpu, f, rows, &err);
+    if (!rc) rc = em_draft_add_context(p->gpu2, f, rows, &err);
     if (rc) record("add_context", 0, "%d rows: %s", rows, err.msg);
     free(f);
 }
@@ -674,6 +687,7 @@ static void test_pair(const char *name, const char *target, const char *draft, d
         }
         em_draft_reset(p.cpu);
         em_draft_reset(p.gpu);
+        em_draft_reset(p.gpu2);
     }
     add_rows(&p, 20);
     test_sampling(name, &p, tol);

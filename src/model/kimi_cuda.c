@@ -783,9 +783,9 @@ static int wide_verify(gk *k, const int32_t *tok, int n, const em_rows *out, em_
 
 /* What the CUDA target does not report yet. */
 static int rows_supported(const gk *k, const em_rows *out, int n, em_err *err) {
-    if (out && out->device_features && (k->base.info.n_feat == 0 || out->features || n > GK_FEATURE_ROWS))
-        return em_err_set(err, EM_EINVAL, "%s: %d rows of features kept on the device (at most %d, none when features "
-                          "are also copied out, %d captured)", k->device, n, GK_FEATURE_ROWS, k->base.info.n_feat);
+    if (out && out->device_features && (out->features || n > GK_FEATURE_ROWS)) /* target.c checked the rest */
+        return em_err_set(err, EM_EINVAL, "%s: %d rows of features kept on the device (at most %d, and not together "
+                          "with features copied out)", k->device, n, GK_FEATURE_ROWS);
     if (!out || !out->route_margins) return EM_OK;
     return em_err_set(err, EM_EUNSUPPORTED, "%s: route margins are not reported on the GPU yet (the CPU target has them)",
                       k->device);

@@ -84,12 +84,14 @@ static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, 
     (void)cudaLaunchKernelEx(&c, kernel, args...); /* its error is the last error: emc_launched reads it */
 }
 
-/* The MLP activations, each the arithmetic of its CPU twin (ops.cu's kernels and the fused
- * expert kernels share them): compute/'s em_siluf(g) * u, and em_situ with the reciprocals
- * inv = 1 / beta, lin_inv = 1 / lin_beta rounded to fp32 first as there. */
+/* The activations, each the arithmetic of its CPU twin (the kernels of every .cu share them):
+ * compute/'s em_sigmoidf (gates, KDA's beta, the router, the Markov heads), em_siluf(g) * u,
+ * and em_situ with the reciprocals inv = 1 / beta, lin_inv = 1 / lin_beta rounded to fp32
+ * first as there. */
+__device__ __forceinline__ float emc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float emc_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 __device__ __forceinline__ float emc_situ(float g, float v, float beta, float inv, float lin_beta, float lin_inv) {
-    const float a = beta * tanhf(g * inv) * (1.0f / (1.0f + expf(-g)));
+    const float a = beta * tanhf(g * inv) * emc_sigmoid(g);
     const float u = lin_beta > 0.0f ? lin_beta * tanhf(v * lin_inv) : v;
     return a * u;
 }

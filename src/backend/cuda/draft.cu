@@ -286,11 +286,10 @@ __global__ void __launch_bounds__(SLOT_THREADS) k_draft_slot_begin(em_gpu_draft_
 
 static bool slot_ok(const em_gpu_draft_slot *s) {
     if (!s->d_h || s->d < 1 || s->slot0 < 0 || s->slot0 > 1) return false;
-    if (s->w1_data && (s->rank < 1 || s->rank > EM_GPU_DRAFT_MAX_RANK || !s->d_e || s->w1_rows < 1 ||
-                       (s->d_e_qs && (s->rank % 32 || !s->d_e_qd)) || (s->w1_type != EM_TYPE_F32 && !s->w1_scales &&
-                       s->w1_type != EM_TYPE_F16 && s->w1_type != EM_TYPE_BF16)))
-        return false;
-    return s->w1_data || !s->conf_markov || !s->d_conf_w;
+    if (!s->w1_data) return !s->conf_markov || !s->d_conf_w;
+    const bool floats = s->w1_type == EM_TYPE_F32 || s->w1_type == EM_TYPE_F16 || s->w1_type == EM_TYPE_BF16;
+    return s->rank >= 1 && s->rank <= EM_GPU_DRAFT_MAX_RANK && s->d_e && s->w1_rows >= 1 && (floats || s->w1_scales) &&
+           (!s->d_e_qs || (s->rank % 32 == 0 && s->d_e_qd));
 }
 
 extern "C" int em_gpu_draft_slot_begin(em_gpu *g, em_gpu_draft_io *d_io, int k, const em_gpu_draft_slot *slot,
@@ -320,18 +319,16 @@ __global__ void k_draft_markov_in(int kind, const float *h, int d, const float *
     }
 }
 
-__device__ __forceinline__ float markov_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); } /* em_sigmoidf */
-
 __global__ void k_draft_markov_out(int kind, const float *z, const float *b, const float *e, float *state, int rank,
                                    float *out) {
     emc_kernel_begin();
     for (int i = threadIdx.x; i < rank; i += MARKOV_THREADS) {
         if (kind == EM_GPU_MARKOV_GATED) {
-            out[i] = markov_sigmoid(z[i] + b[i]) * e[i];
+            out[i] = emc_sigmoid(z[i] + b[i]) * e[i];
             continue;
         }
         const float a = z[i] + b[i], c = z[rank + i] + b[rank + i], o = z[2 * rank + i] + b[2 * rank + i];
-        const float gt = markov_sigmoid(a);
+        const float gt = emc_sigmoid(a);
         state[i] = gt * state[i] + (1.0f - gt) * tanhf(c);
         out[i] = tanhf(o);
     }

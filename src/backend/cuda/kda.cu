@@ -75,7 +75,7 @@ __device__ __forceinline__ void kda_prep_row(const em_gpu_kda_dims &d, const em_
     lg.v[at] = val[2];
     lg.g[at] = g;
     if (c == 0) {
-        lg.beta[(int64_t)t * d.n_head + h] = 1.0f / (1.0f + expf(-b[(int64_t)t * d.n_head + h]));
+        lg.beta[(int64_t)t * d.n_head + h] = emc_sigmoid(b[(int64_t)t * d.n_head + h]);
         lg.kq[(int64_t)t * d.n_head + h] = kq;
     }
 }

@@ -160,7 +160,7 @@ __global__ void k_situ(const float *gt, const float *up, int64_t count, float be
 __global__ void k_sigmoid_mul(float *x, const float *gt, int64_t count) {
     emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count) x[i] *= 1.0f / (1.0f + expf(-gt[i])); /* em_sigmoidf */
+    if (i < count) x[i] *= emc_sigmoid(gt[i]);
 }
 
 extern "C" int em_gpu_situ(em_gpu *g, const float *d_gate, const float *d_up, int64_t count, float beta, float lin_beta,
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(32) k_route(em_gpu_router r, const float *logi
     const int X = r.n_expert, G = r.n_group, per = X / (G > 0 ? G : 1), lane = threadIdx.x;
     const float *lr = logits + blockIdx.x * ldl;
     for (int e = lane; e < X; e += 32) {
-        s[e] = 1.0f / (1.0f + expf(-lr[e])); /* em_sigmoidf */
+        s[e] = emc_sigmoid(lr[e]);
         choice[e] = s[e] + bias[e];
         taken[e] = 0;
     }

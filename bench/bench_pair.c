@@ -4,8 +4,10 @@
  * decoding with the confidence/cost scheduler (--spec-policy always: every pass drafts, what the
  * drafter and the verify cost is what is measured), each prompt run plain then speculative;
  * median generation tok/s of each and their ratio (median over prompts of the per-prompt ratio
- * too), tau, and where a speculative pass's time goes (drafter, the rest: verify and the
- * loop). Speculative tokens must equal plain tokens (exit 1 otherwise). A benchmark (prints
+ * too), tau, and where a speculative pass's time goes: the drafter (draft_seconds, which also
+ * holds the little it does while the prompt runs), the target's verify and commit
+ * (target_seconds), the loop's own work (the rest); and a plain pass's time and its target's
+ * share. Speculative tokens must equal plain tokens (exit 1 otherwise). A benchmark (prints
  * numbers), not a test.
  *
  * usage: bench_pair [-m TARGET.gguf] [--draft DRAFT.gguf] [--device D] [--draft-device D]
@@ -85,8 +87,8 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
     int rc = em_file_read_all(path, &text, &len, err);
     if (rc) return rc;
     double tp[MAX_PROMPTS], ts[MAX_PROMPTS], ratio[MAX_PROMPTS];
-    uint64_t passes = 0, accepted = 0;
-    double draft_s = 0, spec_s = 0;
+    uint64_t passes = 0, accepted = 0, plain_passes = 0;
+    double draft_s = 0, spec_s = 0, target_s = 0, plain_s = 0, plain_target_s = 0;
     int n = 0, same = 0;
     char *save = NULL;
     for (char *line = strtok_r(text, "\n", &save); line && n < o->limit; line = strtok_r(NULL, "\n", &save)) {
@@ -105,15 +107,19 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
         ts[n] = rb.n_gen / (rb.gen_seconds > 0 ? rb.gen_seconds : 1e-9);
         ratio[n] = ts[n] / tp[n];
         passes += rb.passes, accepted += rb.accepted, draft_s += rb.draft_seconds, spec_s += rb.gen_seconds;
+        target_s += rb.target_seconds, plain_passes += ra.passes, plain_s += ra.gen_seconds;
+        plain_target_s += ra.target_seconds;
         n++;
     }
     free(text);
     if (rc) return rc;
     const double tau = passes ? (double)(passes + accepted) / (double)passes : 0;
+    const double per_pass = passes ? 1e3 / (double)passes : 0, per_plain = plain_passes ? 1e3 / (double)plain_passes : 0;
     printf("%-28s %3d prompts  plain %7.0f tok/s  spec %7.0f tok/s  %.2fx (per prompt %.2fx)  tau %.2f  pass %.3f ms "
-           "(drafter %.3f)  identical %d/%d\n", path, n, bench_median(tp, n), bench_median(ts, n), bench_median(ts, n) / bench_median(tp, n),
-           bench_median(ratio, n), tau, passes ? spec_s / (double)passes * 1e3 : 0, passes ? draft_s / (double)passes * 1e3 : 0,
-           same, n);
+           "(drafter %.3f, target %.3f, loop %.3f; plain pass %.3f, target %.3f)  identical %d/%d\n", path, n,
+           bench_median(tp, n), bench_median(ts, n), bench_median(ts, n) / bench_median(tp, n), bench_median(ratio, n), tau,
+           spec_s * per_pass, draft_s * per_pass, target_s * per_pass, (spec_s - draft_s - target_s) * per_pass,
+           plain_s * per_plain, plain_target_s * per_plain, same, n);
     return same == n ? EM_OK : em_err_set(err, EM_EINVAL, "%s: speculative greedy tokens differ from plain on %d prompts",
                                           path, n - same);
 }

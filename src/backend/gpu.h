@@ -72,6 +72,8 @@ int em_gpu_upload(em_gpu *g, void *d_dst, const void *host, uint64_t bytes, em_e
 int em_gpu_download(em_gpu *g, void *host, const void *d_src, uint64_t bytes, em_err *err);
 /* Fills bytes of device memory with byte value v (asynchronous, on the stream). */
 int em_gpu_memset(em_gpu *g, void *d_dst, int v, uint64_t bytes, em_err *err);
+/* Sets n floats of device memory to v (asynchronous, on the stream). */
+int em_gpu_fill(em_gpu *g, float *d_x, float v, uint64_t n, em_err *err);
 /* Device to device (asynchronous, on the stream). */
 int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t bytes, em_err *err);
 /* rows rows of width bytes, device to device: row i from d_src + i * spitch to d_dst + i *
@@ -447,8 +449,9 @@ int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache,
  * 0 .. *d_n_ctx - 1 (d_kc / d_vc: capacity rows of n_kv * hd) followed by the block rows 0 ..
  * nb - 1 (d_k / d_v: n rows of n_kv * hd; nb = n, or i + 1 when causal). q and out: n rows of
  * n_head * hd. The context length is read on the device, so a captured graph serves every
- * length; past capacity it is clamped. Scores in fp32 (lanes over the head's values, a fixed
- * butterfly), the softmax's sum in double: close to the CPU's, not bit-identical (a drafter's
+ * length; past capacity it is clamped. Scores in fp32 (each a dot in column order), the
+ * softmax's sum in double, p V summed over spans of positions added in a fixed order: close to
+ * the CPU's, not bit-identical, the same bits every launch (a drafter's
  * numbers only steer which tokens it proposes; the target decides). d_scratch:
  * em_gpu_gqa_scratch_floats floats. */
 typedef struct em_gpu_gqa_dims {
@@ -562,6 +565,19 @@ int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, const float *
 int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
                       float softcap, const int32_t *d_d2t, float *d_logits, int vocab, const em_gpu_draft_slot *next,
                       em_err *err);
+/* em_gpu_draft_pick with the vanilla Markov bias made in the same launch: bias = W2 e, W2 the
+ * uploaded Q8_0 matrix [dvocab][rank] (w2_data int8 rows, w2_scales fp16), e's Q8_0
+ * activations at d_e_qs / d_e_qd (em_gpu_draft_slot_begin's), each bias value exactly
+ * em_gpu_matmul's. Blocks take slices of the draft ids, the last block to finish takes the
+ * argmax over theirs (the same pick: the tie rule does not depend on order) and goes on with
+ * next. d_logits: the draft ids' values only; the caller fills the row with -inf first
+ * (em_gpu_fill) when d2t does not reach every id. d_part: 2 em_gpu_draft_markov_pick_parts(dvocab)
+ * 32-bit words, d_count: one counter, 0 at the first call (each call leaves it 0). */
+int em_gpu_draft_markov_pick_parts(int dvocab);
+int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,
+                             const void *w2_scales, int dvocab, int rank, const int8_t *d_e_qs, const float *d_e_qd,
+                             float softcap, const int32_t *d_d2t, float *d_logits, int vocab, void *d_part,
+                             unsigned *d_count, const em_gpu_draft_slot *next, em_err *err);
 /* Slot k's draw when sampling, into d_q[k] and io->toks[k + 1] (io->n = k + 1; io->alive
  * cleared when no value is usable, or after the pick when k + 1 reaches io->n_max): over the
  * corrected logits v of em_gpu_draft_pick, sample/'s em_sampler_dist with io's filters on the

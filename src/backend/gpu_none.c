@@ -46,6 +46,10 @@ int em_gpu_memset(em_gpu *g, void *d_dst, int v, uint64_t bytes, em_err *err) {
     (void)g, (void)d_dst, (void)v, (void)bytes;
     return NONE(err);
 }
+int em_gpu_fill(em_gpu *g, float *d_x, float v, uint64_t n, em_err *err) {
+    (void)g, (void)d_x, (void)v, (void)n;
+    return NONE(err);
+}
 int em_gpu_copy(em_gpu *g, void *d_dst, const void *d_src, uint64_t bytes, em_err *err) {
     (void)g, (void)d_dst, (void)d_src, (void)bytes;
     return NONE(err);
@@ -298,5 +302,17 @@ int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_ba
 int em_gpu_draft_sample(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
                         float softcap, const int32_t *d_d2t, em_gpu_draft_q *d_q, em_err *err) {
     (void)g, (void)d_io, (void)k, (void)d_base, (void)d_bias, (void)dvocab, (void)softcap, (void)d_d2t, (void)d_q;
+    return NONE(err);
+}
+int em_gpu_draft_markov_pick_parts(int dvocab) {
+    (void)dvocab;
+    return 0;
+}
+int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,
+                             const void *w2_scales, int dvocab, int rank, const int8_t *d_e_qs, const float *d_e_qd,
+                             float softcap, const int32_t *d_d2t, float *d_logits, int vocab, void *d_part,
+                             unsigned *d_count, const em_gpu_draft_slot *next, em_err *err) {
+    (void)g, (void)d_io, (void)k, (void)d_base, (void)w2_data, (void)w2_scales, (void)dvocab, (void)rank, (void)d_e_qs,
+        (void)d_e_qd, (void)softcap, (void)d_d2t, (void)d_logits, (void)vocab, (void)d_part, (void)d_count, (void)next;
     return NONE(err);
 }

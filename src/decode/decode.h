@@ -87,6 +87,8 @@ typedef struct em_decode_result {
     double mean_verify_width;  /* rows per verify (1 while plain; 0 without a pass) */
     double draft_seconds;      /* in the drafter (context extension + proposals), part of the
                                   prompt and generation times */
+    double target_seconds;     /* in the target's verify and commit calls after the prompt, part
+                                  of the generation time (the rest of it: the loop's own work) */
     uint64_t gen_bytes_read;   /* routed-expert bytes the target read from storage after the
                                   prompt (em_target_expert_stats; 0 with resident experts): over
                                   passes + accepted, the bytes a committed token cost */

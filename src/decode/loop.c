@@ -457,12 +457,16 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     s->rows[0] = *anchor;
     em_rows rows = { .logits = g->greedy ? NULL : s->logits, .argmax = g->greedy ? s->argmax : NULL,
                      .features = s->drafter && !s->device_feats ? s->feats : NULL, .device_features = s->device_feats };
+    double tt = em_time_now();
     rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
+    g->res->target_seconds += em_time_now() - tt;
     if (rc) return rc;
     int32_t next;
     int n_acc = accept_rows(g, K, &next, err);
     if (n_acc < 0) return n_acc;
+    tt = em_time_now();
     rc = em_target_commit(s->target, 1 + n_acc, err);
+    g->res->target_seconds += em_time_now() - tt;
     if (!rc && s->device_feats) rc = add_device_features(g, 1 + n_acc, err);
     else if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
     if (!rc && s->drafter && !drafts) rc = keep_drafter_near(g, err);

@@ -61,11 +61,14 @@ typedef struct gdspark {
     bool lent_gpu;                       /* s->g is the target's handle (same device): one stream */
     const float *t_feat;                 /* the target's device feature rows (same device), or NULL */
     int t_feat_rows;
-    float *h, *xn, *q, *k, *v, *att, *o, *fg, *fu; /* block rows */
+    float *h;                            /* [max(block, GD_CHUNK)][d]: a block's rows, or a context chunk's */
+    float *xn, *q, *k, *v, *att, *o, *fg, *fu; /* block rows */
     float *base_logits;                  /* [n_drafts][dvocab] */
     float *e, *bias;                     /* [rank], [dvocab] */
     int8_t *e_qs;                        /* [rank]: e's Q8_0 activations for W2 (vanilla head, Q8_0 W2) */
     float *e_qd;                         /* [rank / 32] */
+    float *mp_part;                      /* Q8_0 W2 and e_qs: em_gpu_draft_markov_pick's block bests */
+    unsigned *mp_count;                  /* and its counter */
     float *zin, *zout, *state, *mix;     /* gated / rnn heads: [2 rank + d], [3 rank], [rank], [rank] */
     float *logits;                       /* [n_drafts][vocab]: corrected rows, when asked */
     float *scores;
@@ -198,13 +201,15 @@ static int alloc_buffers(gdspark *s, em_err *err) {
     const uint64_t kw = (uint64_t)hp->n_kv * hp->hd, nd = (uint64_t)s->base.info.n_drafts;
     const uint64_t r = (uint64_t)(hp->rank > 0 ? hp->rank : 1);
     const bool e_q8 = hp->markov == DSP_MARKOV_VANILLA && hp->rank % 32 == 0 && em_gpu_act_type(s->w2.type) == EM_TYPE_Q8_0;
+    const bool mp = e_q8 && s->w2.type == EM_TYPE_Q8_0; /* em_gpu_draft_markov_pick's case */
     const em_gpu_gqa_dims gd = { hp->n_head, hp->n_kv, hp->hd, s->cap, hp->causal };
     int rc;
     if ((rc = alloc_f(s, (uint64_t)hp->n_layer * (uint64_t)s->cap * kw, "drafter context cache (K)", &s->kc, err)) ||
         (rc = alloc_f(s, (uint64_t)hp->n_layer * (uint64_t)s->cap * kw, "drafter context cache (V)", &s->vc, err)) ||
         (rc = alloc_f(s, GD_CHUNK * (uint64_t)s->base.info.n_feat, "drafter features", &s->feat, err)) ||
         (rc = em_gpu_alloc(s->g, (uint64_t)s->cap * sizeof(int32_t), "drafter positions", (void **)&s->iota, err)) ||
-        (rc = alloc_f(s, B * d, "drafter rows", &s->h, err)) || (rc = alloc_f(s, B * d, "drafter rows", &s->xn, err)) ||
+        (rc = alloc_f(s, (B > GD_CHUNK ? B : GD_CHUNK) * d, "drafter rows", &s->h, err)) || /* add_rows' too */
+        (rc = alloc_f(s, B * d, "drafter rows", &s->xn, err)) ||
         (rc = alloc_f(s, B * qw, "drafter rows", &s->q, err)) || (rc = alloc_f(s, B * kw, "drafter rows", &s->k, err)) ||
         (rc = alloc_f(s, B * kw, "drafter rows", &s->v, err)) || (rc = alloc_f(s, B * qw, "drafter rows", &s->att, err)) ||
         (rc = alloc_f(s, B * d, "drafter rows", &s->o, err)) ||
@@ -219,10 +224,16 @@ static int alloc_buffers(gdspark *s, em_err *err) {
         (rc = alloc_f(s, r, "markov state", &s->state, err)) || (rc = alloc_f(s, r, "markov mix", &s->mix, err)) ||
         (e_q8 && (rc = em_gpu_alloc(s->g, r, "markov activations", (void **)&s->e_qs, err))) ||
         (e_q8 && (rc = alloc_f(s, r / 32, "markov activations", &s->e_qd, err))) ||
+        (mp && (rc = alloc_f(s, 2 * (uint64_t)em_gpu_draft_markov_pick_parts(hp->dvocab), "markov pick", &s->mp_part,
+                               err))) ||
+        (mp && (rc = em_gpu_alloc(s->g, sizeof(unsigned), "markov pick", (void **)&s->mp_count, err))) ||
+        (mp && (rc = em_gpu_memset(s->g, s->mp_count, 0, sizeof(unsigned), err))) ||
         (rc = alloc_f(s, em_gpu_gqa_scratch_floats(&gd, hp->block), "drafter attention scores", &s->scores, err)) ||
         (rc = em_gpu_alloc(s->g, act_bytes(s), "drafter activations", &s->act, err)) ||
         (rc = em_gpu_alloc(s->g, sizeof(em_gpu_draft_io), "drafter chain", (void **)&s->io, err)) ||
-        (rc = em_gpu_alloc(s->g, nd * sizeof(em_gpu_draft_q), "drafter distributions", (void **)&s->dists, err)))
+        (rc = em_gpu_alloc(s->g, nd * sizeof(em_gpu_draft_q), "drafter distributions", (void **)&s->dists, err)) ||
+        /* a slot writes only its candidates; the download takes whole entries */
+        (rc = em_gpu_memset(s->g, s->dists, 0, nd * sizeof(em_gpu_draft_q), err)))
         return rc;
     return EM_OK;
 }
@@ -417,6 +428,12 @@ static int chain_slot(gdspark *s, int k, int mode, em_err *err) {
     if (starts && (k == 0 || !picks) && (rc = em_gpu_draft_slot_begin(s->g, s->io, k, &slot, err))) return rc;
     if (markov && hp->markov != DSP_MARKOV_VANILLA) {
         if ((rc = markov_mix(s, hk, err)) || (rc = mm(s, &s->w2, s->mix, hp->rank, 1, s->bias, hp->dvocab, err))) return rc;
+    } else if (markov && s->mp_part && picks) { /* the bias made inside the pick, from e's activations */
+        const bool next = starts && k + 1 < s->base.info.n_drafts;
+        return em_gpu_draft_markov_pick(s->g, s->io, k, s->base_logits + (int64_t)k * hp->dvocab, s->w2.data, s->w2.scales,
+                                        hp->dvocab, hp->rank, s->e_qs, s->e_qd, hp->softcap, s->d2t,
+                                        mode == GD_GREEDY_LOGITS ? s->logits + (int64_t)k * hp->vocab : NULL, hp->vocab,
+                                        s->mp_part, s->mp_count, next ? &slot : NULL, err);
     } else if (markov && s->e_qs) { /* e's activations came with it */
         const em_gpu_act a = { .type = EM_TYPE_Q8_0, .n = 1, .cols = hp->rank, .qs = s->e_qs, .d = s->e_qd };
         if ((rc = em_gpu_matmul(s->g, &s->w2, &a, s->bias, hp->dvocab, err))) return rc;
@@ -445,6 +462,9 @@ static int propose_pass(gdspark *s, int mode, em_err *err) {
         rc = em_gpu_matmul(s->g, &s->head, &ah, s->base_logits, hp->dvocab, err);
     }
     if (!rc && hp->markov == DSP_MARKOV_RNN) rc = em_gpu_memset(s->g, s->state, 0, (uint64_t)hp->rank * sizeof(float), err);
+    /* em_gpu_draft_markov_pick writes the draft ids' logits only */
+    if (!rc && mode == GD_GREEDY_LOGITS && s->mp_part && s->d2t)
+        rc = em_gpu_fill(s->g, s->logits, -INFINITY, (uint64_t)nd * (uint64_t)hp->vocab, err);
     for (int k = 0; !rc && k < nd; k++) rc = chain_slot(s, k, mode, err);
     return rc;
 }
@@ -570,7 +590,7 @@ static void gd_close(em_drafter *d) {
             if (m[i]) em_gpu_mat_free(s->g, m[i]);
         void *v[] = { s->hidden_norm, s->out_norm, s->conf_w, s->conf_t, s->d2t, s->inv_freq, s->kc, s->vc, s->feat,
                       s->iota, s->h, s->xn, s->q, s->k, s->v, s->att, s->o, s->fg, s->fu, s->base_logits, s->e,
-                      s->bias, s->zin, s->zout, s->state, s->mix, s->e_qs, s->e_qd, s->gate_b, s->joint_b, s->logits, s->scores, s->act, s->io, s->dists };
+                      s->bias, s->zin, s->zout, s->state, s->mix, s->e_qs, s->e_qd, s->mp_part, s->mp_count, s->gate_b, s->joint_b, s->logits, s->scores, s->act, s->io, s->dists };
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) em_gpu_free(s->g, v[i]);
         if (!s->lent_gpu) em_gpu_close(s->g);
     }

@@ -130,12 +130,14 @@ if command -v compute-sanitizer >/dev/null 2>&1 && [ -n "${EMBER_GPU_SANITIZE:-}
   [ -x "$dir/bin/test_gpu_seq" ] && step sanitizer_seq timeout "${EMBER_GPU_SANITIZE_SECONDS:-150}" compute-sanitizer \
     --tool memcheck --leak-check no --report-api-errors no --error-exitcode 3 "$dir/bin/test_gpu_seq" --no-bench
   grep -h "ERROR SUMMARY" "$out/sanitizer_seq.log" 2>/dev/null
-  # the drafter (after convert_fixtures): out-of-bounds accesses, then reads of device memory
-  # nothing wrote (its checks with 50 draws and no lossless run)
+  # the drafter (after convert_fixtures): out-of-bounds accesses (with padding after every
+  # allocation, so that a write past a buffer into its neighbour shows), reads of device memory
+  # nothing wrote, barriers (its checks with 50 draws and no lossless run)
   if [ -x "$dir/bin/test_gpu_draft" ] && [ -d "$dir/models" ]; then
-    for tool in memcheck initcheck; do
+    for tool in memcheck initcheck synccheck; do
       step "sanitizer_draft_$tool" timeout "${EMBER_GPU_SANITIZE_SECONDS:-150}" compute-sanitizer --tool "$tool" \
-        --report-api-errors no --error-exitcode 3 "$dir/bin/test_gpu_draft" "$dir/models" --quick
+        $([ "$tool" = memcheck ] && echo --padding 65536) --report-api-errors no --error-exitcode 3 \
+        "$dir/bin/test_gpu_draft" "$dir/models" --quick
       grep -h "ERROR SUMMARY" "$out/sanitizer_draft_$tool.log" 2>/dev/null
     done
   fi

@@ -231,6 +231,96 @@ static void test_slot_begin(em_gpu *g) {
     free(w1f), free(wc), free(h), free(w1q);
 }
 
+/* em_gpu_draft_markov_pick against em_gpu_matmul + em_gpu_draft_pick, which it fuses: the same io
+ * bytes after it (the pick, the next slot's confidence and keep test), the same logits row and
+ * next Markov row, bit for bit; over ids past the last full block, with and without d2t and a
+ * softcap, at a tie (two equal best values: the lower target id) and on a row of NaN (the chain
+ * stops); each case twice (the block counter must be left at 0). */
+static void test_markov_pick(em_gpu *g) {
+    enum { DV = 1037, RANK = 128, V = 1500, D = 64 };
+    float *w2f = xcalloc((size_t)DV * RANK, 4), *w1f = xcalloc((size_t)V * RANK, 4), *base = xcalloc(DV, 4);
+    float e[RANK], wc[D + RANK], h[3 * D]; /* slot 2's final row is row 2 */
+    int32_t d2t[DV];
+    for (int i = 0; i < DV * RANK; i++) w2f[i] = randn();
+    for (int i = 0; i < V * RANK; i++) w1f[i] = randn();
+    for (int i = 0; i < RANK; i++) e[i] = randn();
+    for (int i = 0; i < D + RANK; i++) wc[i] = 0.1f * randn();
+    for (int i = 0; i < 3 * D; i++) h[i] = randn();
+    for (int i = 0; i < DV; i++) d2t[i] = (int32_t)((i * 577) % V); /* one to one: 577 and 1500 are coprime */
+    memcpy(w2f + 700 * RANK, w2f + 300 * RANK, RANK * 4); /* ids 300 and 700: equal rows, for the tie */
+    em_err err = { 0 };
+    uint64_t b2 = 0, b1 = 0;
+    int rc = em_type_row_bytes(EM_TYPE_Q8_0, (uint64_t)DV * RANK, &b2, &err);
+    if (!rc) rc = em_type_row_bytes(EM_TYPE_Q8_0, (uint64_t)V * RANK, &b1, &err);
+    uint8_t *w2q = xcalloc((size_t)b2, 1), *w1q = xcalloc((size_t)b1, 1);
+    if (!rc) rc = em_quantize(EM_TYPE_Q8_0, w2f, w2q, (int64_t)DV * RANK, &err);
+    if (!rc) rc = em_quantize(EM_TYPE_Q8_0, w1f, w1q, (int64_t)V * RANK, &err);
+    em_gpu_mat w2 = { 0 }, w1 = { 0 };
+    if (!rc) rc = em_gpu_mat_upload(g, EM_TYPE_Q8_0, DV, RANK, w2q, "test W2", &w2, &err);
+    if (!rc) rc = em_gpu_mat_upload(g, EM_TYPE_Q8_0, V, RANK, w1q, "test W1", &w1, &err);
+    float *de = dev_copy(g, e, sizeof e), *dbase = dev_copy(g, NULL, DV * 4), *dbias = dev_copy(g, NULL, DV * 4);
+    float *dwc = dev_copy(g, wc, sizeof wc), *dh = dev_copy(g, h, sizeof h), *dlog = dev_copy(g, NULL, V * 4);
+    float *dpart = dev_copy(g, NULL, 2 * (uint64_t)em_gpu_draft_markov_pick_parts(DV) * 4);
+    int32_t *dd2t = dev_copy(g, d2t, sizeof d2t);
+    unsigned zero = 0, *dcount = dev_copy(g, &zero, sizeof zero);
+    void *scratch = dev_copy(g, NULL, em_gpu_act_bytes(EM_TYPE_Q8_0, RANK, 1));
+    em_gpu_draft_io *dio = dev_copy(g, NULL, sizeof(em_gpu_draft_io));
+    em_gpu_act a = { 0 };
+    if (!rc) rc = em_gpu_act_prepare(g, EM_TYPE_Q8_0, de, RANK, RANK, 1, scratch, &a, &err);
+    /* the next slot's start writes e and its activations elsewhere: a's stay the product's input */
+    float *de2 = dev_copy(g, NULL, sizeof e), *dqd2 = dev_copy(g, NULL, RANK / 32 * 4);
+    int8_t *dqs2 = dev_copy(g, NULL, RANK);
+    const em_gpu_draft_slot next = { .w1_type = w1.type, .w1_data = w1.data, .w1_scales = w1.scales, .w1_rows = V,
+                                     .rank = RANK, .d_e = de2, .d_e_qs = dqs2, .d_e_qd = dqd2, .d_h = dh, .d = D,
+                                     .d_conf_w = dwc, .conf_b = 0.5f, .conf_markov = 1 };
+    const struct { const char *what; bool d2t; float softcap; int base; } cases[] = {
+        { "d2t", true, 0.0f, 0 }, { "no d2t, softcap 15", false, 15.0f, 0 }, { "a tie", true, 0.0f, 1 },
+        { "NaN row", true, 0.0f, 2 },
+    };
+    for (size_t c = 0; !rc && c < sizeof cases / sizeof cases[0]; c++) {
+        for (int i = 0; i < DV; i++) base[i] = cases[c].base == 2 ? NAN : randn();
+        if (cases[c].base == 1) base[300] = base[700] = 1000.0f;
+        const int vocab = cases[c].d2t ? V : DV;
+        const int32_t *t = cases[c].d2t ? dd2t : NULL;
+        em_gpu_draft_io io0 = { .n_max = 4, .alive = 1, .may_stop = 0 }, ref, got;
+        io0.toks[0] = 3, io0.toks[1] = 9, io0.n = 1;
+        float *lr = xcalloc(V, 4), *lf = xcalloc(V, 4), er[RANK], ef[RANK];
+        bool same = true;
+        rc = em_gpu_upload(g, dbase, base, DV * 4, &err);
+        if (!rc) rc = em_gpu_upload(g, dio, &io0, sizeof io0, &err);
+        if (!rc) rc = em_gpu_matmul(g, &w2, &a, dbias, DV, &err);
+        if (!rc) rc = em_gpu_draft_pick(g, dio, 1, dbase, dbias, DV, cases[c].softcap, t, dlog, vocab, &next, &err);
+        if (!rc) rc = em_gpu_download(g, &ref, dio, sizeof ref, &err);
+        if (!rc) rc = em_gpu_download(g, lr, dlog, (uint64_t)vocab * 4, &err);
+        if (!rc) rc = em_gpu_download(g, er, de2, sizeof er, &err);
+        for (int rep = 0; !rc && rep < 2; rep++) {
+            rc = em_gpu_upload(g, dio, &io0, sizeof io0, &err);
+            if (!rc) rc = em_gpu_memset(g, de2, 0, sizeof e, &err);
+            if (!rc) rc = em_gpu_fill(g, dlog, -INFINITY, (uint64_t)vocab, &err);
+            if (!rc) rc = em_gpu_draft_markov_pick(g, dio, 1, dbase, w2.data, w2.scales, DV, RANK, a.qs, a.d, cases[c].softcap,
+                                                   t, dlog, vocab, dpart, dcount, &next, &err);
+            if (!rc) rc = em_gpu_download(g, &got, dio, sizeof got, &err);
+            if (!rc) rc = em_gpu_download(g, lf, dlog, (uint64_t)vocab * 4, &err);
+            if (!rc) rc = em_gpu_download(g, ef, de2, sizeof ef, &err);
+            same &= !rc && !memcmp(&ref, &got, sizeof ref) && !memcmp(lr, lf, (size_t)vocab * 4) &&
+                    (!ref.alive || !memcmp(er, ef, sizeof er));
+        }
+        const bool expect = cases[c].base == 2 ? !ref.alive && ref.n == 1
+                            : cases[c].base == 1 ? ref.toks[2] == (cases[c].d2t ? d2t[300] < d2t[700] ? d2t[300] : d2t[700] : 300)
+                                                 : ref.alive && ref.n == 2;
+        char name[96];
+        snprintf(name, sizeof name, "fused Markov pick = product + pick (%s)", cases[c].what);
+        record(name, same && expect, "pick %d (alive %d, n %d), conf %.6g / %.6g: %s (rc %d %s)", got.toks[2], got.alive, got.n,
+               (double)ref.conf[2], (double)got.conf[2], same ? "the same bits" : "DIFFERENT", rc, err.msg);
+        free(lr), free(lf);
+    }
+    em_gpu_mat_free(g, &w2);
+    em_gpu_mat_free(g, &w1);
+    void *all[] = { de, dbase, dbias, dwc, dh, dlog, dpart, dd2t, dcount, scratch, dio, de2, dqd2, dqs2 };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_gpu_free(g, all[i]);
+    free(w2f), free(w1f), free(base), free(w2q), free(w1q);
+}
+
 /* ---- the drafter against the CPU's ----------------------------------------------------------- */
 
 typedef struct pair {
@@ -635,6 +725,21 @@ static void test_device_features(void) {
         if (!rc) rc = em_draft_add_context_target(dev, 0, N, types[ti], &err);
         if (!rc) rc = em_draft_propose(dev, 5, nd, &(em_draft_chain){ 0 }, &oa, &err);
         if (!rc) rc = em_draft_propose(host, 5, nd, &(em_draft_chain){ 0 }, &ob, &err);
+        { /* each drafter again: the same bits (a drafter that moves by itself shows here) */
+            int32_t a2[EM_DRAFT_MAX_BLOCK], b2[EM_DRAFT_MAX_BLOCK];
+            float za2[EM_DRAFT_MAX_BLOCK], zb2[EM_DRAFT_MAX_BLOCK];
+            em_draft_out oa2 = { .tokens = a2, .conf_logits = za2 }, ob2 = { .tokens = b2, .conf_logits = zb2 };
+            int rc2 = em_draft_propose(dev, 5, nd, &(em_draft_chain){ 0 }, &oa2, &err);
+            if (!rc2) rc2 = em_draft_propose(host, 5, nd, &(em_draft_chain){ 0 }, &ob2, &err);
+            const bool da = !rc2 && oa2.n == oa.n && !memcmp(a2, a, (size_t)oa.n * sizeof a[0]) &&
+                            !memcmp(za2, za, (size_t)oa.n * sizeof za[0]);
+            const bool db = !rc2 && ob2.n == ob.n && !memcmp(b2, b, (size_t)ob.n * sizeof b[0]) &&
+                            !memcmp(zb2, zb, (size_t)ob.n * sizeof zb[0]);
+            char l2[96];
+            snprintf(l2, sizeof l2, "device features (%s): each drafter repeats itself", em_type_name(types[ti]));
+            record(l2, da && db, "device-fed %s, host-fed %s (rc %d %s)", da ? "same" : "DIFFERS", db ? "same" : "DIFFERS", rc2,
+                   err.msg);
+        }
         const bool same = !rc && oa.n == ob.n && oa.n > 0 && !memcmp(a, b, (size_t)oa.n * sizeof a[0]) &&
                           !memcmp(za, zb, (size_t)oa.n * sizeof za[0]);
         char label[96];
@@ -685,6 +790,14 @@ static void test_pair(const char *name, const char *target, const char *draft, d
                 compare_propose(label, &p, anchor, a + 2 < nd ? a + 2 : nd, true, tol);
             }
         }
+        if (round == 0) { /* anchors low and high over one context: whether a failure follows the anchor */
+            const int32_t sweep[] = { 1, 5, 11, 31, 100, 1000, 3000, 4095, 4096, 5000, 8191, 8192, 9000, 20000 };
+            for (size_t j = 0; j < sizeof sweep / sizeof sweep[0]; j++) {
+                snprintf(label, sizeof label, "%s: ctx %lld anchor %d", name, (long long)em_draft_get_info(p.gpu)->n_ctx,
+                         sweep[j] % V);
+                compare_propose(label, &p, sweep[j] % V, nd, false, tol);
+            }
+        }
         em_draft_reset(p.cpu);
         em_draft_reset(p.gpu);
         em_draft_reset(p.gpu2);
@@ -730,6 +843,7 @@ int main(int argc, char **argv) {
     test_attention(g);
     test_head_norm_rope(g);
     test_slot_begin(g);
+    test_markov_pick(g);
     em_gpu_close(g);
     test_pair("default pair", "models/kimi-linear-19m-q8_0.gguf", "models/dspark-kimi-linear-19m-q8_0.gguf", 3e-2);
     pair dp;

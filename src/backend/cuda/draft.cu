@@ -3,11 +3,11 @@
  * chain of a greedy propose (confidence and keep test, pick), which reads and writes one
  * em_gpu_draft_io in device memory so that a block needs no host round trip per slot.
  * draft/dspark.c and draft/schedule.c are the references:
- * - attention: a block per (row, query head); a warp per position computes a score (lanes over
- *   the head's values, a butterfly), the scores go to scratch, the block takes their max and
- *   the sum of exp in double, and each thread owns columns of the output, summing p V over the
- *   positions in ascending order. Close to the CPU's floats, not bit-identical (the drafter
- *   only steers proposals; acceptance is the target's).
+ * - attention: a block per (row, query head); a thread per position computes a score (its dot
+ *   in column order), the scores go to scratch, the block takes their max and the sum of exp
+ *   in double, then each warp sums p V over a span of positions (a lane per column) and the
+ *   spans are added in warp order. Close to the CPU's floats, not bit-identical (the drafter
+ *   only steers proposals; acceptance is the target's); the same bits every launch.
  * - a slot's start: the block reads the previous pick's Markov row (and quantizes it for W2),
  *   then one warp sums the confidence in doubles (lanes over the terms, a fixed butterfly:
  *   the CPU's sum up to rounding) and one thread runs em_draft_sched_keep's arithmetic.
@@ -17,11 +17,12 @@
  *   each, the CPU's float arithmetic (the product between them is em_gpu_matmul).
  * Launch shapes depend only on the dims and n (graph capture); the context length, the chain's
  * state and the previous pick are read on the device. */
-#include "backend/cuda/cuda_impl.cuh"
+#include "backend/cuda/mm_kernels.cuh"
 
 #include <math.h>
 
-#define GQA_THREADS 128
+#define GQA_THREADS 256
+#define GQA_WARPS (GQA_THREADS / 32)
 #define GQA_MAX_HD 256
 
 uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n) {
@@ -29,62 +30,81 @@ uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n) {
     return (uint64_t)n * (uint64_t)d->n_head * (uint64_t)(d->capacity + EM_GPU_MAX_ROWS);
 }
 
-/* Block (i, h): row i, query head h. */
+/* Position p's key (or value) row of kv head grp: the cache's rows, then the block's. */
+__device__ __forceinline__ const float *gqa_row(const float *cache, const float *block, int64_t n_ctx, int64_t p,
+                                                int64_t kw, int64_t off) {
+    return p < n_ctx ? cache + p * kw + off : block + (p - n_ctx) * kw + off;
+}
+
+/* Block (i, h): row i, query head h. A thread a position for the scores (its dot in column
+ * order), block reductions for the max and the sum (the sum in double), then a warp a span of
+ * positions for p V (a lane per column, positions in ascending order), the spans' sums added
+ * in warp order: every launch the same order, whatever the timing. */
 __global__ void __launch_bounds__(GQA_THREADS)
     k_gqa(em_gpu_gqa_dims d, const float *q, const float *kc, const float *vc, const int64_t *n_ctx_p, const float *k,
           const float *v, int n, float *scratch, float *out) {
     emc_kernel_begin();
     __shared__ float qs[GQA_MAX_HD];
-    __shared__ double red[GQA_THREADS];
-    __shared__ float redf[GQA_THREADS];
+    __shared__ float part[GQA_WARPS][GQA_MAX_HD];
+    __shared__ float redf[GQA_WARPS];
+    __shared__ double red[GQA_WARPS];
     const int i = blockIdx.x, h = blockIdx.y, hd = d.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int grp = h / (d.n_head / d.n_kv);
     const int64_t kw = (int64_t)d.n_kv * hd, qw = (int64_t)d.n_head * hd;
+    const int64_t off = (int64_t)(h / (d.n_head / d.n_kv)) * hd;
     int64_t n_ctx = *n_ctx_p;
     n_ctx = n_ctx < 0 ? 0 : n_ctx > d.capacity ? d.capacity : n_ctx;
-    const int nb = d.causal ? i + 1 : n;
-    const int64_t total = n_ctx + nb;
+    const int64_t total = n_ctx + (d.causal ? i + 1 : n);
     float *sc = scratch + ((int64_t)i * d.n_head + h) * (d.capacity + EM_GPU_MAX_ROWS);
     for (int c = threadIdx.x; c < hd; c += GQA_THREADS) qs[c] = q[i * qw + (int64_t)h * hd + c];
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t p = warp; p < total; p += GQA_THREADS / 32) {
-        const float *kr = p < n_ctx ? kc + p * kw + (int64_t)grp * hd : k + (p - n_ctx) * kw + (int64_t)grp * hd;
-        float s = 0.0f;
-        for (int c = lane; c < hd; c += 32) s = fmaf(qs[c], kr[c], s);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) sc[p] = s * scale;
-    }
-    __syncthreads();
     float mx = -INFINITY;
-    for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) mx = fmaxf(mx, sc[p]);
-    redf[threadIdx.x] = mx;
-    __syncthreads();
-    for (int s = GQA_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) redf[threadIdx.x] = fmaxf(redf[threadIdx.x], redf[threadIdx.x + s]);
-        __syncthreads();
-    }
-    mx = redf[0];
-    double sum = 0.0;
     for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) {
+        const float *kr = gqa_row(kc, k, n_ctx, p, kw, off);
+        float s = 0.0f;
+#pragma unroll 8
+        for (int c = 0; c < hd; c++) s = fmaf(qs[c], kr[c], s);
+        s *= scale;
+        sc[p] = s;
+        mx = fmaxf(mx, s);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) redf[warp] = mx;
+    __syncthreads();
+    mx = redf[0];
+    for (int w = 1; w < GQA_WARPS; w++) mx = fmaxf(mx, redf[w]);
+    double sum = 0.0;
+    for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) { /* each thread its own positions again */
         const float e = expf(sc[p] - mx);
         sc[p] = e;
         sum += (double)e;
     }
-    red[threadIdx.x] = sum;
-    __syncthreads();
-    for (int s = GQA_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-        __syncthreads();
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads(); /* sc's new values and red visible */
+    sum = 0.0;
+    for (int w = 0; w < GQA_WARPS; w++) sum += red[w];
+    const float inv = (float)(1.0 / sum);
+    const int64_t span = (total + GQA_WARPS - 1) / GQA_WARPS, p0 = warp * span;
+    const int64_t p1 = p0 + span < total ? p0 + span : total;
+    float acc[GQA_MAX_HD / 32];
+#pragma unroll
+    for (int j = 0; j < GQA_MAX_HD / 32; j++) acc[j] = 0.0f;
+    for (int64_t p = p0; p < p1; p++) {
+        const float *vr = gqa_row(vc, v, n_ctx, p, kw, off);
+        const float w = sc[p] * inv;
+#pragma unroll
+        for (int j = 0; j < GQA_MAX_HD / 32; j++)
+            if (lane + 32 * j < hd) acc[j] = fmaf(w, vr[lane + 32 * j], acc[j]);
     }
-    const float inv = (float)(1.0 / red[0]);
+#pragma unroll
+    for (int j = 0; j < GQA_MAX_HD / 32; j++)
+        if (lane + 32 * j < hd) part[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
     for (int c = threadIdx.x; c < hd; c += GQA_THREADS) {
-        float acc = 0.0f;
-        for (int64_t p = 0; p < total; p++) {
-            const float *vr = p < n_ctx ? vc + p * kw + (int64_t)grp * hd : v + (p - n_ctx) * kw + (int64_t)grp * hd;
-            acc = fmaf(sc[p] * inv, vr[c], acc);
-        }
-        out[i * qw + (int64_t)h * hd + c] = acc;
+        float o = part[0][c];
+        for (int w = 1; w < GQA_WARPS; w++) o += part[w][c];
+        out[i * qw + (int64_t)h * hd + c] = o;
     }
 }
 
@@ -267,6 +287,7 @@ __device__ void slot_begin(em_gpu_draft_io *io, int k, const em_gpu_draft_slot &
     const float *h = s.d_h + (int64_t)(s.slot0 + k) * s.d, *w = s.d_conf_w;
     const int n = s.d + (s.conf_markov && s.w1_data ? s.rank : 0);
     double z = 0.0;
+#pragma unroll 4
     for (int i = lane; i < n; i += 32) z += (double)w[i] * (i < s.d ? h[i] : es[i - s.d]);
     for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
     if (lane != 0) return;
@@ -412,6 +433,103 @@ extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const 
     emc_launch(g, k_draft_pick, 1, PICK_THREADS, 0, d_io, k, d_base, d_bias, dvocab, softcap, d_d2t, d_logits, vocab,
                next ? 1 : 0, next ? *next : em_gpu_draft_slot{});
     return emc_launched(err, "k_draft_pick");
+}
+
+/* ---- the vanilla Markov bias and the pick in one launch ----------------------------------------- */
+
+#define MP_THREADS (MM_WARPS * 32)
+#define MP_IDS 128 /* draft ids a block takes */
+
+extern "C" int em_gpu_draft_markov_pick_parts(int dvocab) { return dvocab > 0 ? (dvocab + MP_IDS - 1) / MP_IDS : 0; }
+
+/* Block b: draft ids b * MP_IDS ..., their bias by mm_q8_0_warp (em_gpu_matmul's chain per
+ * value), their corrected values and the block's best into pv[b], pi[b]; the last block to
+ * count itself in takes the best of those (read past L1: other blocks wrote them), resets the
+ * counter for the next launch and finishes as k_draft_pick does. */
+__global__ void __launch_bounds__(MP_THREADS)
+    k_draft_markov_pick(em_gpu_draft_io *io, int k, const float *base, const int8_t *w2q, const __half *w2d, int dvocab,
+                        int rank, const int8_t *e_qs, const float *e_qd, float softcap, const int32_t *d2t, float *logits,
+                        float *pv, int *pi, unsigned *count, int has_next, em_gpu_draft_slot next) {
+    emc_kernel_begin();
+    __shared__ float bias[MP_IDS];
+    __shared__ float sv[MP_THREADS];
+    __shared__ int si[MP_THREADS];
+    __shared__ bool last;
+    if (!io->alive || k >= io->n_max) return; /* uniform over the grid */
+    const int i0 = blockIdx.x * MP_IDS, n = dvocab - i0 < MP_IDS ? dvocab - i0 : MP_IDS;
+    const int xr[1] = { 0 }, yr[1] = { 0 };
+    for (int r = (int)(threadIdx.x >> 5) * MM_OUTS; r < n; r += MM_WARPS * MM_OUTS)
+        mm_q8_0_warp<1>(w2q + (int64_t)i0 * rank, w2d + (int64_t)i0 * (rank / 32), n, rank, r, e_qs, e_qd, 1, xr, bias, 0,
+                        yr);
+    __syncthreads();
+    float bv = 0.0f;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += MP_THREADS) {
+        float x = base[i0 + i];
+        if (softcap > 0) x = softcap * tanhf(x / softcap);
+        x += bias[i];
+        const int id = d2t ? d2t[i0 + i] : i0 + i;
+        if (logits) logits[id] = x;
+        if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id;
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    am_block_best(sv, si, MP_THREADS);
+    if (threadIdx.x == 0) {
+        pv[blockIdx.x] = sv[0];
+        pi[blockIdx.x] = si[0];
+        __threadfence();
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    bv = 0.0f, bi = -1;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += MP_THREADS) {
+        const float v = __ldcg(pv + b);
+        const int id = __ldcg(pi + b);
+        if (am_better(v, id, bv, bi)) bv = v, bi = id;
+    }
+    __syncthreads(); /* sv, si reused */
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    am_block_best(sv, si, MP_THREADS);
+    if (threadIdx.x == 0) {
+        *count = 0;
+        if (si[0] < 0) {
+            io->alive = 0;
+        } else {
+            io->toks[k + 1] = si[0];
+            io->n = k + 1;
+            if (k + 1 >= io->n_max) io->alive = 0;
+        }
+    }
+    if (!has_next) return;
+    __syncthreads();
+    slot_begin(io, k + 1, next);
+}
+
+extern "C" int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,
+                                        const void *w2_scales, int dvocab, int rank, const int8_t *d_e_qs,
+                                        const float *d_e_qd, float softcap, const int32_t *d_d2t, float *d_logits,
+                                        int vocab, void *d_part, unsigned *d_count, const em_gpu_draft_slot *next,
+                                        em_err *err) {
+    EMC_CHECK(d_io && d_base && w2_data && w2_scales && d_e_qs && d_e_qd && d_part && d_count && dvocab > 0 &&
+                  vocab >= dvocab && rank >= 32 && rank % 32 == 0 && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK &&
+                  (d_d2t || vocab == dvocab),
+              "GPU Markov pick: slot %d, %d draft ids for %d target ids, rank %d (a multiple of 32), or a missing buffer",
+              k, dvocab, vocab, rank);
+    EMC_CHECK(!next || (slot_ok(next) && k + 1 < EM_GPU_DRAFT_MAX_BLOCK), "GPU Markov pick: a bad next slot after %d", k);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    const int parts = em_gpu_draft_markov_pick_parts(dvocab);
+    float *pv = (float *)d_part;
+    emc_launch(g, k_draft_markov_pick, (unsigned)parts, MP_THREADS, 0, d_io, k, d_base, (const int8_t *)w2_data,
+               (const __half *)w2_scales, dvocab, rank, d_e_qs, d_e_qd, softcap, d_d2t, d_logits, pv, (int *)(pv + parts),
+               d_count, next ? 1 : 0, next ? *next : em_gpu_draft_slot{});
+    return emc_launched(err, "k_draft_markov_pick");
 }
 
 /* ---- a sampled slot -------------------------------------------------------------------------- */

@@ -139,6 +139,20 @@ extern "C" int em_gpu_swiglu(em_gpu *g, const float *d_gate, const float *d_up, 
     return emc_launched(err, "k_swiglu");
 }
 
+__global__ void k_fill(float *x, float v, uint64_t n) {
+    emc_kernel_begin();
+    const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
+extern "C" int em_gpu_fill(em_gpu *g, float *d_x, float v, uint64_t n, em_err *err) {
+    EMC_CHECK(d_x || n == 0, "GPU fill: a missing buffer");
+    int rc = emc_use(g, err);
+    if (rc || n == 0) return rc;
+    emc_launch(g, k_fill, emc_blocks((int64_t)n, 256), 256, 0, d_x, v, n);
+    return emc_launched(err, "k_fill");
+}
+
 extern "C" int em_gpu_add(em_gpu *g, const float *d_a, const float *d_b, int64_t count, float *d_y, em_err *err) {
     EMC_CHECK(d_a && d_b && d_y && count >= 0, "GPU add: missing buffer or %lld values", (long long)count);
     int rc = emc_use(g, err);

@@ -1198,7 +1198,11 @@ static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
     carve_bufs(k, &c);
     if ((rc = fit_check(k, weights, state, c.at, err)) || (rc = upload_weights(k, weights, err)) ||
         (rc = layer_vectors(k, err)) || (rc = make_state(k, log_bytes, cache_bytes, err)) ||
-        (rc = em_gpu_alloc(k->gpu, c.at, "GPU pass buffers", &k->buf_mem, err)))
+        (rc = em_gpu_alloc(k->gpu, c.at, "GPU pass buffers", &k->buf_mem, err)) ||
+        /* zeroed once: some kernels load whole 16-byte quads of which they use a part (the MLA
+         * context's probabilities past a row's length), and nothing should read bytes nothing
+         * wrote (compute-sanitizer initcheck) */
+        (rc = em_gpu_memset(k->gpu, k->buf_mem, 0, c.at, err)))
         return rc;
     c = (carver){ .base = k->buf_mem };
     carve_bufs(k, &c);

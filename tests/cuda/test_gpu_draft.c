@@ -236,42 +236,42 @@ static void test_slot_begin(em_gpu *g) {
  * next Markov row, bit for bit; over ids past the last full block, with and without d2t and a
  * softcap, at a tie (two equal best values: the lower target id) and on a row of NaN (the chain
  * stops); each case twice (the block counter must be left at 0). */
-static void test_markov_pick(em_gpu *g) {
-    enum { DV = 1037, RANK = 128, V = 1500, D = 64 };
-    float *w2f = xcalloc((size_t)DV * RANK, 4), *w1f = xcalloc((size_t)V * RANK, 4), *base = xcalloc(DV, 4);
-    float e[RANK], wc[D + RANK], h[3 * D]; /* slot 2's final row is row 2 */
+static void test_markov_pick(em_gpu *g, int rank) {
+    enum { DV = 1037, V = 1500, D = 64, RANK_MAX = 128 };
+    float *w2f = xcalloc((size_t)DV * rank, 4), *w1f = xcalloc((size_t)V * rank, 4), *base = xcalloc(DV, 4);
+    float e[RANK_MAX], wc[D + RANK_MAX], h[3 * D]; /* slot 2's final row is row 2 */
     int32_t d2t[DV];
-    for (int i = 0; i < DV * RANK; i++) w2f[i] = randn();
-    for (int i = 0; i < V * RANK; i++) w1f[i] = randn();
-    for (int i = 0; i < RANK; i++) e[i] = randn();
-    for (int i = 0; i < D + RANK; i++) wc[i] = 0.1f * randn();
+    for (int i = 0; i < DV * rank; i++) w2f[i] = randn();
+    for (int i = 0; i < V * rank; i++) w1f[i] = randn();
+    for (int i = 0; i < rank; i++) e[i] = randn();
+    for (int i = 0; i < D + rank; i++) wc[i] = 0.1f * randn();
     for (int i = 0; i < 3 * D; i++) h[i] = randn();
     for (int i = 0; i < DV; i++) d2t[i] = (int32_t)((i * 577) % V); /* one to one: 577 and 1500 are coprime */
-    memcpy(w2f + 700 * RANK, w2f + 300 * RANK, RANK * 4); /* ids 300 and 700: equal rows, for the tie */
+    memcpy(w2f + 700 * rank, w2f + 300 * rank, rank * 4); /* ids 300 and 700: equal rows, for the tie */
     em_err err = { 0 };
     uint64_t b2 = 0, b1 = 0;
-    int rc = em_type_row_bytes(EM_TYPE_Q8_0, (uint64_t)DV * RANK, &b2, &err);
-    if (!rc) rc = em_type_row_bytes(EM_TYPE_Q8_0, (uint64_t)V * RANK, &b1, &err);
+    int rc = em_type_row_bytes(EM_TYPE_Q8_0, (uint64_t)DV * rank, &b2, &err);
+    if (!rc) rc = em_type_row_bytes(EM_TYPE_Q8_0, (uint64_t)V * rank, &b1, &err);
     uint8_t *w2q = xcalloc((size_t)b2, 1), *w1q = xcalloc((size_t)b1, 1);
-    if (!rc) rc = em_quantize(EM_TYPE_Q8_0, w2f, w2q, (int64_t)DV * RANK, &err);
-    if (!rc) rc = em_quantize(EM_TYPE_Q8_0, w1f, w1q, (int64_t)V * RANK, &err);
+    if (!rc) rc = em_quantize(EM_TYPE_Q8_0, w2f, w2q, (int64_t)DV * rank, &err);
+    if (!rc) rc = em_quantize(EM_TYPE_Q8_0, w1f, w1q, (int64_t)V * rank, &err);
     em_gpu_mat w2 = { 0 }, w1 = { 0 };
-    if (!rc) rc = em_gpu_mat_upload(g, EM_TYPE_Q8_0, DV, RANK, w2q, "test W2", &w2, &err);
-    if (!rc) rc = em_gpu_mat_upload(g, EM_TYPE_Q8_0, V, RANK, w1q, "test W1", &w1, &err);
-    float *de = dev_copy(g, e, sizeof e), *dbase = dev_copy(g, NULL, DV * 4), *dbias = dev_copy(g, NULL, DV * 4);
-    float *dwc = dev_copy(g, wc, sizeof wc), *dh = dev_copy(g, h, sizeof h), *dlog = dev_copy(g, NULL, V * 4);
+    if (!rc) rc = em_gpu_mat_upload(g, EM_TYPE_Q8_0, DV, rank, w2q, "test W2", &w2, &err);
+    if (!rc) rc = em_gpu_mat_upload(g, EM_TYPE_Q8_0, V, rank, w1q, "test W1", &w1, &err);
+    float *de = dev_copy(g, e, (uint64_t)rank * 4), *dbase = dev_copy(g, NULL, DV * 4), *dbias = dev_copy(g, NULL, DV * 4);
+    float *dwc = dev_copy(g, wc, (uint64_t)(D + rank) * 4), *dh = dev_copy(g, h, sizeof h), *dlog = dev_copy(g, NULL, V * 4);
     float *dpart = dev_copy(g, NULL, 2 * (uint64_t)em_gpu_draft_markov_pick_parts(DV) * 4);
     int32_t *dd2t = dev_copy(g, d2t, sizeof d2t);
     unsigned zero = 0, *dcount = dev_copy(g, &zero, sizeof zero);
-    void *scratch = dev_copy(g, NULL, em_gpu_act_bytes(EM_TYPE_Q8_0, RANK, 1));
+    void *scratch = dev_copy(g, NULL, em_gpu_act_bytes(EM_TYPE_Q8_0, rank, 1));
     em_gpu_draft_io *dio = dev_copy(g, NULL, sizeof(em_gpu_draft_io));
     em_gpu_act a = { 0 };
-    if (!rc) rc = em_gpu_act_prepare(g, EM_TYPE_Q8_0, de, RANK, RANK, 1, scratch, &a, &err);
+    if (!rc) rc = em_gpu_act_prepare(g, EM_TYPE_Q8_0, de, rank, rank, 1, scratch, &a, &err);
     /* the next slot's start writes e and its activations elsewhere: a's stay the product's input */
-    float *de2 = dev_copy(g, NULL, sizeof e), *dqd2 = dev_copy(g, NULL, RANK / 32 * 4);
-    int8_t *dqs2 = dev_copy(g, NULL, RANK);
+    float *de2 = dev_copy(g, NULL, (uint64_t)rank * 4), *dqd2 = dev_copy(g, NULL, rank / 32 * 4);
+    int8_t *dqs2 = dev_copy(g, NULL, rank);
     const em_gpu_draft_slot next = { .w1_type = w1.type, .w1_data = w1.data, .w1_scales = w1.scales, .w1_rows = V,
-                                     .rank = RANK, .d_e = de2, .d_e_qs = dqs2, .d_e_qd = dqd2, .d_h = dh, .d = D,
+                                     .rank = rank, .d_e = de2, .d_e_qs = dqs2, .d_e_qd = dqd2, .d_h = dh, .d = D,
                                      .d_conf_w = dwc, .conf_b = 0.5f, .conf_markov = 1 };
     const struct { const char *what; bool d2t; float softcap; int base; } cases[] = {
         { "d2t", true, 0.0f, 0 }, { "no d2t, softcap 15", false, 15.0f, 0 }, { "a tie", true, 0.0f, 1 },
@@ -284,7 +284,7 @@ static void test_markov_pick(em_gpu *g) {
         const int32_t *t = cases[c].d2t ? dd2t : NULL;
         em_gpu_draft_io io0 = { .n_max = 4, .alive = 1, .may_stop = 0 }, ref, got;
         io0.toks[0] = 3, io0.toks[1] = 9, io0.n = 1;
-        float *lr = xcalloc(V, 4), *lf = xcalloc(V, 4), er[RANK], ef[RANK];
+        float *lr = xcalloc(V, 4), *lf = xcalloc(V, 4), er[RANK_MAX], ef[RANK_MAX];
         bool same = true;
         rc = em_gpu_upload(g, dbase, base, DV * 4, &err);
         if (!rc) rc = em_gpu_upload(g, dio, &io0, sizeof io0, &err);
@@ -292,24 +292,24 @@ static void test_markov_pick(em_gpu *g) {
         if (!rc) rc = em_gpu_draft_pick(g, dio, 1, dbase, dbias, DV, cases[c].softcap, t, dlog, vocab, &next, &err);
         if (!rc) rc = em_gpu_download(g, &ref, dio, sizeof ref, &err);
         if (!rc) rc = em_gpu_download(g, lr, dlog, (uint64_t)vocab * 4, &err);
-        if (!rc) rc = em_gpu_download(g, er, de2, sizeof er, &err);
+        if (!rc) rc = em_gpu_download(g, er, de2, (uint64_t)rank * 4, &err);
         for (int rep = 0; !rc && rep < 2; rep++) {
             rc = em_gpu_upload(g, dio, &io0, sizeof io0, &err);
-            if (!rc) rc = em_gpu_memset(g, de2, 0, sizeof e, &err);
+            if (!rc) rc = em_gpu_memset(g, de2, 0, (uint64_t)rank * 4, &err);
             if (!rc) rc = em_gpu_fill(g, dlog, -INFINITY, (uint64_t)vocab, &err);
-            if (!rc) rc = em_gpu_draft_markov_pick(g, dio, 1, dbase, w2.data, w2.scales, DV, RANK, a.qs, a.d, cases[c].softcap,
+            if (!rc) rc = em_gpu_draft_markov_pick(g, dio, 1, dbase, w2.data, w2.scales, DV, rank, a.qs, a.d, cases[c].softcap,
                                                    t, dlog, vocab, dpart, dcount, &next, &err);
             if (!rc) rc = em_gpu_download(g, &got, dio, sizeof got, &err);
             if (!rc) rc = em_gpu_download(g, lf, dlog, (uint64_t)vocab * 4, &err);
-            if (!rc) rc = em_gpu_download(g, ef, de2, sizeof ef, &err);
+            if (!rc) rc = em_gpu_download(g, ef, de2, (uint64_t)rank * 4, &err);
             same &= !rc && !memcmp(&ref, &got, sizeof ref) && !memcmp(lr, lf, (size_t)vocab * 4) &&
-                    (!ref.alive || !memcmp(er, ef, sizeof er));
+                    (!ref.alive || !memcmp(er, ef, (size_t)rank * 4));
         }
         const bool expect = cases[c].base == 2 ? !ref.alive && ref.n == 1
                             : cases[c].base == 1 ? ref.toks[2] == (cases[c].d2t ? d2t[300] < d2t[700] ? d2t[300] : d2t[700] : 300)
                                                  : ref.alive && ref.n == 2;
         char name[96];
-        snprintf(name, sizeof name, "fused Markov pick = product + pick (%s)", cases[c].what);
+        snprintf(name, sizeof name, "fused Markov pick = product + pick (rank %d, %s)", rank, cases[c].what);
         record(name, same && expect, "pick %d (alive %d, n %d), conf %.6g / %.6g: %s (rc %d %s)", got.toks[2], got.alive, got.n,
                (double)ref.conf[2], (double)got.conf[2], same ? "the same bits" : "DIFFERENT", rc, err.msg);
         free(lr), free(lf);
@@ -843,7 +843,8 @@ int main(int argc, char **argv) {
     test_attention(g);
     test_head_norm_rope(g);
     test_slot_begin(g);
-    test_markov_pick(g);
+    test_markov_pick(g, 128);
+    test_markov_pick(g, 96); /* 3 blocks a row: lanes past them hold 0 */
     em_gpu_close(g);
     test_pair("default pair", "models/kimi-linear-19m-q8_0.gguf", "models/dspark-kimi-linear-19m-q8_0.gguf", 3e-2);
     pair dp;

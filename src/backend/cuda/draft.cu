@@ -438,14 +438,34 @@ extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const 
 /* ---- the vanilla Markov bias and the pick in one launch ----------------------------------------- */
 
 #define MP_THREADS (MM_WARPS * 32)
-#define MP_IDS 128 /* draft ids a block takes */
+#define MP_IDS 64 /* draft ids a block takes: one wave of blocks for 8192 ids */
 
 extern "C" int em_gpu_draft_markov_pick_parts(int dvocab) { return dvocab > 0 ? (dvocab + MP_IDS - 1) / MP_IDS : 0; }
 
-/* Block b: draft ids b * MP_IDS ..., their bias by mm_q8_0_warp (em_gpu_matmul's chain per
- * value), their corrected values and the block's best into pv[b], pi[b]; the last block to
- * count itself in takes the best of those (read past L1: other blocks wrote them), resets the
- * counter for the next launch and finishes as k_draft_pick does. */
+/* W2 row r (rank / 32 <= 32 blocks) against e: em_gpu_matmul's value bit for bit. Its warp
+ * body (mm_q8_0_warp) gives lane l block l, one rounded add onto 0, then the 32-lane butterfly;
+ * lanes past the row's blocks hold 0 and every add of theirs is exact, so a group of L lanes
+ * (the power of two >= the blocks) with the butterfly's last log2 L steps gives the same sum,
+ * and a warp takes 32 / L rows at once. */
+__device__ __forceinline__ float mp_bias_row(const int8_t *w2q, const __half *w2d, int64_t r, int bpr, int L,
+                                             const int8_t *e_qs, const float *e_qd, bool live) {
+    const int j = (threadIdx.x & 31) % L;
+    float v = 0.0f;
+    if (live && j < bpr) {
+        const int8_t *w = w2q + (r * bpr + j) * 32;
+        const int4 w0 = ld_nc16(w), w1 = ld_nc16(w + 16);
+        const int4 *xa = (const int4 *)(e_qs + j * 32);
+        const int i0 = dot16(w1, xa[1], dot16(w0, xa[0], 0));
+        v = __fadd_rn(0.0f, __fmul_rn(__fmul_rn(__half2float(w2d[r * bpr + j]), e_qd[j]), (float)i0));
+    }
+    for (int o = L / 2; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block b: draft ids b * MP_IDS ..., their bias (mp_bias_row), their corrected values and the
+ * block's best into pv[b], pi[b]; the last block to count itself in takes the best of those
+ * (read past L1: other blocks wrote them), resets the counter for the next launch and
+ * finishes as k_draft_pick does. */
 __global__ void __launch_bounds__(MP_THREADS)
     k_draft_markov_pick(em_gpu_draft_io *io, int k, const float *base, const int8_t *w2q, const __half *w2d, int dvocab,
                         int rank, const int8_t *e_qs, const float *e_qd, float softcap, const int32_t *d2t, float *logits,
@@ -457,10 +477,15 @@ __global__ void __launch_bounds__(MP_THREADS)
     __shared__ bool last;
     if (!io->alive || k >= io->n_max) return; /* uniform over the grid */
     const int i0 = blockIdx.x * MP_IDS, n = dvocab - i0 < MP_IDS ? dvocab - i0 : MP_IDS;
-    const int xr[1] = { 0 }, yr[1] = { 0 };
-    for (int r = (int)(threadIdx.x >> 5) * MM_OUTS; r < n; r += MM_WARPS * MM_OUTS)
-        mm_q8_0_warp<1>(w2q + (int64_t)i0 * rank, w2d + (int64_t)i0 * (rank / 32), n, rank, r, e_qs, e_qd, 1, xr, bias, 0,
-                        yr);
+    const int bpr = rank / 32, lane = threadIdx.x & 31;
+    int L = 1;
+    while (L < bpr) L <<= 1;
+    const int per_warp = 32 / L, grp = lane / L;
+    for (int r0 = (int)(threadIdx.x >> 5) * per_warp; r0 < n; r0 += MM_WARPS * per_warp) { /* uniform per warp */
+        const int r = r0 + grp;
+        const float v = mp_bias_row(w2q, w2d, (int64_t)i0 + r, bpr, L, e_qs, e_qd, r < n);
+        if (lane % L == 0 && r < n) bias[r] = v;
+    }
     __syncthreads();
     float bv = 0.0f;
     int bi = -1;
@@ -517,9 +542,10 @@ extern "C" int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k,
                                         int vocab, void *d_part, unsigned *d_count, const em_gpu_draft_slot *next,
                                         em_err *err) {
     EMC_CHECK(d_io && d_base && w2_data && w2_scales && d_e_qs && d_e_qd && d_part && d_count && dvocab > 0 &&
-                  vocab >= dvocab && rank >= 32 && rank % 32 == 0 && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK &&
+                  vocab >= dvocab && rank >= 32 && rank <= 1024 && rank % 32 == 0 && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK &&
                   (d_d2t || vocab == dvocab),
-              "GPU Markov pick: slot %d, %d draft ids for %d target ids, rank %d (a multiple of 32), or a missing buffer",
+              "GPU Markov pick: slot %d, %d draft ids for %d target ids, rank %d (a multiple of 32 up to 1024), or a "
+              "missing buffer",
               k, dvocab, vocab, rank);
     EMC_CHECK(!next || (slot_ok(next) && k + 1 < EM_GPU_DRAFT_MAX_BLOCK), "GPU Markov pick: a bad next slot after %d", k);
     int rc = emc_use(g, err);

@@ -54,7 +54,7 @@ ctype=$(curl -s -o /dev/null -w '%{content_type}' "$A_URL/metrics")
 check "/metrics is Prometheus text ($ctype)" test "${ctype%%;*}" = text/plain
 mtext=$(curl -s "$A_URL/metrics")
 for m in requests_total prompt_tokens_total prompt_seconds_total tokens_predicted_total tokens_predicted_seconds_total \
-    spec_passes_total spec_drafted_total spec_accepted_total spec_draft_seconds_total expert_bytes_read_total \
+    spec_passes_total spec_drafted_total spec_accepted_total spec_draft_seconds_total spec_target_seconds_total expert_bytes_read_total \
     expert_cache_hits_total \
     expert_bytes_read_generating_total \
     requests_processing requests_deferred; do

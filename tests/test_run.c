@@ -165,7 +165,8 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     json_t *spec = json_object_get(j, "spec");
     static const char *const spec_keys[] = { "passes", "drafted", "accepted", "tau", "fast_commits",
                                              "full_replays", "failed_fallbacks", "accept_hist",
-                                             "mean_verify_width", "draft_seconds", "plain_passes" };
+                                             "mean_verify_width", "draft_seconds", "target_seconds",
+                                             "plain_passes" };
     assert_int_equal(json_object_size(spec), sizeof spec_keys / sizeof spec_keys[0]);
     json_int_t passes = get_int(spec, "passes");
     assert_int_equal(passes, !strcmp(finish, "length") ? n - 1 : n);
@@ -180,6 +181,7 @@ static int32_t *check_json(json_t *j, int *n_tokens) {
     assert_int_equal(json_integer_value(json_array_get(hist, 0)), passes);
     assert_true(fabs(get_num(spec, "mean_verify_width") - (passes ? 1.0 : 0.0)) < 1e-12);
     assert_true(get_num(spec, "draft_seconds") == 0);
+    assert_true(passes == 0 || get_num(spec, "target_seconds") > 0); /* plain passes verify one row */
     assert_int_equal(get_int(spec, "plain_passes"), 0); /* counts passes that could have drafted */
 
     json_t *ex = json_object_get(j, "experts");

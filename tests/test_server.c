@@ -295,7 +295,7 @@ static void test_responses(void **state) {
     (void)state;
     em_srv_meta mt = { .kind = EM_SRV_CHAT, .id = "chatcmpl-1", .created = 1700000000, .model = "m" };
     em_srv_stats st = { .n_prompt = 10, .n_gen = 5, .prompt_s = 0.5, .gen_s = 2.0, .drafted = 8, .accepted = 3,
-                        .draft_s = 0.25, .device = "cuda:0 (X)", .draft_device = "cpu" };
+                        .draft_s = 0.25, .target_s = 0.5, .device = "cuda:0 (X)", .draft_device = "cpu" };
     int32_t toks[] = { 1, 2, 3 };
     /* invalid UTF-8 in the text comes out as U+FFFD */
     json_t *o = load(em_srv_response_json(&mt, "ab\xff" "c", 4, "length", &st, toks, 3));
@@ -312,6 +312,7 @@ static void test_responses(void **state) {
     assert_true(json_real_value(json_object_get(t, "prompt_per_second")) == 20.0);
     assert_true(json_real_value(json_object_get(t, "predicted_per_second")) == 2.0); /* 4 tokens after the first */
     assert_true(json_real_value(json_object_get(t, "draft_ms")) == 250.0);
+    assert_true(json_real_value(json_object_get(t, "target_ms")) == 500.0);
     assert_string_equal(json_string_value(json_object_get(t, "device")), "cuda:0 (X)");
     assert_string_equal(json_string_value(json_object_get(t, "draft_device")), "cpu");
     json_decref(o);

@@ -44,7 +44,7 @@ static const char run_usage[] =
     "                         tokens, n_prompt, n_gen, tok_per_s, prompt_tok_per_s, finish,\n"
     "                         spec {passes, drafted, accepted, tau, fast_commits, full_replays,\n"
     "                         failed_fallbacks, accept_hist, mean_verify_width, draft_seconds,\n"
-    "                         plain_passes},\n"
+    "                         target_seconds (verify and commit), plain_passes},\n"
     "                         experts {bytes_read, read_seconds (waiting for them), hits, misses,\n"
     "                         prefetched, prefetch_used (experts read ahead; of them used),\n"
     "                         cache_bytes, gen_bytes_read, gen_bytes_per_token: read from\n"
@@ -228,12 +228,12 @@ static json_t *spec_json(const em_decode_result *r) {
     json_t *hist = json_array();
     for (int i = 0; hist && i <= top; i++) json_array_append_new(hist, json_integer((json_int_t)r->accept_hist[i]));
     if (!hist) return NULL;
-    return json_pack("{s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:o, s:f, s:f, s:I}", "passes", (json_int_t)r->passes,
+    return json_pack("{s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:o, s:f, s:f, s:f, s:I}", "passes", (json_int_t)r->passes,
                      "drafted", (json_int_t)r->drafted, "accepted", (json_int_t)r->accepted, "tau", tau,
                      "fast_commits", (json_int_t)r->fast_commits, "full_replays", (json_int_t)r->full_replays,
                      "failed_fallbacks", (json_int_t)r->failed_fallbacks, "accept_hist", hist, "mean_verify_width",
-                     r->mean_verify_width, "draft_seconds", r->draft_seconds, "plain_passes",
-                     (json_int_t)r->plain_passes);
+                     r->mean_verify_width, "draft_seconds", r->draft_seconds, "target_seconds",
+                     r->target_seconds, "plain_passes", (json_int_t)r->plain_passes);
 }
 
 static int print_json(const sink *k, const em_decode_result *r, const em_target *t, const em_drafter *d, em_err *err) {

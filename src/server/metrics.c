@@ -54,6 +54,7 @@ void em_srv_metrics_generation(em_srv_metrics *m, const em_decode_result *r, int
     m->c.drafted += r->drafted;
     m->c.accepted += r->accepted;
     m->c.draft_seconds += r->draft_seconds;
+    m->c.target_seconds += r->target_seconds;
     m->c.expert_gen_bytes_read += r->gen_bytes_read;
     pthread_mutex_unlock(&m->mu);
 }
@@ -161,6 +162,9 @@ char *em_srv_metrics_render(em_srv_metrics *m, int queued, int processing, bool 
     counter(&o, "spec_accepted_total", "Draft tokens accepted by the target.", (double)c.accepted);
     counter(&o, "spec_draft_seconds_total", "Seconds in the drafter (proposals and its context), on its device.",
             c.draft_seconds);
+    counter(&o, "spec_target_seconds_total",
+            "Seconds in the target's verify and commit calls while generating (the passes), on its device.",
+            c.target_seconds);
     if (device[0]) { /* known once the model is loaded */
         put(&o, "# HELP ember_device_info Where the target and the drafter run (drafter \"none\": plain decoding).\n"
                 "# TYPE ember_device_info gauge\nember_device_info{target=\"");

@@ -582,8 +582,10 @@ static json_t *timings_json(const em_srv_stats *st) {
     json_object_set_new(t, "predicted_per_second", json_real(st->gen_s > 0 ? after_first / st->gen_s : 0.0));
     json_object_set_new(t, "draft_n", json_integer((json_int_t)st->drafted));
     json_object_set_new(t, "draft_n_accepted", json_integer((json_int_t)st->accepted));
-    /* Ember's own: where the target and the drafter ran, and the drafter's time */
+    /* Ember's own: where the target and the drafter ran, the drafter's time and the target's
+     * verify and commit time after the prompt (the rest of predicted_ms is the loop's) */
     json_object_set_new(t, "draft_ms", json_real(st->draft_s * 1e3));
+    json_object_set_new(t, "target_ms", json_real(st->target_s * 1e3));
     json_object_set_new(t, "device", st->device ? json_string(st->device) : json_null());
     json_object_set_new(t, "draft_device", st->draft_device ? json_string(st->draft_device) : json_null());
     return t;

@@ -80,6 +80,7 @@ typedef struct em_srv_stats {
     double prompt_s, gen_s;
     uint64_t drafted, accepted;
     double draft_s;            /* in the drafter (proposals and its context) */
+    double target_s;           /* in the target's verify and commit calls after the prompt */
     const char *device;        /* where the target runs, or NULL */
     const char *draft_device;  /* where the drafter runs, or NULL: no drafter */
 } em_srv_stats;
@@ -150,7 +151,7 @@ typedef struct em_srv_counters {
     uint64_t prompt_tokens, gen_tokens;
     double prompt_seconds, gen_seconds;
     uint64_t passes, drafted, accepted;
-    double draft_seconds;
+    double draft_seconds, target_seconds;
     uint64_t expert_bytes_read, expert_hits, expert_misses;
     uint64_t expert_gen_bytes_read;   /* of those, read while generating (after prompts) */
 } em_srv_counters;

@@ -349,7 +349,7 @@ static void run_job(em_server *s, em_srv_job *j) {
     if (s->model.target) em_srv_metrics_experts(&s->metrics, s->model.target);
     em_srv_stats st = { .n_prompt = res.n_prompt, .n_gen = g.n_gen, .prompt_s = res.prompt_seconds,
                         .gen_s = res.gen_seconds, .drafted = res.drafted, .accepted = res.accepted,
-                        .draft_s = res.draft_seconds, .device = s->model.info.device,
+                        .draft_s = res.draft_seconds, .target_s = res.target_seconds, .device = s->model.info.device,
                         .draft_device = s->model.draft_device };
     const char *finish = !g.text.matched && res.finish == EM_DECODE_LENGTH ? EM_SRV_FINISH_LENGTH : EM_SRV_FINISH_STOP;
     if (rc) finish_error(j, &g.err);

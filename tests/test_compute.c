@@ -504,7 +504,7 @@ static float lane_dot(const float *x, const float *q, int64_t n) {
 
 static void test_attention_rows(void **state) {
     (void)state;
-    static const int64_t widths[] = { 1, 15, 16, 17, 64, 128, 130, 160, 300 };
+    static const int64_t widths[] = { 1, 15, 16, 17, 64, 100, 128, 130, 160, 200, 300 };
     static const int64_t counts[] = { 1, 3, 4, 5, 9, 130 };
     for (size_t a = 0; a < sizeof widths / sizeof widths[0]; a++)
         for (size_t b = 0; b < sizeof counts / sizeof counts[0]; b++) {

@@ -153,6 +153,25 @@ void em_dot_rows_multi_avx512(const float *x, int64_t ldx, int64_t m, const floa
  * read from memory once for all the queries instead of once per query. */
 #define WR_BLOCK 16
 
+/* The same for w <= 64 columns: four chains side by side (one per 16 columns, masked to the
+ * columns there are), so that a head of 64 values does not wait on one fma chain's latency per
+ * 16 columns in turn; each column's chain is unchanged. */
+static void weighted_cols64(const float *p, int64_t u0, int64_t u1, const float *x, int64_t ldx, int64_t w, float *y) {
+    __mmask16 mk[4];
+    __m512 a[4];
+    UNROLL for (int b = 0; b < 4; b++) {
+        const int64_t c = w - 16 * b;
+        mk[b] = c >= 16 ? (__mmask16)0xFFFF : c > 0 ? (__mmask16)((1u << c) - 1) : (__mmask16)0;
+        a[b] = _mm512_maskz_loadu_ps(mk[b], y + 16 * b);
+    }
+    for (int64_t u = u0; u < u1; u++) {
+        const __m512 pu = _mm512_set1_ps(p[u]);
+        const float *xu = x + u * ldx;
+        UNROLL for (int b = 0; b < 4; b++) a[b] = _mm512_fmadd_ps(pu, _mm512_maskz_loadu_ps(mk[b], xu + 16 * b), a[b]);
+    }
+    UNROLL for (int b = 0; b < 4; b++) _mm512_mask_storeu_ps(y + 16 * b, mk[b], a[b]);
+}
+
 /* y[0..n) += the weighted rows [u0, u1) of query p (y holds the sums of the rows before u0). */
 static void weighted_block(const float *p, int64_t u0, int64_t u1, const float *x, int64_t ldx, int64_t n, float *y) {
     int64_t i = 0;
@@ -166,13 +185,7 @@ static void weighted_block(const float *p, int64_t u0, int64_t u1, const float *
         }
         UNROLL for (int b = 0; b < 8; b++) _mm512_storeu_ps(y + i + 16 * b, a[b]);
     }
-    for (; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        __m512 a = _mm512_maskz_loadu_ps(mk, y + i);
-        for (int64_t u = u0; u < u1; u++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(p[u]), _mm512_maskz_loadu_ps(mk, x + u * ldx + i), a);
-        _mm512_mask_storeu_ps(y + i, mk, a);
-    }
+    for (; i < n; i += 64) weighted_cols64(p, u0, u1, x + i, ldx, n - i < 64 ? n - i : 64, y + i);
 }
 
 void em_weighted_rows_multi_avx512(const float *p, int64_t ldp, const int64_t *m, int nq, const float *x, int64_t ldx,

@@ -137,28 +137,42 @@ static int dsp_add_context(em_drafter *d, const float *feats, int n, em_err *err
 typedef struct attn_job {
     dspark *s;
     int layer;
+    int rows; /* block rows a task takes (dsp_attn_rows) */
 } attn_job;
 
-/* One (block row, query head) pair: softmax(q . K / sqrt(hd)) V over [cache ; block]. */
+/* Block rows i0 .. i0 + rows - 1 of one query head h: softmax(q . K / sqrt(hd)) V over [cache ;
+ * block] for each. The rows' queries pass over the head's cache rows together (em_dot_rows_multi,
+ * em_weighted_rows_multi: the cache read once for all of them, not once per row), each score
+ * and each output value in the one-query order, so the floats do not depend on the grouping. */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_job *job = ctx;
     dspark *s = job->s;
     const dsp_hparams *hp = &s->hp;
-    const int B = hp->block, hd = hp->hd, i = task / hp->n_head, h = task % hp->n_head;
-    const int g = h / (hp->n_head / hp->n_kv);
+    const int B = hp->block, hd = hp->hd, groups = (B + job->rows - 1) / job->rows;
+    const int h = task / groups, i0 = task % groups * job->rows;
+    const int nq = B - i0 < job->rows ? B - i0 : job->rows, g = h / (hp->n_head / hp->n_kv);
     const int64_t kw = (int64_t)hp->n_kv * hd, qw = (int64_t)hp->n_head * hd, n_ctx = s->base.info.n_ctx;
-    const int n_blk = hp->causal ? i + 1 : B;
-    const float *q = s->q + i * qw + (int64_t)h * hd;
+    const int64_t lds = s->cap + B;
+    const float *q = s->q + i0 * qw + (int64_t)h * hd;
     const float *kc = s->kc + (int64_t)job->layer * s->cap * kw + (int64_t)g * hd;
     const float *vc = s->vc + (int64_t)job->layer * s->cap * kw + (int64_t)g * hd;
-    float *sc = s->scores + (int64_t)thread * (s->cap + B);
+    float *sc = s->scores + (int64_t)thread * job->rows * lds;
     const float scale = 1.0f / sqrtf((float)hd);
-    em_dot_rows(kc, kw, n_ctx, q, hd, scale, sc);
-    em_dot_rows(s->k + (int64_t)g * hd, kw, n_blk, q, hd, scale, sc + n_ctx);
-    em_softmax_poly(sc, n_ctx + n_blk);
-    float *out = s->att + i * qw + (int64_t)h * hd;
-    em_weighted_rows(sc, vc, kw, n_ctx, hd, out); /* overwrites out, zeros when n_ctx is 0 */
-    for (int j = 0; j < n_blk; j++) em_axpy(sc[n_ctx + j], s->v + (int64_t)j * kw + (int64_t)g * hd, hd, out);
+    int64_t m[EM_DRAFT_MAX_BLOCK];
+    em_dot_rows_multi(kc, kw, n_ctx, q, qw, nq, hd, scale, sc, lds);
+    em_dot_rows_multi(s->k + (int64_t)g * hd, kw, B, q, qw, nq, hd, scale, sc + n_ctx, lds); /* causal: the
+                                                                     rows past a query's are not used */
+    for (int t = 0; t < nq; t++) {
+        m[t] = n_ctx;
+        em_softmax_poly(sc + t * lds, n_ctx + (hp->causal ? i0 + t + 1 : B));
+    }
+    float *out = s->att + i0 * qw + (int64_t)h * hd;
+    em_weighted_rows_multi(sc, lds, m, nq, vc, kw, hd, out, qw); /* zeros when n_ctx is 0 */
+    for (int t = 0; t < nq; t++) {
+        const int n_blk = hp->causal ? i0 + t + 1 : B;
+        for (int j = 0; j < n_blk; j++)
+            em_axpy(sc[t * lds + n_ctx + j], s->v + (int64_t)j * kw + (int64_t)g * hd, hd, out + t * qw);
+    }
 }
 
 /* ---- the block ------------------------------------------------------------------------ */
@@ -244,8 +258,8 @@ static int run_layer(dspark *s, int l, em_err *err) {
     norm_heads(s->k, B, hp->n_kv, hp->hd, y->k_norm, hp->eps);
     rope_rows(s, s->q, B, hp->n_head);
     rope_rows(s, s->k, B, hp->n_kv);
-    attn_job job = { .s = s, .layer = l };
-    em_pool_run(s->pool, (int)B * hp->n_head, attn_task, &job);
+    attn_job job = { .s = s, .layer = l, .rows = dsp_attn_rows(s) };
+    em_pool_run(s->pool, hp->n_head * (int)((B + job.rows - 1) / job.rows), attn_task, &job);
     if ((rc = mm(s, &y->wo, s->att, qw, B, s->o, d, err))) return rc;
     for (int64_t i = 0; i < B * d; i++) s->h[i] += s->o[i];
     for (int64_t i = 0; i < B; i++) em_rmsnorm(s->h + i * d, y->ffn_norm, hp->eps, d, s->xn + i * d);

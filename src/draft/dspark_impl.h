@@ -62,7 +62,7 @@ typedef struct dspark {
     /* scratch, sized at open (rows = max(DSP_CHUNK, B)) */
     float *h, *xn, *q, *k, *v, *att, *fg, *fu, *o, *base_logits, *bias, *row;
     float *cs, *sn;          /* [rows][rope_dims / 2] */
-    float *scores;           /* [n_threads][cap + B] */
+    float *scores;           /* [n_threads][dsp_attn_rows][cap + B] */
     float *e, *state, *zin, *zout, *tmp;
     em_arena *scratch;       /* activation conversions of one product group (compute's em_acts),
                                 reset before each; sized at open for two of the largest */
@@ -76,6 +76,13 @@ typedef struct dspark {
     float slots_avg;  /* slots recent blocks used before the caller stopped them */
 } dspark;
 
+/* Block rows one attention task takes: all of a head's when the threads are no more than the
+ * heads (the cache read once per head), else as many as spread the tasks over the threads. */
+static inline int dsp_attn_rows(const dspark *s) {
+    const int threads = em_pool_threads(s->pool), heads = s->hp.n_head > 0 ? s->hp.n_head : 1;
+    const int groups = (threads + heads - 1) / heads;
+    return (s->hp.block + groups - 1) / groups;
+}
 
 /* Loads the drafter at draft_path for the target (its shape; embedding and LM head borrowed
  * when the file has none: target must outlive s). */

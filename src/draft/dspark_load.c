@@ -501,8 +501,8 @@ static int alloc_scratch(dspark *s, const em_draft_opts *o, em_err *err) {
         (rc = alloc_touched(s, &s->row, 1, (uint64_t)hp->vocab, "logit row", err)) ||
         (rc = alloc_touched(s, &s->cs, R, half, "rope cos", err)) ||
         (rc = alloc_touched(s, &s->sn, R, half, "rope sin", err)) ||
-        (rc = alloc_touched(s, &s->scores, (uint64_t)em_pool_threads(s->pool), (uint64_t)s->cap + B,
-                            "attention scores", err)) ||
+        (rc = alloc_touched(s, &s->scores, (uint64_t)em_pool_threads(s->pool) * (uint64_t)dsp_attn_rows(s),
+                            (uint64_t)s->cap + B, "attention scores", err)) ||
         (rc = alloc_touched(s, &s->e, 1, r + 1, "Markov embedding", err)) ||
         (rc = alloc_touched(s, &s->state, 1, r + 1, "Markov state", err)) ||
         (rc = alloc_touched(s, &s->zin, 1, 2 * r + d, "head input", err)) ||

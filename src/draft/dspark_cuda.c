@@ -590,7 +590,8 @@ static void gd_close(em_drafter *d) {
             if (m[i]) em_gpu_mat_free(s->g, m[i]);
         void *v[] = { s->hidden_norm, s->out_norm, s->conf_w, s->conf_t, s->d2t, s->inv_freq, s->kc, s->vc, s->feat,
                       s->iota, s->h, s->xn, s->q, s->k, s->v, s->att, s->o, s->fg, s->fu, s->base_logits, s->e,
-                      s->bias, s->zin, s->zout, s->state, s->mix, s->e_qs, s->e_qd, s->mp_part, s->mp_count, s->gate_b, s->joint_b, s->logits, s->scores, s->act, s->io, s->dists };
+                      s->bias, s->zin, s->zout, s->state, s->mix, s->e_qs, s->e_qd, s->mp_part, s->mp_count,
+                      s->gate_b, s->joint_b, s->logits, s->scores, s->act, s->io, s->dists };
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) em_gpu_free(s->g, v[i]);
         if (!s->lent_gpu) em_gpu_close(s->g);
     }

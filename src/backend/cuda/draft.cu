@@ -12,7 +12,9 @@
  *   then one warp sums the confidence in doubles (lanes over the terms, a fixed butterfly:
  *   the CPU's sum up to rounding) and one thread runs em_draft_sched_keep's arithmetic.
  * - pick: one block, em_argmax's rule on the corrected logits in target ids; the same block may
- *   go on with the next slot's start (a launch less per slot).
+ *   go on with the next slot's start (a launch less per slot). The Markov pick (vanilla head,
+ *   Q8_0 W2) spreads the ids over blocks that also make their bias W2 e, the last block to
+ *   finish taking the argmax of the blocks' bests (a counter it leaves at 0).
  * - the gated and rnn Markov heads: their input gathered and their output mixed in one block
  *   each, the CPU's float arithmetic (the product between them is em_gpu_matmul).
  * Launch shapes depend only on the dims and n (graph capture); the context length, the chain's

@@ -381,6 +381,31 @@ extern "C" int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, co
     return emc_launched(err, "k_draft_markov_out");
 }
 
+/* The end of a pick, by the whole block (n threads, a power of two): each thread's best pair
+ * into sv, si, the block's best by the fixed tree; thread 0 records it as slot k's pick (or
+ * ends the chain: em_argmax gives -1 only when every value is NaN, a row of -inf still has an
+ * argmax) and resets *count when given; then the block starts slot k + 1 when asked. */
+__device__ void pick_finish(em_gpu_draft_io *io, int k, float bv, int bi, float *sv, int *si, int n, unsigned *count,
+                            int has_next, const em_gpu_draft_slot &next) {
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    am_block_best(sv, si, n);
+    if (threadIdx.x == 0) {
+        if (count) *count = 0;
+        if (si[0] < 0) {
+            io->alive = 0;
+        } else {
+            io->toks[k + 1] = si[0];
+            io->n = k + 1;
+            if (k + 1 >= io->n_max) io->alive = 0;
+        }
+    }
+    if (!has_next) return;
+    __syncthreads();
+    slot_begin(io, k + 1, next);
+}
+
 #define PICK_THREADS 1024
 
 __global__ void __launch_bounds__(PICK_THREADS)
@@ -403,23 +428,7 @@ __global__ void __launch_bounds__(PICK_THREADS)
         if (logits) logits[id] = x;
         if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id; /* ids: target ids */
     }
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    am_block_best(sv, si, PICK_THREADS);
-    if (threadIdx.x == 0) {
-        /* em_argmax gives -1 only when every logit is NaN; a row of -inf still has an argmax */
-        if (si[0] < 0) {
-            io->alive = 0;
-        } else {
-            io->toks[k + 1] = si[0];
-            io->n = k + 1;
-            if (k + 1 >= io->n_max) io->alive = 0;
-        }
-    }
-    if (!has_next) return;
-    __syncthreads();
-    slot_begin(io, k + 1, next);
+    pick_finish(io, k, bv, bi, sv, si, PICK_THREADS, NULL, has_next, next);
 }
 
 extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias,
@@ -519,23 +528,7 @@ __global__ void __launch_bounds__(MP_THREADS)
         if (am_better(v, id, bv, bi)) bv = v, bi = id;
     }
     __syncthreads(); /* sv, si reused */
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    am_block_best(sv, si, MP_THREADS);
-    if (threadIdx.x == 0) {
-        *count = 0;
-        if (si[0] < 0) {
-            io->alive = 0;
-        } else {
-            io->toks[k + 1] = si[0];
-            io->n = k + 1;
-            if (k + 1 >= io->n_max) io->alive = 0;
-        }
-    }
-    if (!has_next) return;
-    __syncthreads();
-    slot_begin(io, k + 1, next);
+    pick_finish(io, k, bv, bi, sv, si, MP_THREADS, count, has_next, next);
 }
 
 extern "C" int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,

@@ -116,8 +116,9 @@ typedef bool (*em_draft_keep)(void *ud, int k, float conf_logit);
  * reports: one draw of the caller's stream keys a counter-based generator for the whole block,
  * and its distributions keep at most the 64 best ids (the sampler's own when top-k is 1..64).
  * Invariants: dists[k] is written only for made slots while sampling; the sampler's stream
- * advances only by those draws (a device drafter: by one per propose). Invalid (EM_EINVAL): choose with a sampler, keep with sched,
- * dists without a sampler or holding fewer than n_vocab ids, n_cost out of range. */
+ * advances only by those draws (a device drafter: by one per propose). Invalid (EM_EINVAL):
+ * choose with a sampler, keep with sched, dists without a sampler or holding fewer than n_vocab
+ * ids, n_cost out of range. */
 typedef struct em_draft_chain {
     em_sampler *sampler;      /* NULL: greedy; else the caller's seeded sampler (its filters,
                                  temperature and random stream), borrowed for the call */

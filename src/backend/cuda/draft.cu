@@ -381,6 +381,28 @@ extern "C" int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, co
     return emc_launched(err, "k_draft_markov_out");
 }
 
+/* Draft id i's corrected logit: c tanh(base[i] / c) when the softcap c > 0, then + bias[j] when
+ * there is a bias (j: where the bias of id i sits). */
+__device__ __forceinline__ float draft_value(const float *base, int i, float softcap, const float *bias, int j) {
+    float x = base[i];
+    if (softcap > 0) x = softcap * tanhf(x / softcap);
+    return bias ? x + bias[j] : x;
+}
+
+/* Draft ids i0 + j, j < n, strided over the block's threads: their values into logits (at their
+ * target ids) when asked, and this thread's best pair (NaN skipped; ids: target ids). bias is
+ * indexed by j. */
+__device__ void pick_scan(const float *base, const float *bias, int i0, int n, float softcap, const int32_t *d2t,
+                          float *logits, float &bv, int &bi) {
+    bv = 0.0f, bi = -1;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float x = draft_value(base, i0 + j, softcap, bias, j);
+        const int id = d2t ? d2t[i0 + j] : i0 + j;
+        if (logits) logits[id] = x;
+        if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id;
+    }
+}
+
 /* The end of a pick, by the whole block (n threads, a power of two): each thread's best pair
  * into sv, si, the block's best by the fixed tree; thread 0 records it as slot k's pick (or
  * ends the chain: em_argmax gives -1 only when every value is NaN, a row of -inf still has an
@@ -418,16 +440,9 @@ __global__ void __launch_bounds__(PICK_THREADS)
     if (logits && d2t)
         for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) logits[i] = -INFINITY;
     __syncthreads();
-    float bv = 0.0f;
-    int bi = -1;
-    for (int i = threadIdx.x; i < dvocab; i += PICK_THREADS) {
-        float x = base[i];
-        if (softcap > 0) x = softcap * tanhf(x / softcap);
-        if (bias) x += bias[i];
-        const int id = d2t ? d2t[i] : i;
-        if (logits) logits[id] = x;
-        if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id; /* ids: target ids */
-    }
+    float bv;
+    int bi;
+    pick_scan(base, bias, 0, dvocab, softcap, d2t, logits, bv, bi);
     pick_finish(io, k, bv, bi, sv, si, PICK_THREADS, NULL, has_next, next);
 }
 
@@ -498,16 +513,9 @@ __global__ void __launch_bounds__(MP_THREADS)
         if (lane % L == 0 && r < n) bias[r] = v;
     }
     __syncthreads();
-    float bv = 0.0f;
-    int bi = -1;
-    for (int i = threadIdx.x; i < n; i += MP_THREADS) {
-        float x = base[i0 + i];
-        if (softcap > 0) x = softcap * tanhf(x / softcap);
-        x += bias[i];
-        const int id = d2t ? d2t[i0 + i] : i0 + i;
-        if (logits) logits[id] = x;
-        if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id;
-    }
+    float bv;
+    int bi;
+    pick_scan(base, bias, i0, n, softcap, d2t, logits, bv, bi);
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
     __syncthreads();
@@ -571,9 +579,7 @@ __device__ __forceinline__ uint32_t sample_rank_key(float l) {
  * order). False when it is no candidate (NaN, -inf; anything but +inf when only_inf). */
 __device__ __forceinline__ bool sample_cand(const float *base, const float *bias, float softcap, const int32_t *d2t,
                                             bool only_inf, int i, unsigned long long *key, float *val) {
-    float v = base[i];
-    if (softcap > 0) v = softcap * tanhf(v / softcap);
-    if (bias) v += bias[i];
+    float v = draft_value(base, i, softcap, bias, i);
     if (only_inf) {
         if (v != INFINITY) return false;
         v = 0.0f;
@@ -654,9 +660,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     __syncthreads();
     int pinf = 0, usable = 0;
     for (int i = t; i < dvocab; i += SAMPLE_THREADS) {
-        float v = base[i];
-        if (softcap > 0) v = softcap * tanhf(v / softcap);
-        if (bias) v += bias[i];
+        const float v = draft_value(base, i, softcap, bias, i);
         pinf += v == INFINITY;
         usable += !(isnan(v) || isinf(v));
     }

@@ -579,38 +579,47 @@ static void test_rope(void) {
     free(x), free(ref), free(got);
 }
 
-static void test_route(int n_group, int n_group_used) {
-    char name[64];
-    snprintf(name, sizeof name, "router 256 top-8 groups %d/%d", n_group, n_group_used);
+/* The router against kimi_moe_route: X experts top-K (X need not be a multiple of 32), with
+ * groups, and (ties) logits on a coarse grid so that many choices are equal (the lower index
+ * wins). */
+static void test_route(int X, int K, int n_group, int n_group_used, bool ties) {
+    char name[96];
+    snprintf(name, sizeof name, "router %d top-%d groups %d/%d%s", X, K, n_group, n_group_used, ties ? " ties" : "");
     kimi_hparams hp;
     memset(&hp, 0, sizeof hp);
-    hp.n_expert = N_EXPERT, hp.n_expert_used = TOP_K, hp.n_group = n_group, hp.n_group_used = n_group_used;
+    hp.n_expert = X, hp.n_expert_used = K, hp.n_group = n_group, hp.n_group_used = n_group_used;
     hp.expert_norm = true, hp.expert_scale = 2.446f;
-    float *lg = xmalloc((size_t)R * N_EXPERT * 4), *bias = xmalloc(N_EXPERT * 4);
-    fill(lg, (int64_t)R * N_EXPERT, 4.0f);
-    fill(bias, N_EXPERT, 0.5f);
-    int ref_ids[R * TOP_K];
-    float ref_w[R * TOP_K], margin, *scratch = xmalloc((3 * N_EXPERT + 64) * 4);
-    for (int j = 0; j < R; j++) kimi_moe_route(&hp, lg + j * N_EXPERT, bias, ref_ids + j * TOP_K, ref_w + j * TOP_K, &margin, scratch);
-    float *dl = dalloc((uint64_t)R * N_EXPERT * 4), *db = dalloc(N_EXPERT * 4), *dw = dalloc(sizeof ref_w);
-    int32_t *di = dalloc(sizeof ref_ids);
-    up(dl, lg, (uint64_t)R * N_EXPERT * 4);
-    up(db, bias, N_EXPERT * 4);
-    poison(dw, sizeof ref_w), poison(di, sizeof ref_ids);
-    em_gpu_router r = { .n_expert = N_EXPERT, .k = TOP_K, .n_group = n_group, .n_group_used = n_group_used, .norm = true,
+    float *lg = xmalloc((size_t)R * X * 4), *bias = xmalloc((size_t)X * 4);
+    fill(lg, (int64_t)R * X, 4.0f);
+    fill(bias, X, 0.5f);
+    if (ties) {
+        for (int64_t i = 0; i < (int64_t)R * X; i++) lg[i] = floorf(lg[i]);
+        for (int i = 0; i < X; i++) bias[i] = 0.0f;
+    }
+    int *ref_ids = xmalloc((size_t)R * K * sizeof(int));
+    float *ref_w = xmalloc((size_t)R * K * 4), margin, *scratch = xmalloc(((size_t)3 * X + 64) * 4);
+    for (int j = 0; j < R; j++) kimi_moe_route(&hp, lg + (int64_t)j * X, bias, ref_ids + j * K, ref_w + j * K, &margin, scratch);
+    const uint64_t wb = (uint64_t)R * K * 4;
+    float *dl = dalloc((uint64_t)R * X * 4), *db = dalloc((uint64_t)X * 4), *dw = dalloc(wb);
+    int32_t *di = dalloc(wb);
+    up(dl, lg, (uint64_t)R * X * 4);
+    up(db, bias, (uint64_t)X * 4);
+    poison(dw, wb), poison(di, wb);
+    em_gpu_router r = { .n_expert = X, .k = K, .n_group = n_group, .n_group_used = n_group_used, .norm = true,
                         .scale = 2.446f };
-    TRY(name, em_gpu_route(G, &r, dl, N_EXPERT, db, R, di, dw, &E));
-    int32_t ids[R * TOP_K];
-    float w[R * TOP_K];
-    TRY(name, down(ids, di, sizeof ids));
-    TRY(name, down(w, dw, sizeof w));
+    TRY(name, em_gpu_route(G, &r, dl, X, db, R, di, dw, &E));
+    int32_t *ids = xmalloc(wb);
+    float *w = xmalloc(wb);
+    TRY(name, down(ids, di, wb));
+    TRY(name, down(w, dw, wb));
     int same = 0;
-    for (int i = 0; i < R * TOP_K; i++) same += ids[i] == ref_ids[i];
-    cmp c = compare(w, ref_w, R * TOP_K);
-    record(name, same == R * TOP_K && c.rel_l2 <= 1e-6 && c.nan == 0, "ids equal to kimi_moe_route %d/%d; weights relL2 %.2e (<= 1e-6), identical %lld",
-           same, R * TOP_K, c.rel_l2, (long long)c.identical);
+    for (int i = 0; i < R * K; i++) same += ids[i] == ref_ids[i];
+    cmp c = compare(w, ref_w, (int64_t)R * K);
+    record(name, same == R * K && c.rel_l2 <= 1e-6 && c.nan == 0,
+           "ids equal to kimi_moe_route %d/%d; weights relL2 %.2e (<= 1e-6), identical %lld", same, R * K, c.rel_l2,
+           (long long)c.identical);
     em_gpu_free(G, dl), em_gpu_free(G, db), em_gpu_free(G, dw), em_gpu_free(G, di);
-    free(lg), free(bias), free(scratch);
+    free(lg), free(bias), free(scratch), free(ref_ids), free(ref_w), free(ids), free(w);
 }
 
 /* ---- K3's row ops: SiTU, the sigmoid output gate, the AttnRes mix ------------------------ */
@@ -1575,8 +1584,13 @@ static void test_all_but_moe(void) {
     test_embed(EM_TYPE_Q8_0, VOCAB);
     test_argmax();
     test_rope();
-    test_route(1, 1);
-    test_route(8, 4);
+    test_route(N_EXPERT, TOP_K, 1, 1, false);
+    test_route(N_EXPERT, TOP_K, 8, 4, false);
+    test_route(N_EXPERT, TOP_K, 1, 1, true);
+    test_route(16, 2, 1, 1, false); /* the default pair's router: half the lanes hold no expert */
+    test_route(16, 2, 1, 1, true);
+    test_route(384, 16, 1, 1, false);
+    test_route(1000, 32, 8, 2, true);
     test_graph();
     test_quant_types(); /* wt-cuda3 */
     test_heads();       /* wt-mla */

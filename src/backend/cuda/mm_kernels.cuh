@@ -12,9 +12,12 @@
 #define MM_WARPS 8 /* warps per block of 256 threads */
 #define MM_OUTS 4  /* outputs (weight rows) per warp */
 
+/* 16 bytes of weights through the read-only path, allocated in L1: a lane reads a Q8_0 block's
+ * 32 bytes (one sector) as two 16-byte loads, and the second finds the sector the first brought
+ * (with L1::no_allocate both went to L2: 3% of a 48B decode step, docs/cuda.md run 27). */
 __device__ __forceinline__ int4 ld_nc16(const void *p) {
     int4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;

@@ -381,10 +381,10 @@ extern "C" int em_gpu_rope_rows(em_gpu *g, float *d_x, int64_t ldx, int rows, in
 #define ROUTE_MAX_EXPERTS 1024
 #define ROUTE_MAX_K 32
 
-/* take_max of model/moe.c by one warp: the largest not-taken value (lowest index on ties), each
- * lane's best of values lane, lane + 32, ..., then the lanes' bests in a butterfly under the
- * same order; marks it taken. Every lane gets the index. */
-__device__ int route_take_max(const float *v, unsigned char *taken, int n) {
+/* take_max of model/moe.c by one warp over values in shared memory (the group scores): the
+ * largest not-taken value (lowest index on ties), each lane's best of values lane, lane + 32,
+ * ..., then the lanes' bests in a butterfly under the same order; marks it taken. */
+__device__ int route_take_max_shared(const float *v, unsigned char *taken, int n) {
     const int lane = threadIdx.x & 31;
     float bv = 0.0f;
     int bi = -1;
@@ -401,58 +401,91 @@ __device__ int route_take_max(const float *v, unsigned char *taken, int n) {
     return bi;
 }
 
-/* One warp per row: selections are warp-wide (no block barriers). */
+/* The same selection over a row held in registers: expert lane + 32 p in v[p], a taken bit
+ * per p. Each lane's best in ascending expert order, the same butterfly; the owner marks it.
+ * Every lane gets the index. */
+template <int P>
+__device__ __forceinline__ int route_take_max(const float (&v)[P], uint32_t &taken, int lane) {
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        if (!(taken >> p & 1u) && (bi < 0 || v[p] > bv)) bv = v[p], bi = lane + 32 * p;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+    return bi;
+}
+
+/* Expert e's value (e the same on every lane) from the lane that holds it. */
+template <int P> __device__ __forceinline__ float route_value(const float (&v)[P], int e) {
+    float x = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        if (p == e >> 5) x = v[p];
+    return __shfl_sync(0xffffffffu, x, e & 31);
+}
+
+/* One warp per row, the row in registers (P = ceil(n_expert / 32) values a lane): a selection
+ * is a pass over a lane's registers and one butterfly, with no memory traffic (only the group
+ * scores, when there are groups, go through shared memory). Lane i ends with the i-th choice. */
+template <int P>
 __global__ void __launch_bounds__(32) k_route(em_gpu_router r, const float *logits, int64_t ldl, const float *bias,
                                               int32_t *ids, float *wts) {
     emc_kernel_begin();
-    __shared__ float s[ROUTE_MAX_EXPERTS], choice[ROUTE_MAX_EXPERTS], gscore[ROUTE_MAX_EXPERTS];
-    __shared__ unsigned char taken[ROUTE_MAX_EXPERTS];
-    __shared__ int chosen[ROUTE_MAX_K];
-    const int X = r.n_expert, G = r.n_group, per = X / (G > 0 ? G : 1), lane = threadIdx.x;
+    const int X = r.n_expert, G = r.n_group, lane = threadIdx.x;
     const float *lr = logits + blockIdx.x * ldl;
-    for (int e = lane; e < X; e += 32) {
-        s[e] = emc_sigmoid(lr[e]);
-        choice[e] = s[e] + bias[e];
-        taken[e] = 0;
+    float s[P], c[P];
+    uint32_t taken = 0; /* experts past X count as taken */
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const int e = lane + 32 * p;
+        s[p] = e < X ? emc_sigmoid(lr[e]) : 0.0f;
+        c[p] = e < X ? s[p] + bias[e] : 0.0f;
+        if (e >= X) taken |= 1u << p;
     }
-    __syncwarp();
     if (G > 1) {
+        __shared__ float choice[ROUTE_MAX_EXPERTS], gscore[ROUTE_MAX_EXPERTS];
+        __shared__ unsigned char gtaken[ROUTE_MAX_EXPERTS];
+        const int per = X / G;
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            if (lane + 32 * p < X) choice[lane + 32 * p] = c[p];
+        for (int gi = lane; gi < G; gi += 32) gtaken[gi] = 0;
+        __syncwarp();
         /* one lane per group: the sum of its two best choices, take_max's order */
         for (int gi = lane; gi < G; gi += 32) {
-            const float *c = choice + gi * per;
+            const float *cg = choice + gi * per;
             int b0 = -1, b1 = -1;
             for (int i = 0; i < per; i++)
-                if (b0 < 0 || c[i] > c[b0]) b0 = i;
+                if (b0 < 0 || cg[i] > cg[b0]) b0 = i;
             for (int i = 0; i < per; i++)
-                if (i != b0 && (b1 < 0 || c[i] > c[b1])) b1 = i;
-            gscore[gi] = per > 1 ? c[b0] + c[b1] : c[b0];
+                if (i != b0 && (b1 < 0 || cg[i] > cg[b1])) b1 = i;
+            gscore[gi] = per > 1 ? cg[b0] + cg[b1] : cg[b0];
         }
         __syncwarp();
-        for (int i = 0; i < r.n_group_used; i++) route_take_max(gscore, taken, G);
-        for (int e = lane; e < X; e += 32)
-            if (!taken[e / per]) choice[e] = -INFINITY; /* taken[] still holds the group flags here */
-        __syncwarp();
-        for (int e = lane; e < X; e += 32) taken[e] = 0;
-        __syncwarp();
+        for (int i = 0; i < r.n_group_used; i++) route_take_max_shared(gscore, gtaken, G);
+#pragma unroll
+        for (int p = 0; p < P; p++) /* experts of the losing groups cannot be chosen */
+            if (lane + 32 * p < X && !gtaken[(lane + 32 * p) / per]) c[p] = -INFINITY;
     }
+    int mine = -1;
+    float w = 0.0f;
     for (int i = 0; i < r.k; i++) {
-        const int b = route_take_max(choice, taken, X);
-        if (lane == 0) chosen[i] = b;
+        const int b = route_take_max(c, taken, lane);
+        const float sb = route_value(s, b);
+        if (lane == i) mine = b, w = sb;
     }
-    __syncwarp();
-    if (lane == 0) {
-        double sum = 0.0;
-        float w[ROUTE_MAX_K];
-        for (int i = 0; i < r.k; i++) {
-            w[i] = s[chosen[i]];
-            sum += w[i];
-        }
-        for (int i = 0; i < r.k; i++) {
-            if (r.norm) w[i] = (float)(w[i] / (sum + 1e-20));
-            w[i] *= r.scale;
-            ids[blockIdx.x * r.k + i] = chosen[i];
-            wts[blockIdx.x * r.k + i] = w[i];
-        }
+    double sum = 0.0; /* in selection order, in double, as model/moe.c */
+    for (int i = 0; i < r.k; i++) sum += (double)__shfl_sync(0xffffffffu, w, i);
+    if (lane < r.k) {
+        if (r.norm) w = (float)(w / (sum + 1e-20));
+        w *= r.scale;
+        ids[blockIdx.x * r.k + lane] = mine;
+        wts[blockIdx.x * r.k + lane] = w;
     }
 }
 
@@ -469,6 +502,10 @@ extern "C" int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_lo
               rows, (long long)ldl);
     int rc = emc_use(g, err);
     if (rc || rows == 0) return rc;
-    emc_launch(g, k_route, rows, 32, 0, *r, d_logits, ldl, d_bias, d_ids, d_wts);
+    const int X = r->n_expert;
+    if (X <= 128) emc_launch(g, k_route<4>, rows, 32, 0, *r, d_logits, ldl, d_bias, d_ids, d_wts);
+    else if (X <= 256) emc_launch(g, k_route<8>, rows, 32, 0, *r, d_logits, ldl, d_bias, d_ids, d_wts);
+    else if (X <= 512) emc_launch(g, k_route<16>, rows, 32, 0, *r, d_logits, ldl, d_bias, d_ids, d_wts);
+    else emc_launch(g, k_route<32>, rows, 32, 0, *r, d_logits, ldl, d_bias, d_ids, d_wts);
     return emc_launched(err, "k_route");
 }

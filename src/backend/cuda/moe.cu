@@ -1,6 +1,6 @@
 /* backend/cuda/moe.cu: the routed experts of one MoE layer over the union of a pass's routes,
  * on the device, without a host sync: a union kernel (which experts the n rows chose, and
- * which rows each got), gate and up of every union expert in one launch (two when their types
+ * which rows each got; a one-row pass finds it from its ids inside the products), gate and up of every union expert in one launch (two when their types
  * differ), SwiGLU or SiTU with the Q8_0 quantization of the hidden rows (for integer down
  * weights) in one launch, down in one launch, and the weighted sum per row in ascending expert order
  * (model/moe.c's order). Launch shapes depend only on n, k and the weight types (the union's
@@ -82,6 +82,57 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int n, i
     }
 }
 
+/* Where the kernels find a pass's union: k_moe_union's meta (um slots), or for one row its
+ * k ids (n_expert experts). */
+typedef struct moe_uref {
+    const int *meta;
+    int um;
+    const int32_t *ids;
+    int k, n_expert;
+} moe_uref;
+
+/* Union slot u of a pass's routes: its expert, how many rows chose it, and (N entries) those
+ * rows and their (row, slot) indices. For one row (N == 1) it is found from the row's k ids
+ * directly by each warp, as k_moe_union would place it (ascending expert order, ids out of
+ * range ignored, the first slot of a repeated id), so a one-row pass needs no union launch;
+ * wider passes read k_moe_union's meta. cnt 0: the slot is past the union. Every lane of the
+ * warp calls it. */
+template <int N>
+__device__ __forceinline__ void moe_slot(const moe_uref &ur, int u, int64_t *e, int *cnt, int (&rows)[N], int (&slots)[N]) {
+    const int *meta = ur.meta, *ids = ur.ids;
+    const int um = ur.um, k = ur.k, n_expert = ur.n_expert;
+    if constexpr (N == 1) { /* by the whole warp (warps leave whole): lane t holds id t */
+        const unsigned all = 0xffffffffu;
+        const int lane = threadIdx.x & 31;
+        const int32_t v = lane < k ? ids[lane] : -1;
+        const unsigned valid = __ballot_sync(all, lane < k && v >= 0 && v < n_expert);
+        const unsigned same = __match_any_sync(all, v) & valid; /* the slots holding this id */
+        const bool first = (valid >> lane & 1u) && __ffs(same) - 1 == lane;
+        const unsigned firsts = __ballot_sync(all, first);
+        int below = 0; /* distinct valid ids below this one: its union position */
+        for (int t = 0; t < 32; t++) {
+            const int32_t w = __shfl_sync(all, v, t);
+            below += (firsts >> t & 1u) && w < v;
+        }
+        const unsigned hit = __ballot_sync(all, first && below == u);
+        const int s = __ffs(hit) - 1;
+        const int c = __popc(same);
+        *e = __shfl_sync(all, v, s < 0 ? 0 : s);
+        *cnt = s < 0 ? 0 : __shfl_sync(all, c, s);
+        rows[0] = 0, slots[0] = s < 0 ? 0 : s;
+    } else {
+        if (u >= meta[0]) {
+            *cnt = 0;
+            return;
+        }
+        const int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
+        *e = expert[u];
+        *cnt = count[u];
+#pragma unroll
+        for (int j = 0; j < N; j++) rows[j] = j < *cnt ? urows[u * 16 + j] : 0, slots[j] = j < *cnt ? uslots[u * 16 + j] : 0;
+    }
+}
+
 /* A stacked expert matrix as the kernels read it: its device arrays, the values of the whole
  * stack (Q6_K's scale arrays follow each other, sized by it), and the row length. */
 typedef struct moe_mat {
@@ -134,18 +185,14 @@ __device__ __forceinline__ void expert_warp(const moe_mat &w, int64_t row0, int6
  * into y1 (both of type T; gate and up of different types take one launch each). */
 template <int T, int N, int OUTS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-    k_moe_gate_up(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, const int *meta, int um) {
+    k_moe_gate_up(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, moe_uref ur) {
     emc_kernel_begin();
-    const int u = blockIdx.y;
-    if (u >= meta[0]) return;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
     if (r0 >= ffn) return;
-    const int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
-    const int64_t e = expert[u];
-    const int cnt = count[u];
-    int xr[N], yr[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) xr[j] = j < cnt ? urows[u * 16 + j] : 0, yr[j] = j < cnt ? uslots[u * 16 + j] : 0;
+    int64_t e = 0;
+    int cnt, xr[N], yr[N];
+    moe_slot<N>(ur, blockIdx.y, &e, &cnt, xr, yr);
+    if (cnt == 0) return;
     if (blockIdx.z) expert_warp<T, N, OUTS>(w1, e * ffn, ffn, r0, a1, cnt, xr, y1, ffn, yr);
     else expert_warp<T, N, OUTS>(w0, e * ffn, ffn, r0, a0, cnt, xr, y0, ffn, yr);
 }
@@ -174,18 +221,14 @@ __global__ void k_moe_act(const float *gt, const float *up, int64_t count, moe_g
 /* Union slot blockIdx.y: down of its expert over its rows' hidden rows (slot-indexed). */
 template <int T, int N, int OUTS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-    k_moe_down(moe_mat w, moe_act a, int64_t cols, const int *meta, int um, float *out) {
+    k_moe_down(moe_mat w, moe_act a, int64_t cols, moe_uref ur, float *out) {
     emc_kernel_begin();
-    const int u = blockIdx.y;
-    if (u >= meta[0]) return;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
     if (r0 >= cols) return;
-    const int *expert = meta + 1, *count = expert + um, *uslots = count + um + 16 * um;
-    const int64_t e = expert[u];
-    const int cnt = count[u];
-    int sr[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) sr[j] = j < cnt ? uslots[u * 16 + j] : 0;
+    int64_t e = 0;
+    int cnt, rows[N], sr[N];
+    moe_slot<N>(ur, blockIdx.y, &e, &cnt, rows, sr);
+    if (cnt == 0) return;
     expert_warp<T, N, OUTS>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
 }
 
@@ -219,72 +262,72 @@ __global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const flo
  * mm_outs(T, n, cols of the weights) outputs a warp. */
 template <int T, int N, int OUTS>
 static void launch_gate_up_n(const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1, const moe_act &a1,
-                             float *y1, int mats, int ffn, const int *meta, int um, const em_gpu *g) {
-    dim3 grid(emc_blocks(ffn, MM_WARPS * OUTS), (unsigned)um, (unsigned)mats);
-    emc_launch(g, k_moe_gate_up<T, N, OUTS>, grid, MM_WARPS * 32, 0, w0, a0, y0, w1, a1, y1, ffn, meta, um);
+                             float *y1, int mats, int ffn, const moe_uref &ur, const em_gpu *g) {
+    dim3 grid(emc_blocks(ffn, MM_WARPS * OUTS), (unsigned)ur.um, (unsigned)mats);
+    emc_launch(g, k_moe_gate_up<T, N, OUTS>, grid, MM_WARPS * 32, 0, w0, a0, y0, w1, a1, y1, ffn, ur);
 }
 template <int T>
 static void launch_gate_up_t(int n, const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1,
-                             const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, const em_gpu *g) {
+                             const moe_act &a1, float *y1, int mats, int ffn, const moe_uref &ur, const em_gpu *g) {
     if constexpr (mm_narrow_ok(T)) {
         if (mm_outs(T, n, w0.cols) == MM_OUTS_NARROW) {
-            if (n <= 1) launch_gate_up_n<T, 1, MM_OUTS_NARROW>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
-            else launch_gate_up_n<T, 2, MM_OUTS_NARROW>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+            if (n <= 1) launch_gate_up_n<T, 1, MM_OUTS_NARROW>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
+            else launch_gate_up_n<T, 2, MM_OUTS_NARROW>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
             return;
         }
     }
-    if (n <= 1) launch_gate_up_n<T, 1, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
-    else if (n <= 2) launch_gate_up_n<T, 2, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
-    else if (n <= 4) launch_gate_up_n<T, 4, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
-    else if (n <= 8) launch_gate_up_n<T, 8, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
-    else launch_gate_up_n<T, 16, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g);
+    if (n <= 1) launch_gate_up_n<T, 1, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
+    else if (n <= 2) launch_gate_up_n<T, 2, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
+    else if (n <= 4) launch_gate_up_n<T, 4, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
+    else if (n <= 8) launch_gate_up_n<T, 8, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
+    else launch_gate_up_n<T, 16, MM_OUTS>(w0, a0, y0, w1, a1, y1, mats, ffn, ur, g);
 }
 /* mats 2: w0 and w1 (one type) in one launch; mats 1: w0 alone. */
 static void launch_gate_up(int type, int n, const moe_mat &w0, const moe_act &a0, float *y0, const moe_mat &w1,
-                           const moe_act &a1, float *y1, int mats, int ffn, const int *meta, int um, const em_gpu *g) {
+                           const moe_act &a1, float *y1, int mats, int ffn, const moe_uref &ur, const em_gpu *g) {
     switch (type) {
-    case EM_TYPE_Q8_0: launch_gate_up_t<EM_TYPE_Q8_0>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
-    case EM_TYPE_Q4_K: launch_gate_up_t<EM_TYPE_Q4_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
-    case EM_TYPE_Q6_K: launch_gate_up_t<EM_TYPE_Q6_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
-    case EM_TYPE_MXFP4: launch_gate_up_t<EM_TYPE_MXFP4>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
-    case EM_TYPE_F32: launch_gate_up_t<EM_TYPE_F32>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
-    case EM_TYPE_F16: launch_gate_up_t<EM_TYPE_F16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
-    default: launch_gate_up_t<EM_TYPE_BF16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, meta, um, g); break;
+    case EM_TYPE_Q8_0: launch_gate_up_t<EM_TYPE_Q8_0>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
+    case EM_TYPE_Q4_K: launch_gate_up_t<EM_TYPE_Q4_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
+    case EM_TYPE_Q6_K: launch_gate_up_t<EM_TYPE_Q6_K>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
+    case EM_TYPE_MXFP4: launch_gate_up_t<EM_TYPE_MXFP4>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
+    case EM_TYPE_F32: launch_gate_up_t<EM_TYPE_F32>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
+    case EM_TYPE_F16: launch_gate_up_t<EM_TYPE_F16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
+    default: launch_gate_up_t<EM_TYPE_BF16>(n, w0, a0, y0, w1, a1, y1, mats, ffn, ur, g); break;
     }
 }
 
 template <int T, int N, int OUTS>
-static void launch_down_n(const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um, float *out,
+static void launch_down_n(const moe_mat &w, const moe_act &a, int64_t cols, const moe_uref &ur, float *out,
                           const em_gpu *g) {
-    const dim3 grid(emc_blocks(cols, MM_WARPS * OUTS), (unsigned)um, 1);
-    emc_launch(g, k_moe_down<T, N, OUTS>, grid, MM_WARPS * 32, 0, w, a, cols, meta, um, out);
+    const dim3 grid(emc_blocks(cols, MM_WARPS * OUTS), (unsigned)ur.um, 1);
+    emc_launch(g, k_moe_down<T, N, OUTS>, grid, MM_WARPS * 32, 0, w, a, cols, ur, out);
 }
 template <int T>
-static void launch_down_t(int n, const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um, float *out,
+static void launch_down_t(int n, const moe_mat &w, const moe_act &a, int64_t cols, const moe_uref &ur, float *out,
                           const em_gpu *g) {
     if constexpr (mm_narrow_ok(T)) {
         if (mm_outs(T, n, w.cols) == MM_OUTS_NARROW) {
-            if (n <= 1) launch_down_n<T, 1, MM_OUTS_NARROW>(w, a, cols, meta, um, out, g);
-            else launch_down_n<T, 2, MM_OUTS_NARROW>(w, a, cols, meta, um, out, g);
+            if (n <= 1) launch_down_n<T, 1, MM_OUTS_NARROW>(w, a, cols, ur, out, g);
+            else launch_down_n<T, 2, MM_OUTS_NARROW>(w, a, cols, ur, out, g);
             return;
         }
     }
-    if (n <= 1) launch_down_n<T, 1, MM_OUTS>(w, a, cols, meta, um, out, g);
-    else if (n <= 2) launch_down_n<T, 2, MM_OUTS>(w, a, cols, meta, um, out, g);
-    else if (n <= 4) launch_down_n<T, 4, MM_OUTS>(w, a, cols, meta, um, out, g);
-    else if (n <= 8) launch_down_n<T, 8, MM_OUTS>(w, a, cols, meta, um, out, g);
-    else launch_down_n<T, 16, MM_OUTS>(w, a, cols, meta, um, out, g);
+    if (n <= 1) launch_down_n<T, 1, MM_OUTS>(w, a, cols, ur, out, g);
+    else if (n <= 2) launch_down_n<T, 2, MM_OUTS>(w, a, cols, ur, out, g);
+    else if (n <= 4) launch_down_n<T, 4, MM_OUTS>(w, a, cols, ur, out, g);
+    else if (n <= 8) launch_down_n<T, 8, MM_OUTS>(w, a, cols, ur, out, g);
+    else launch_down_n<T, 16, MM_OUTS>(w, a, cols, ur, out, g);
 }
-static void launch_down(int type, int n, const moe_mat &w, const moe_act &a, int64_t cols, const int *meta, int um,
+static void launch_down(int type, int n, const moe_mat &w, const moe_act &a, int64_t cols, const moe_uref &ur,
                         float *out, const em_gpu *g) {
     switch (type) {
-    case EM_TYPE_Q8_0: launch_down_t<EM_TYPE_Q8_0>(n, w, a, cols, meta, um, out, g); break;
-    case EM_TYPE_Q4_K: launch_down_t<EM_TYPE_Q4_K>(n, w, a, cols, meta, um, out, g); break;
-    case EM_TYPE_Q6_K: launch_down_t<EM_TYPE_Q6_K>(n, w, a, cols, meta, um, out, g); break;
-    case EM_TYPE_MXFP4: launch_down_t<EM_TYPE_MXFP4>(n, w, a, cols, meta, um, out, g); break;
-    case EM_TYPE_F32: launch_down_t<EM_TYPE_F32>(n, w, a, cols, meta, um, out, g); break;
-    case EM_TYPE_F16: launch_down_t<EM_TYPE_F16>(n, w, a, cols, meta, um, out, g); break;
-    default: launch_down_t<EM_TYPE_BF16>(n, w, a, cols, meta, um, out, g); break;
+    case EM_TYPE_Q8_0: launch_down_t<EM_TYPE_Q8_0>(n, w, a, cols, ur, out, g); break;
+    case EM_TYPE_Q4_K: launch_down_t<EM_TYPE_Q4_K>(n, w, a, cols, ur, out, g); break;
+    case EM_TYPE_Q6_K: launch_down_t<EM_TYPE_Q6_K>(n, w, a, cols, ur, out, g); break;
+    case EM_TYPE_MXFP4: launch_down_t<EM_TYPE_MXFP4>(n, w, a, cols, ur, out, g); break;
+    case EM_TYPE_F32: launch_down_t<EM_TYPE_F32>(n, w, a, cols, ur, out, g); break;
+    case EM_TYPE_F16: launch_down_t<EM_TYPE_F16>(n, w, a, cols, ur, out, g); break;
+    default: launch_down_t<EM_TYPE_BF16>(n, w, a, cols, ur, out, g); break;
     }
 }
 
@@ -332,10 +375,12 @@ extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const flo
     if ((rc = emc_use(g, err))) return rc;
     const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n);
     uint8_t *sc = (uint8_t *)d_scratch;
-    const int *meta = (const int *)(sc + l.meta);
+    const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert };
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
-    emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
-    if ((rc = emc_launched(err, "k_moe_union"))) return rc;
+    if (n > 1) { /* one row's union comes from its ids inside the products (moe_slot) */
+        emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
+        if ((rc = emc_launched(err, "k_moe_union"))) return rc;
+    }
     /* the input rows as gate and up take them: Q8_0 (the caller's, or quantized once here) or
      * the F32 rows */
     const int tg = x->gate->type, tu = x->up->type;
@@ -354,11 +399,11 @@ extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const flo
     const moe_act ag = em_gpu_act_type(tg) == EM_TYPE_Q8_0 ? xq : xf, au = em_gpu_act_type(tu) == EM_TYPE_Q8_0 ? xq : xf;
     const moe_mat wg = mat_of(x->gate), wu = mat_of(x->up), wd = mat_of(x->down);
     if (tg == tu) {
-        launch_gate_up(tg, n, wg, ag, gt, wu, au, upb, 2, x->ffn, meta, l.um, g);
+        launch_gate_up(tg, n, wg, ag, gt, wu, au, upb, 2, x->ffn, ur, g);
     } else {
-        launch_gate_up(tg, n, wg, ag, gt, wg, ag, gt, 1, x->ffn, meta, l.um, g);
+        launch_gate_up(tg, n, wg, ag, gt, wg, ag, gt, 1, x->ffn, ur, g);
         if ((rc = emc_launched(err, "k_moe_gate_up (gate)"))) return rc;
-        launch_gate_up(tu, n, wu, au, upb, wu, au, upb, 1, x->ffn, meta, l.um, g);
+        launch_gate_up(tu, n, wu, au, upb, wu, au, upb, 1, x->ffn, ur, g);
     }
     if ((rc = emc_launched(err, "k_moe_gate_up"))) return rc;
     /* the hidden rows (slot-indexed, ffn apart) as down takes them: act(gate, up), and their
@@ -373,7 +418,7 @@ extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const flo
                gt, hq, hd);
     if ((rc = emc_launched(err, "k_moe_act"))) return rc;
     const moe_act ah = q8_down ? moe_act{ hq, hd, NULL, 0 } : moe_act{ NULL, NULL, gt, x->ffn };
-    launch_down(x->down->type, n, wd, ah, cols, meta, l.um, (float *)(sc + l.out), g);
+    launch_down(x->down->type, n, wd, ah, cols, ur, (float *)(sc + l.out), g);
     if ((rc = emc_launched(err, "k_moe_down"))) return rc;
     dim3 g3(emc_blocks(cols, 256), (unsigned)n);
     emc_launch(g, k_moe_sum, g3, 256, 0, d_ids, d_wts, k, (const float *)(sc + l.out), cols, d_y, ldy);

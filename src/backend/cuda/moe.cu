@@ -1,10 +1,11 @@
 /* backend/cuda/moe.cu: the routed experts of one MoE layer over the union of a pass's routes,
  * on the device, without a host sync: a union kernel (which experts the n rows chose, and
- * which rows each got; a one-row pass finds it from its ids inside the products), gate and up of every union expert in one launch (two when their types
- * differ), SwiGLU or SiTU with the Q8_0 quantization of the hidden rows (for integer down
- * weights) in one launch, down in one launch, and the weighted sum per row in ascending expert order
- * (model/moe.c's order). Launch shapes depend only on n, k and the weight types (the union's
- * size is read on the device: blocks past it exit), so a pass can be captured in a graph.
+ * which rows each got; a one-row pass finds it from its ids inside the products), gate and
+ * up of every union expert in one launch (two when their types differ), SwiGLU or SiTU with
+ * the Q8_0 quantization of the hidden rows (for integer down weights) in one launch, down in
+ * one launch, and the weighted sum per row in ascending expert order (model/moe.c's order).
+ * Launch shapes depend only on n, k and the weight types (the union's size is read on the
+ * device: blocks past it exit), so a pass can be captured in a graph.
  * Experts of every device layout the products run: an expert's rows get the warp body of
  * em_gpu_matmul for its type (mm_kernels.cuh, mm_quant.cuh) on the expert's rows of the stack,
  * with the activations em_gpu_act_prepare would make, so each row's result is the dense

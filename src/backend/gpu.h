@@ -184,9 +184,31 @@ typedef struct em_gpu_act {
     int64_t cols;
     const float *x;        /* F32 */
     int64_t ldx;
-    const int8_t *qs;      /* Q8_0 */
+    const int8_t *qs;      /* Q8_0 (NULL with in_block) */
     const float *d;
+    /* in_block (em_gpu_act_in_block): each block of the product quantizes the rows itself,
+     * from x, or from glu(x, up) (up: row j at up + j * ldx) when up is set */
+    bool in_block;
+    const float *up;
+    int glu;                        /* EM_GPU_ACT_SWIGLU or EM_GPU_ACT_SITU */
+    float situ_beta, situ_lin_beta;
 } em_gpu_act;
+
+#define EM_GPU_ACT_SWIGLU 0 /* silu(gate) * up (Kimi-Linear) */
+#define EM_GPU_ACT_SITU 1   /* em_gpu_situ's SiTU (kimi-k3) */
+
+/* The most values (n * cols) em_gpu_act_in_block takes: every block of the product quantizes
+ * all of them again, which pays only for small inputs. */
+#define EM_GPU_IN_BLOCK_MAX 4096
+/* Q8_0 activations that em_gpu_matmul makes inside its blocks instead of in a launch of their
+ * own: the n rows of d_x, or with d_up the rows glu(x, up) (act EM_GPU_ACT_SWIGLU, or
+ * EM_GPU_ACT_SITU with beta and lin_beta: em_gpu_swiglu's / em_gpu_situ's arithmetic), each
+ * quantized as em_gpu_act_prepare quantizes, so the product's bits are the same. Returns false
+ * (out untouched) where they do not apply: weights that take F32 activations, cols not a
+ * multiple of 32, or n * cols above EM_GPU_IN_BLOCK_MAX; the caller prepares them then. Only
+ * em_gpu_matmul and em_gpu_matmul_multi (one weight type) take them. */
+bool em_gpu_act_in_block(int wtype, const float *d_x, const float *d_up, int64_t ldx, int64_t cols, int n, int act,
+                         float beta, float lin_beta, em_gpu_act *out);
 
 /* Scratch bytes em_gpu_act_prepare needs for n rows of cols values meeting weights of type
  * wtype (0 for float weights). */
@@ -308,8 +330,6 @@ int em_gpu_route(em_gpu *g, const em_gpu_router *r, const float *d_logits, int64
  * (em_gpu_mat_type_ok; gate, up and down may differ): gate and up hold n_expert * ffn rows of
  * cols values (expert e: rows [e * ffn, (e + 1) * ffn)), down holds n_expert * cols rows of
  * ffn values. act picks the MLP activation between the products. */
-#define EM_GPU_ACT_SWIGLU 0 /* silu(gate) * up (Kimi-Linear) */
-#define EM_GPU_ACT_SITU 1   /* em_gpu_situ's SiTU (kimi-k3) */
 typedef struct em_gpu_experts {
     const em_gpu_mat *gate, *up, *down;
     int n_expert, ffn;

@@ -5,6 +5,7 @@
 
 #include "quant/quant.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,4 +74,16 @@ uint64_t em_gpu_act_bytes(int wtype, int64_t cols, int n) {
     /* int8 quants, padded to 16 bytes, then one float scale per 32 values */
     uint64_t q = ((uint64_t)n * (uint64_t)cols + 15) & ~(uint64_t)15;
     return q + (uint64_t)n * (uint64_t)(cols / 32) * sizeof(float);
+}
+
+bool em_gpu_act_in_block(int wtype, const float *d_x, const float *d_up, int64_t ldx, int64_t cols, int n, int act,
+                         float beta, float lin_beta, em_gpu_act *out) {
+    if (!q8_act(wtype) || !d_x || cols <= 0 || cols % 32 || ldx < cols || n < 1 || n > EM_GPU_MAX_ROWS ||
+        (int64_t)n * cols > EM_GPU_IN_BLOCK_MAX)
+        return false;
+    const bool situ_ok = act == EM_GPU_ACT_SITU && beta > 0.0f && isfinite(beta) && !isnan(lin_beta);
+    if (d_up && act != EM_GPU_ACT_SWIGLU && !situ_ok) return false;
+    *out = (em_gpu_act){ .type = EM_TYPE_Q8_0, .n = n, .cols = cols, .x = d_x, .ldx = ldx, .in_block = true,
+                         .up = d_up, .glu = act, .situ_beta = beta, .situ_lin_beta = lin_beta };
+    return true;
 }

@@ -222,6 +222,17 @@ static int acts_ready(gk *k, gk_acts *a, const em_mat *w, em_err *err) {
     return rc;
 }
 
+/* a's Q8_0 copy made inside w's product (em_gpu_act_in_block) where that applies: a launch
+ * less. With up, the rows quantized are glu(a's rows, up), the model's MLP activation. */
+static bool acts_in_block(gk *k, gk_acts *a, const em_mat *w, const float *up) {
+    const kimi_hparams *hp = &k->hp;
+    const em_gpu_mat *dw = dmat(k, w);
+    if (!dw || a->have_q) return false;
+    const int act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU;
+    a->have_q = em_gpu_act_in_block(dw->type, a->x, up, a->ldx, a->cols, a->n, act, hp->situ_beta, hp->situ_lin_beta, &a->q);
+    return a->have_q;
+}
+
 /* y (ldy) = W x for the rows of a. */
 static int mm(gk *k, gk_acts *a, const em_mat *w, float *d_y, int64_t ldy, em_err *err) {
     const em_gpu_mat *dw = dmat(k, w);
@@ -319,6 +330,8 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     const int64_t ld_x[] = { 3 * D, 3 * D, 3 * D, hp->kda_heads, hd, full_gate ? D : hd };
     int rc = mm_many(k, xa, from_x, y_x, ld_x, 6, err);
     if (rc || (rc = em_gpu_fork(g, 1, err))) return rc;
+    acts_in_block(k, &fa, &w->f_b, NULL); /* the low-rank inputs quantized inside the ups */
+    if (!full_gate) acts_in_block(k, &ga, &w->g_b, NULL);
     rc = mm(k, &fa, &w->f_b, B->f, D, err);
     if (!rc && !full_gate && !(rc = em_gpu_branch(g, 1, err))) rc = mm(k, &ga, &w->g_b, B->g2, D, err);
     int rc2 = em_gpu_join(g, err);
@@ -384,12 +397,14 @@ static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
     return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
 }
 
-/* y (ldy) = down(glu(g, u)) for n rows of F values (g is overwritten). */
+/* y (ldy) = down(glu(g, u)) for n rows of F values (g may be overwritten). */
 static int mlp_down(gk *k, float *g, const float *u, int64_t F, int n, const em_mat *down, float *d_y, int64_t ldy,
                     em_err *err) {
-    int rc = glu(k, g, u, (int64_t)n * F, err);
-    if (rc) return rc;
     gk_acts ga = acts_of(g, F, F, n);
+    if (!acts_in_block(k, &ga, down, u)) { /* else the product makes glu(g, u) itself */
+        int rc = glu(k, g, u, (int64_t)n * F, err);
+        if (rc) return rc;
+    }
     return mm(k, &ga, down, d_y, ldy, err);
 }
 

@@ -273,6 +273,81 @@ static void test_matmul(int type, int64_t rows, int64_t cols) {
     free(hw), free(x), free(ref), free(got);
 }
 
+/* ---- activations made inside the product's blocks (em_gpu_act_in_block) -------------------- */
+
+static void *random_qbytes(int type, int64_t rows, int64_t cols, uint64_t *bytes);
+
+/* y = W a for n rows, a prepared by em_gpu_act_prepare from x (ldx), after glu(x, u) on the
+ * device when u is set (act: SwiGLU, or SiTU with beta 2 and lin_beta 6). Returns 0 or -1. */
+static int in_block_ref(const em_gpu_mat *gm, const float *dx, const float *du, int64_t ldx, int n, int act, float *dg,
+                        void *ds, float *dy) {
+    em_gpu_act a;
+    const int64_t cols = gm->cols;
+    const float *in = dx;
+    if (du) {
+        for (int j = 0; j < n; j++) {
+            const float *g = dx + (int64_t)j * ldx, *u = du + (int64_t)j * ldx;
+            float *y = dg + (int64_t)j * ldx;
+            if (act == EM_GPU_ACT_SITU ? em_gpu_situ(G, g, u, cols, 2.0f, 6.0f, y, &E) : em_gpu_swiglu(G, g, u, cols, y, &E))
+                return -1;
+        }
+        in = dg;
+    }
+    if (em_gpu_act_prepare(G, gm->type, in, ldx, cols, n, ds, &a, &E)) return -1;
+    return em_gpu_matmul(G, gm, &a, dy, gm->rows, &E) ? -1 : 0;
+}
+
+/* Every n with n * cols <= EM_GPU_IN_BLOCK_MAX, the rows as they are and through SwiGLU and
+ * SiTU, rows ldx = cols + 32 apart: memcmp-equal to the launches they replace. */
+static void test_in_block(int type, int64_t rows, int64_t cols) {
+    char name[80];
+    snprintf(name, sizeof name, "matmul %s %lldx%lld in-block activations", em_type_name(type), (long long)rows,
+             (long long)cols);
+    uint64_t bytes = 0;
+    void *hw = type == EM_TYPE_Q8_0 ? make_weights(type, rows, cols, 0.05f) : random_qbytes(type, rows, cols, &bytes);
+    em_gpu_mat gm;
+    TRY(name, em_gpu_mat_upload(G, type, rows, cols, hw, name, &gm, &E));
+    const int64_t ldx = cols + 32, nx = (int64_t)R * ldx;
+    float *x = xmalloc((size_t)nx * 4), *u = xmalloc((size_t)nx * 4);
+    fill(x, nx, 2.0f), fill(u, nx, 2.0f);
+    float *dx = dalloc((uint64_t)nx * 4), *du = dalloc((uint64_t)nx * 4), *dg = dalloc((uint64_t)nx * 4);
+    float *dy = dalloc((uint64_t)R * rows * 4);
+    void *ds = dalloc(em_gpu_act_bytes(type, cols, R));
+    up(dx, x, (uint64_t)nx * 4), up(du, u, (uint64_t)nx * 4);
+    float *ref = xmalloc((size_t)R * rows * 4), *got = xmalloc((size_t)R * rows * 4);
+    int differ = 0, tried = 0;
+    for (int glu = -1; glu <= EM_GPU_ACT_SITU; glu++) {
+        for (int n = 1; n <= R && (int64_t)n * cols <= EM_GPU_IN_BLOCK_MAX; n++) {
+            const float *dup = glu < 0 ? NULL : du;
+            em_gpu_act a;
+            if (!em_gpu_act_in_block(type, dx, dup, ldx, cols, n, glu < 0 ? 0 : glu, 2.0f, 6.0f, &a)) {
+                record(name, 0, "em_gpu_act_in_block refused %d rows", n);
+                continue;
+            }
+            TRY(name, in_block_ref(&gm, dx, dup, ldx, n, glu, dg, ds, dy) ? E.code : 0);
+            TRY(name, down(ref, dy, (uint64_t)n * rows * 4));
+            poison(dy, (uint64_t)R * rows * 4);
+            TRY(name, em_gpu_matmul(G, &gm, &a, dy, rows, &E));
+            TRY(name, down(got, dy, (uint64_t)n * rows * 4));
+            differ += memcmp(got, ref, (size_t)n * rows * 4) != 0;
+            tried++;
+        }
+    }
+    record(name, differ == 0 && tried > 0, "%d calls (plain, SwiGLU, SiTU rows), %d not memcmp-equal to prepared rows",
+           tried, differ);
+    em_gpu_act a;
+    snprintf(name + strlen(name), sizeof name - strlen(name), " refused");
+    record(name,
+           !em_gpu_act_in_block(EM_TYPE_F32, dx, NULL, cols, cols, 1, 0, 0, 0, &a) &&
+               !em_gpu_act_in_block(type, dx, NULL, EM_GPU_IN_BLOCK_MAX + 32, EM_GPU_IN_BLOCK_MAX + 32, 1, 0, 0, 0, &a) &&
+               !em_gpu_act_in_block(type, dx, NULL, cols, cols + 16, 1, 0, 0, 0, &a) &&
+               !em_gpu_act_in_block(type, dx, du, cols, cols, 1, EM_GPU_ACT_SITU, 0.0f, 0, &a),
+           "F32 weights, too many values, columns not a multiple of 32, SiTU with beta 0");
+    em_gpu_free(G, dx), em_gpu_free(G, du), em_gpu_free(G, dg), em_gpu_free(G, dy), em_gpu_free(G, ds);
+    em_gpu_mat_free(G, &gm);
+    free(hw), free(x), free(u), free(ref), free(got);
+}
+
 /* ---- quantized weight types (wt-cuda3): Q4_K, Q6_K, MXFP4 products; converted types ------- */
 
 /* Random GGUF bytes of a block type (every quant bit pattern), with its scale fields set to
@@ -1573,6 +1648,11 @@ static void test_all_but_moe(void) {
         }
         test_matmul_multi(mix, "matmul multi q8_0 + f32 (4 products)");
     }
+    test_in_block(EM_TYPE_Q8_0, HIDDEN, FFN_EXP); /* a shared expert's down */
+    test_in_block(EM_TYPE_Q8_0, KDA_HEADS * KDA_DIM, KDA_DIM); /* a KDA low-rank up */
+    test_in_block(EM_TYPE_Q4_K, 1001, 512);
+    test_in_block(EM_TYPE_Q6_K, 512, 256);
+    test_in_block(EM_TYPE_MXFP4, 768, 64);
     test_add_rmsnorm();
     test_rmsnorm("rmsnorm 16x2304", R, HIDDEN);
     test_rmsnorm("rmsnorm 16x32 heads of 128", R * KDA_HEADS, KDA_DIM);

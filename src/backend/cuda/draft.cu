@@ -44,7 +44,7 @@ __device__ __forceinline__ const float *gqa_row(const float *cache, const float 
  * in warp order: every launch the same order, whatever the timing. */
 __global__ void __launch_bounds__(GQA_THREADS)
     k_gqa(em_gpu_gqa_dims d, const float *q, const float *kc, const float *vc, const int64_t *n_ctx_p, const float *k,
-          const float *v, int n, float *scratch, float *out) {
+          const float *v, int n, float *scratch, float *out, bool vec) {
     emc_kernel_begin();
     __shared__ float qs[GQA_MAX_HD];
     __shared__ float part[GQA_WARPS][GQA_MAX_HD];
@@ -64,8 +64,23 @@ __global__ void __launch_bounds__(GQA_THREADS)
     for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) {
         const float *kr = gqa_row(kc, k, n_ctx, p, kw, off);
         float s = 0.0f;
+        if (vec) { /* the same chain, the key read 16 values a round (its loads in flight together) */
+            for (int c = 0; c < hd; c += 16) {
+                float4 kv[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) kv[t] = *(const float4 *)(kr + c + 4 * t);
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    s = fmaf(qs[c + 4 * t], kv[t].x, s);
+                    s = fmaf(qs[c + 4 * t + 1], kv[t].y, s);
+                    s = fmaf(qs[c + 4 * t + 2], kv[t].z, s);
+                    s = fmaf(qs[c + 4 * t + 3], kv[t].w, s);
+                }
+            }
+        } else {
 #pragma unroll 8
-        for (int c = 0; c < hd; c++) s = fmaf(qs[c], kr[c], s);
+            for (int c = 0; c < hd; c++) s = fmaf(qs[c], kr[c], s);
+        }
         s *= scale;
         sc[p] = s;
         mx = fmaxf(mx, s);
@@ -92,6 +107,7 @@ __global__ void __launch_bounds__(GQA_THREADS)
     float acc[GQA_MAX_HD / 32];
 #pragma unroll
     for (int j = 0; j < GQA_MAX_HD / 32; j++) acc[j] = 0.0f;
+#pragma unroll 4 /* the next positions' loads in flight; the fmas still in ascending p */
     for (int64_t p = p0; p < p1; p++) {
         const float *vr = gqa_row(vc, v, n_ctx, p, kw, off);
         const float w = sc[p] * inv;
@@ -121,8 +137,11 @@ extern "C" int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const floa
     EMC_CHECK(d_q && d_kc && d_vc && d_n_ctx && d_k && d_v && d_scratch && d_out, "GPU attention: a missing buffer");
     int rc = emc_use(g, err);
     if (rc) return rc;
+    /* key rows in 16-byte loads when every row starts 16-byte aligned */
+    const bool vec =
+        d->hd % 16 == 0 && d->n_kv * d->hd % 4 == 0 && ((uintptr_t)d_kc & 15) == 0 && ((uintptr_t)d_k & 15) == 0;
     emc_launch(g, k_gqa, dim3((unsigned)n, (unsigned)d->n_head), GQA_THREADS, 0, *d, d_q, d_kc, d_vc, d_n_ctx, d_k, d_v,
-               n, d_scratch, d_out);
+               n, d_scratch, d_out, vec);
     return emc_launched(err, "k_gqa");
 }
 

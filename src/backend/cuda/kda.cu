@@ -19,6 +19,7 @@
 #include "backend/cuda/mm_kernels.cuh"
 
 #include <math.h>
+#include <string.h>
 
 #define KDA_MAX_CONV 16
 /* Forwards of at most this many rows run in one launch (k_kda_fused: the rows one after another
@@ -317,7 +318,8 @@ extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_
     if (q8) { /* em_gpu_act_prepare's layout: n rows of quants, padded to 16 bytes, then the scales */
         qs = (int8_t *)d_q8;
         qd = (float *)((uint8_t *)d_q8 + (((uint64_t)n * (uint64_t)di + 15) & ~(uint64_t)15));
-        *q8 = em_gpu_act{ EM_TYPE_Q8_0, n, di, d_out, di, qs, qd };
+        memset(q8, 0, sizeof *q8);
+        q8->type = EM_TYPE_Q8_0, q8->n = n, q8->cols = di, q8->x = d_out, q8->ldx = di, q8->qs = qs, q8->d = qd;
     }
     log->n = n;
     log->consumed = false;

@@ -233,41 +233,47 @@ __device__ __forceinline__ mm_job mm_pick(const mm_jobs &js) {
     return w;
 }
 
-/* Before waiting for the kernels before it, a warp asks L2 for the weight bytes it is about to
- * stream (lane l takes the 128-byte lines l, l + 32, ... of [p, p + bytes)): a product whose
- * launch overlaps the kernel before it (emc_launch) reads its weights meanwhile. */
-__device__ __forceinline__ void prefetch_l2(const void *p, uint64_t bytes) {
-    const uintptr_t end = (uintptr_t)p + bytes;
-    for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + (uintptr_t)(threadIdx.x & 31) * 128; a < end; a += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+/* In-block activations (em_gpu_act in_block): the rows x (ldx), or glu(x, up) when up is set. */
+typedef struct mm_prep {
+    const float *up;
+    mm_glu glu;
+} mm_prep;
+
+/* The n rows' Q8_0 activations made by the block in shared memory, in em_gpu_act_prepare's
+ * layout (quants of row j at qs + j * cols, scales at d + j * cols / 32): warp w makes the
+ * 32-value blocks w, w + MM_WARPS, ... as k_quant_q8_0 does, after k_swiglu's or k_situ's
+ * activation when p.up is set, so the same bits. Every thread of the block calls it. */
+__device__ __forceinline__ void mm_prep_rows(const mm_prep &p, const float *x, int64_t ldx, int n, int64_t cols,
+                                             int8_t *qs, float *d) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t bpr = cols / 32;
+    for (int64_t b = warp; b < n * bpr; b += MM_WARPS) {
+        const int64_t i = b / bpr * ldx + b % bpr * 32 + lane;
+        quant_q8_0_block(p.up ? glu_of(p.glu, x[i], p.up[i]) : x[i], lane, qs + b * 32, d + b);
+    }
+    __syncthreads();
 }
 
-/* Weight bytes of rows [r0, r0 + nr) of a matrix of type T in its device layout (the quants;
- * Q8_0's scales too). */
-template <int T>
-__device__ __forceinline__ void prefetch_rows(const mm_job &w, int64_t cols, int64_t r0, int64_t nr) {
-    if constexpr (T == EM_TYPE_Q8_0) {
-        prefetch_l2(w.data + r0 * cols, (uint64_t)(nr * cols));
-        prefetch_l2(w.scales + r0 * (cols / 32) * 2, (uint64_t)(nr * (cols / 32) * 2));
-    } else if constexpr (T == EM_TYPE_F32) {
-        prefetch_l2(w.data + r0 * cols * 4, (uint64_t)(nr * cols * 4));
-    } else if constexpr (T == EM_TYPE_F16 || T == EM_TYPE_BF16) {
-        prefetch_l2(w.data + r0 * cols * 2, (uint64_t)(nr * cols * 2));
-    } else { /* Q4_K, Q6_K, MXFP4: 4-bit quants */
-        prefetch_l2(w.data + r0 * cols / 2, (uint64_t)(nr * cols / 2));
-    }
+/* Shared-memory bytes of in-block activations: n rows of quants, then their scales. */
+static size_t mm_prep_bytes(int n, int64_t cols) {
+    return (size_t)n * (size_t)cols + (size_t)n * (size_t)(cols / 32) * 4;
 }
 
 /* One block of product w: rows j of x into rows j of w's y, integer layouts with Q8_0
- * activations (xq, xd), float layouts with the F32 rows (x, ldx); OUTS outputs a warp
- * (mm_outs). rb: the block's index within w's blocks. */
-template <int T, int N, int OUTS>
+ * activations (xq, xd; IB: made here from x by mm_prep_rows), float layouts with the F32 rows
+ * (x, ldx); OUTS outputs a warp (mm_outs). rb: the block's index within w's blocks. */
+template <int T, int N, int OUTS, bool IB = false>
 __device__ __forceinline__ void mm_block(const mm_job &w, unsigned rb, int64_t cols, const int8_t *xq, const float *xd,
-                                         const float *x, int64_t ldx, int n) {
+                                         const float *x, int64_t ldx, int n, const mm_prep *p = nullptr) {
+    extern __shared__ __align__(16) int8_t mm_smem[];
     const int64_t rows = w.rows;
     const int64_t r0 = ((int64_t)rb * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
-    if (r0 < rows) prefetch_rows<T>(w, cols, r0, rows - r0 < OUTS ? rows - r0 : OUTS);
+    if (r0 < rows) prefetch_weight_rows<T>(w.data, w.scales, cols, r0, rows - r0 < OUTS ? rows - r0 : OUTS);
     emc_wait_prior();
+    if constexpr (IB) {
+        mm_prep_rows(*p, x, ldx, n, cols, mm_smem, (float *)(mm_smem + (int64_t)n * cols));
+        xq = mm_smem, xd = (const float *)(mm_smem + (int64_t)n * cols);
+    }
     if (r0 >= rows) return;
     int idx[N];
 #pragma unroll
@@ -300,6 +306,14 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_mm(mm_jobs js, const int8_t *
     mm_block<T, N, OUTS>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
 }
 
+/* k_mm with in-block activations (integer layouts only). */
+template <int T, int N, int OUTS>
+__global__ void __launch_bounds__(MM_WARPS * 32) k_mm_ib(mm_jobs js, mm_prep p, const float *x, int64_t ldx, int n) {
+    emc_let_next_start();
+    const mm_job w = mm_pick(js);
+    mm_block<T, N, OUTS, true>(w, blockIdx.x - w.block0, js.cols, nullptr, nullptr, x, ldx, n, &p);
+}
+
 /* Q8_0 products (blocks below split, O1 outputs a warp) and F32 products (O2) of one input in
  * one launch: each block runs k_mm's body of its product's type, so each output is its own
  * em_gpu_matmul's (the KDA layer's beta beside its Q8_0 projections, a MoE router beside the
@@ -313,15 +327,28 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_mm_mixed(mm_jobs js, unsigned
     else mm_block<EM_TYPE_F32, N, O2>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
 }
 
+/* k_mm<T, N, OUTS>, or k_mm_ib for in-block activations of an integer layout. */
+template <int T, int N, int OUTS>
+static void launch_mm_n(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+    const int th = MM_WARPS * 32;
+    if constexpr (T != EM_TYPE_F32 && T != EM_TYPE_F16 && T != EM_TYPE_BF16) {
+        if (a->in_block) {
+            const mm_prep p = { a->up, mm_glu_of(a->glu, a->situ_beta, a->situ_lin_beta) };
+            emc_launch(g, k_mm_ib<T, N, OUTS>, blocks, th, mm_prep_bytes(a->n, a->cols), js, p, a->x, a->ldx, a->n);
+            return;
+        }
+    }
+    emc_launch(g, k_mm<T, N, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, a->n);
+}
 template <int T, int OUTS>
 static void launch_mm_o(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
-    const int n = a->n, th = MM_WARPS * 32;
-    if (n <= 1) emc_launch(g, k_mm<T, 1, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
-    else if (n <= 2) emc_launch(g, k_mm<T, 2, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+    const int n = a->n;
+    if (n <= 1) launch_mm_n<T, 1, OUTS>(g, js, blocks, a);
+    else if (n <= 2) launch_mm_n<T, 2, OUTS>(g, js, blocks, a);
     else if constexpr (OUTS == MM_OUTS) { /* wider passes take MM_OUTS (mm_outs) */
-        if (n <= 4) emc_launch(g, k_mm<T, 4, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
-        else if (n <= 8) emc_launch(g, k_mm<T, 8, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
-        else emc_launch(g, k_mm<T, 16, OUTS>, blocks, th, 0, js, a->qs, a->d, a->x, a->ldx, n);
+        if (n <= 4) launch_mm_n<T, 4, OUTS>(g, js, blocks, a);
+        else if (n <= 8) launch_mm_n<T, 8, OUTS>(g, js, blocks, a);
+        else launch_mm_n<T, 16, OUTS>(g, js, blocks, a);
     }
 }
 template <int T>
@@ -397,6 +424,10 @@ extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int cou
     const int want = mixed ? EM_TYPE_Q8_0 : em_gpu_act_type(w0->type);
     EMC_CHECK(act->type == want, "GPU matmul: %s activations for %s weights (prepare them for this type)",
               em_type_name(act->type), em_type_name(w0->type));
+    const bool ib_ok = !mixed && act->x && act->cols % 32 == 0 && (int64_t)act->n * act->cols <= EM_GPU_IN_BLOCK_MAX;
+    EMC_CHECK(act->in_block ? ib_ok : act->type != EM_TYPE_Q8_0 || (act->qs && act->d), "GPU matmul: Q8_0 activations %s",
+              act->in_block ? "made in block need one integer weight type, an input and at most EM_GPU_IN_BLOCK_MAX values"
+                            : "without quants or scales");
     if (want == EM_TYPE_F32 || mixed)
         EMC_CHECK(((uintptr_t)act->x & 15) == 0 && act->ldx % 4 == 0,
                   "GPU matmul: F32 activations must be 16-byte aligned with ldx a multiple of 4");

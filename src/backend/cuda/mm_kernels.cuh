@@ -23,6 +23,32 @@ __device__ __forceinline__ int4 ld_nc16(const void *p) {
     return v;
 }
 
+/* Before waiting for the kernels before it, a warp asks L2 for the weight bytes it is about to
+ * stream (lane l takes the 128-byte lines l, l + 32, ... of [p, p + bytes)): a product whose
+ * launch overlaps the kernel before it (emc_launch) reads its weights meanwhile. */
+__device__ __forceinline__ void prefetch_l2(const void *p, uint64_t bytes) {
+    const uintptr_t end = (uintptr_t)p + bytes;
+    for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + (uintptr_t)(threadIdx.x & 31) * 128; a < end; a += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+/* Weight bytes of rows [r0, r0 + nr) of a matrix of device type T (data, scales: gpu.h's
+ * layouts) asked of L2: the quants, and Q8_0's scales too. */
+template <int T>
+__device__ __forceinline__ void prefetch_weight_rows(const uint8_t *data, const uint8_t *scales, int64_t cols, int64_t r0,
+                                                     int64_t nr) {
+    if constexpr (T == EM_TYPE_Q8_0) {
+        prefetch_l2(data + r0 * cols, (uint64_t)(nr * cols));
+        prefetch_l2(scales + r0 * (cols / 32) * 2, (uint64_t)(nr * (cols / 32) * 2));
+    } else if constexpr (T == EM_TYPE_F32) {
+        prefetch_l2(data + r0 * cols * 4, (uint64_t)(nr * cols * 4));
+    } else if constexpr (T == EM_TYPE_F16 || T == EM_TYPE_BF16) {
+        prefetch_l2(data + r0 * cols * 2, (uint64_t)(nr * cols * 2));
+    } else { /* Q4_K, Q6_K, MXFP4: 4-bit quants */
+        prefetch_l2(data + r0 * cols / 2, (uint64_t)(nr * cols / 2));
+    }
+}
+
 /* The fixed butterfly: every lane ends with the same sum, in the same order for every row. */
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -227,6 +253,23 @@ __device__ __forceinline__ void mm_float_warp(const uint8_t *wdata, int64_t rows
         }
     }
     store_rows<N, OUTS>(acc, n, lane, y, ldy, yr, r0, rows);
+}
+
+/* The MLP activation between two products (SwiGLU or SiTU, ops.cu's arithmetic, with SiTU's
+ * reciprocals rounded on the host as em_gpu_situ rounds them). */
+typedef struct mm_glu {
+    int act;
+    float beta, inv, lin_beta, lin_inv;
+} mm_glu;
+
+static inline mm_glu mm_glu_of(int act, float beta, float lin_beta) {
+    const bool sit = act == EM_GPU_ACT_SITU;
+    const mm_glu g = { act, beta, sit ? 1.0f / beta : 0.0f, lin_beta, sit && lin_beta > 0.0f ? 1.0f / lin_beta : 0.0f };
+    return g;
+}
+
+__device__ __forceinline__ float glu_of(const mm_glu &a, float gv, float uv) {
+    return a.act == EM_GPU_ACT_SITU ? emc_situ(gv, uv, a.beta, a.inv, a.lin_beta, a.lin_inv) : emc_swiglu(gv, uv);
 }
 
 /* One warp per 32-value block (quant_q8_0_block; also em_gpu_matmul_heads'). */

@@ -3,7 +3,8 @@
  * which rows each got; a one-row pass finds it from its ids inside the products), gate and
  * up of every union expert in one launch (two when their types differ), SwiGLU or SiTU with
  * the Q8_0 quantization of the hidden rows (for integer down weights) in one launch, down in
- * one launch, and the weighted sum per row in ascending expert order (model/moe.c's order).
+ * one launch (its weights asked of L2 before it waits for the hidden rows), and the weighted
+ * sum per row in ascending expert order (model/moe.c's order).
  * Launch shapes depend only on n, k and the weight types (the union's size is read on the
  * device: blocks past it exit), so a pass can be captured in a graph.
  * Experts of every device layout the products run: an expert's rows get the warp body of
@@ -111,7 +112,7 @@ __device__ __forceinline__ void moe_slot(const moe_uref &ur, int u, int64_t *e, 
         const bool first = (valid >> lane & 1u) && __ffs(same) - 1 == lane;
         const unsigned firsts = __ballot_sync(all, first);
         int below = 0; /* distinct valid ids below this one: its union position */
-        for (int t = 0; t < 32; t++) {
+        for (int t = 0; t < k; t++) { /* lanes from k on hold no id */
             const int32_t w = __shfl_sync(all, v, t);
             below += (firsts >> t & 1u) && w < v;
         }
@@ -187,7 +188,10 @@ __device__ __forceinline__ void expert_warp(const moe_mat &w, int64_t row0, int6
 template <int T, int N, int OUTS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     k_moe_gate_up(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, moe_uref ur) {
-    emc_kernel_begin();
+    /* waits before it lets the next kernels start: so once they start, the routes (and the
+     * union) are final, and k_moe_down reads them before its own wait */
+    emc_wait_prior();
+    emc_let_next_start();
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
     if (r0 >= ffn) return;
     int64_t e = 0;
@@ -198,19 +202,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     else expert_warp<T, N, OUTS>(w0, e * ffn, ffn, r0, a0, cnt, xr, y0, ffn, yr);
 }
 
-/* The MLP activation between the products (SwiGLU or SiTU, ops.cu's arithmetic). */
-typedef struct moe_glu {
-    int act;
-    float beta, inv, lin_beta, lin_inv;
-} moe_glu;
-
-__device__ __forceinline__ float glu_of(const moe_glu &a, float gv, float uv) {
-    return a.act == EM_GPU_ACT_SITU ? emc_situ(gv, uv, a.beta, a.inv, a.lin_beta, a.lin_inv) : emc_swiglu(gv, uv);
-}
-
 /* The hidden rows: h = act(gate, up) over count values, and (qs non-NULL) their Q8_0
  * activations as k_quant_q8_0 makes them from h, in the same launch (one warp per 32 values). */
-__global__ void k_moe_act(const float *gt, const float *up, int64_t count, moe_glu glu, float *h, int8_t *qs, float *qd) {
+__global__ void k_moe_act(const float *gt, const float *up, int64_t count, mm_glu glu, float *h, int8_t *qs, float *qd) {
     emc_kernel_begin();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return; /* count is a multiple of 32: whole warps leave */
@@ -219,17 +213,22 @@ __global__ void k_moe_act(const float *gt, const float *up, int64_t count, moe_g
     if (qs) quant_q8_0_block(v, (int)(threadIdx.x & 31), qs + (i & ~(int64_t)31), qd + (i >> 5));
 }
 
-/* Union slot blockIdx.y: down of its expert over its rows' hidden rows (slot-indexed). */
+/* Union slot blockIdx.y: down of its expert over its rows' hidden rows (slot-indexed). The
+ * routes are final when it starts (k_moe_gate_up waits before it lets the kernels after it
+ * start), so a warp finds its expert and asks L2 for its weight rows before it waits for the
+ * hidden rows. */
 template <int T, int N, int OUTS>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     k_moe_down(moe_mat w, moe_act a, int64_t cols, moe_uref ur, float *out) {
-    emc_kernel_begin();
+    emc_let_next_start();
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * OUTS;
-    if (r0 >= cols) return;
     int64_t e = 0;
     int cnt, rows[N], sr[N];
     moe_slot<N>(ur, blockIdx.y, &e, &cnt, rows, sr);
-    if (cnt == 0) return;
+    if (cnt > 0 && r0 < cols)
+        prefetch_weight_rows<T>(w.data, w.scales, w.cols, e * cols + r0, cols - r0 < OUTS ? cols - r0 : OUTS);
+    emc_wait_prior();
+    if (cnt == 0 || r0 >= cols) return;
     expert_warp<T, N, OUTS>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
 }
 
@@ -409,9 +408,7 @@ extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const flo
     if ((rc = emc_launched(err, "k_moe_gate_up"))) return rc;
     /* the hidden rows (slot-indexed, ffn apart) as down takes them: act(gate, up), and their
      * Q8_0 activations for integer down weights, in one launch */
-    const bool sit = x->act == EM_GPU_ACT_SITU;
-    const moe_glu glu = { x->act, x->situ_beta, sit ? 1.0f / x->situ_beta : 0.0f, x->situ_lin_beta,
-                          sit && x->situ_lin_beta > 0.0f ? 1.0f / x->situ_lin_beta : 0.0f };
+    const mm_glu glu = mm_glu_of(x->act, x->situ_beta, x->situ_lin_beta);
     const bool q8_down = em_gpu_act_type(x->down->type) == EM_TYPE_Q8_0;
     int8_t *hq = q8_down ? (int8_t *)(sc + l.hq) : NULL;
     float *hd = q8_down ? (float *)(sc + l.hd) : NULL;

@@ -9,6 +9,9 @@ alike: plain (--draft none); speculative as a user gets it (spec: the confidence
 --verify-width 0, and the default --spec-policy auto, which decodes plainly while drafting does
 not pay); the scheduler drafting every pass (always: --spec-policy always); and --verify-width 8
 (w8: the whole 7-draft block every pass, --spec-policy always).
+What the governor learns is kept between the runs of one eval as `ember run` keeps it between a
+user's runs (--spec-memory, a file of the eval's own that starts empty), so later prompts start
+where earlier ones left off; --no-spec-memory makes every run start afresh (--spec-memory off).
 Reported per set and temperature:
   - tau: tokens committed per target pass, summed over prompts (sum(passes + accepted) /
     sum(passes));
@@ -53,7 +56,7 @@ def load_prompts(path, limit):
 
 def run_one(args, prompt_file, chat, temp, seed, extra):
     cmd = [args.ember, "run", "-f", prompt_file, "-n", str(args.n), "--threads", str(args.threads),
-           "--json", "--temp", str(temp), "--seed", str(seed)]
+           "--json", "--temp", str(temp), "--seed", str(seed), "--spec-memory", args.spec_memory]
     if temp > 0:
         cmd += ["--top-k", "0", "--top-p", "1", "--min-p", "0"]
     if chat:
@@ -119,6 +122,8 @@ def main():
                     help="run only plain decoding (--draft none): its tok/s, e.g. before and after a change")
     ap.add_argument("--expert-cache", metavar="SIZE",
                     help="routed experts from storage through a cache of SIZE (e.g. 3MiB): adds bytes per token")
+    ap.add_argument("--no-spec-memory", action="store_true",
+                    help="every run starts without what earlier runs learnt (ember run --spec-memory off)")
     ap.add_argument("model_args", nargs="*", help="after --: -m TARGET --draft DRAFT (default: the default pair)")
     args = ap.parse_args()
     if args.expert_cache:
@@ -127,6 +132,7 @@ def main():
     temps = [float(t) for t in args.temps.split(",")]
     all_rows, identical_ok, dump = [], True, []
     with tempfile.TemporaryDirectory() as tmp:
+        args.spec_memory = "off" if args.no_spec_memory else os.path.join(tmp, "spec-memory")
         for name in args.sets.split(","):
             fname, chat = sets[name]
             prompts = load_prompts(os.path.join(args.eval_dir, fname), args.limit)

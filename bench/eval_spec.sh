@@ -8,7 +8,7 @@
 # is derived. Takes a few minutes.
 #
 #   bench/eval_spec.sh [-n 128] [--threads 2] [--limit 64] [--temps 0,0.7] [--sets humaneval,mt_bench]
-#                      [--plain-only] [--expert-cache SIZE]
+#                      [--plain-only] [--expert-cache SIZE] [--no-spec-memory]
 #                      [--json-out RUNS.json] [-- -m TARGET.gguf --draft DRAFT.gguf]
 #
 # EMBER_BIN selects the binary (default build/ember, built by `make`). Needs python3 (standard

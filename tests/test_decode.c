@@ -1679,6 +1679,33 @@ static void test_decode_governed_memory(void **state) {
     em_decode_params p = greedy(GOV_N);
     run_loop(s, prompt, n_prompt, &p, &c, &r);
     assert_true(r.plain_passes * 4 >= r.passes * 3); /* settled on plain */
+    /* what it learnt, carried to another session (as ember run --spec-memory carries it to the
+     * next process): that session's short call stays plain too; damaged numbers are refused
+     * and leave the session as it was */
+    double v[EM_DECODE_LEARNT_VALUES];
+    assert_int_equal(em_decode_learnt_get(s, v), 1);
+    em_decode *s2;
+    OK(em_decode_create(&s2, &px.base, &(em_decode_opts){ .tok = g_tok, .drafter = &d->base,
+                                                           .spec_policy = EM_DECODE_SPEC_TIMED }, E));
+    em_decode_set_govern(s2, &pace);
+    double bad[EM_DECODE_LEARNT_VALUES];
+    const struct { int at; double v; } damage[] = { { 0, NAN }, { 1, -1 }, { 3, 0.5 }, { 6, 1e9 }, { 8, 0 } };
+    for (size_t i = 0; i < sizeof damage / sizeof damage[0]; i++) {
+        memcpy(bad, v, sizeof v);
+        bad[damage[i].at] = damage[i].v;
+        em_err err = { 0 };
+        assert_int_equal(em_decode_learnt_set(s2, 1, bad, &err), EM_EINVAL);
+        assert_non_null(strstr(err.msg, "governor value"));
+    }
+    OK(em_decode_learnt_set(s2, 1, v, E));
+    double back[EM_DECODE_LEARNT_VALUES];
+    assert_int_equal(em_decode_learnt_get(s2, back), 1);
+    assert_memory_equal(back, v, sizeof v);
+    em_decode_params p8 = greedy(8);
+    memset(&c, 0, sizeof c);
+    run_loop(s2, prompt, n_prompt, &p8, &c, &r);
+    assert_int_equal(r.drafted, 0); /* in the stretch the other session left */
+    em_decode_free(s2);
     p = greedy(8);
     memset(&c, 0, sizeof c);
     run_loop(s, prompt, n_prompt, &p, &c, &r);

@@ -414,6 +414,65 @@ static void test_draft(void **state) {
     expect_stderr("hidden size 256");
 }
 
+/* --spec-memory: a run with a drafter under the auto policy leaves one line for its setup
+ * (64 hex digits of key, which kinds are known, 20 numbers); the next run reads it and keeps
+ * one line; a damaged file is rewritten, a file that cannot be written is a warning, and off
+ * writes nothing; the tokens stay plain greedy's throughout. */
+static void test_spec_memory(void **state) {
+    (void)state;
+    NEED_MODEL();
+    char draft[600], args[1400], mem[600];
+    if (em_test_convert_fixture(g_bin, "dspark_deepspec", "f32", draft, sizeof draft)) fail_msg("converting the drafter");
+    snprintf(mem, sizeof mem, "%s", em_test_path("spec-memory")); /* em_test_path's buffer is reused */
+    remove(mem);
+    const char *base = "-p 'Once upon' -n 12 --temp 0 --threads 1 --json";
+    snprintf(args, sizeof args, "%s --draft none", base);
+    assert_int_equal(run(args), 0);
+    char *plain = read_text("out.txt");
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) { /* damaged: a line that is not one, and a key's line with a bad value */
+            FILE *f = fopen(mem, "w");
+            assert_non_null(f);
+            fputs("garbage\n", f);
+            fclose(f);
+        }
+        snprintf(args, sizeof args, "%s --draft '%s' --spec-memory '%s'", base, draft, mem);
+        assert_int_equal(run(args), 0);
+        char *out = read_text("out.txt");
+        assert_memory_equal(strstr(out, "\"tokens\":"), strstr(plain, "\"tokens\":"),
+                            (size_t)(strchr(strstr(plain, "\"tokens\":"), ']') - strstr(plain, "\"tokens\":")));
+        free(out);
+        char *text = read_text("spec-memory");
+        int lines = 0, hex = 0, fields = 0;
+        for (const char *p = text; *p; p++) lines += *p == '\n';
+        while (hex < 64 && ((text[hex] >= '0' && text[hex] <= '9') || (text[hex] >= 'a' && text[hex] <= 'f'))) hex++;
+        for (char *t = strtok(text, " \n"); t; t = strtok(NULL, " \n")) fields++;
+        assert_int_equal(lines, 1);
+        assert_int_equal(hex, 64);
+        assert_int_equal(fields, 2 + 20);
+        free(text);
+    }
+    /* a line for this setup whose numbers are out of range: a warning, the run goes on */
+    char *text = read_text("spec-memory");
+    FILE *f = fopen(mem, "w");
+    assert_non_null(f);
+    fprintf(f, "%.64s 1 5000 0 0 0 0 0 0 0 32 0 0 0 0 0 0 0 0 0 32 0\n", text);
+    fclose(f);
+    free(text);
+    assert_int_equal(run(args), 0);
+    expect_stderr("governor value 0");
+    /* where nothing can be written: a warning */
+    snprintf(args, sizeof args, "%s --draft '%s' --spec-memory /proc/ember-no/such/file", base, draft);
+    assert_int_equal(run(args), 0);
+    expect_stderr("not written");
+    /* off: no file */
+    remove(mem);
+    snprintf(args, sizeof args, "%s --draft '%s' --spec-memory off", base, draft);
+    assert_int_equal(run(args), 0);
+    assert_false(em_file_exists(mem));
+    free(plain);
+}
+
 /* Runs `EMBER_MODELS=DIR ember run ARGS` (no -m unless ARGS has one). */
 static int run_default(const char *dir, const char *args) {
     return em_test_sh(1, "EMBER_MODELS='%s' '%s' run %s", dir, g_bin, args);
@@ -499,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_draft_device),
         cmocka_unit_test(test_device),      cmocka_unit_test(test_failures),
         cmocka_unit_test(test_draft),        cmocka_unit_test(test_default_pair),
+        cmocka_unit_test(test_spec_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

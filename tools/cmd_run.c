@@ -7,6 +7,7 @@
  * output; the loop, the model and the tokenizer are the library's. */
 #include "cli.h"
 #include "model_flags.h"
+#include "spec_memory.h"
 
 #include "format/gguf.h"
 #include "model/model.h"
@@ -52,6 +53,11 @@ static const char run_usage[] =
     "                         committed}, device and draft_device (where the target and the\n"
     "                         drafter ran; draft_device null without a drafter)\n"
     EM_MODEL_FLAGS_USAGE
+    "      --spec-memory F    with a drafter and --spec-policy auto: where what the governor\n"
+    "                         learnt (whether speculation pays on this machine) is kept between\n"
+    "                         runs of the same setup, so a run does not probe afresh; off: not\n"
+    "                         kept (default: $XDG_CACHE_HOME/ember/spec-memory, else\n"
+    "                         ~/.cache/ember/spec-memory)\n"
     "\n"
     "tok/s of generation counts the tokens after the first (which comes from the prompt's pass)\n"
     "over the time after the prompt.\n";
@@ -64,6 +70,7 @@ typedef struct run_opts {
     int n_max;
     bool chat, json;
     em_sampler_params sampling;
+    const char *spec_memory; /* --spec-memory: a file, "off", or NULL (the default file) */
 } run_opts;
 
 /* ---- arguments ------------------------------------------------------------------------- */
@@ -99,7 +106,7 @@ static int parse_seed(const char *text, uint64_t *out) {
 static bool takes_value(const char *a) {
     static const char *const flags[] = {
         "-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p",
-        "--min-p", "--seed",
+        "--min-p", "--seed", "--spec-memory",
     };
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!strcmp(a, flags[i])) return true;
@@ -116,6 +123,7 @@ static int parse_value_flag(const char *a, const char *v, run_opts *o) {
     else if (!strcmp(a, "--top-p")) return parse_float(a, v, 0, 1, &o->sampling.top_p);
     else if (!strcmp(a, "--min-p")) return parse_float(a, v, 0, 1, &o->sampling.min_p);
     else if (!strcmp(a, "--seed")) return parse_seed(v, &o->sampling.seed);
+    else if (!strcmp(a, "--spec-memory")) o->spec_memory = v;
     else return em_model_flag_parse(&em_cmd_run, a, v, &o->mf);
     return -1;
 }
@@ -284,6 +292,22 @@ static int open_tokenizer(const char *path, em_tok **tok, em_err *err) {
     return rc;
 }
 
+/* The governor's memory for this setup: its file and key (false: none, --spec-memory off). */
+static bool memory_file(const run_opts *o, char *path, size_t cap, char key[65]) {
+    if (o->spec_memory && !strcmp(o->spec_memory, "off")) return false;
+    if (o->spec_memory) {
+        if (snprintf(path, cap, "%s", o->spec_memory) >= (int)cap) return false;
+    } else if (!em_spec_memory_default(path, cap)) {
+        return false;
+    }
+    em_err err = { 0 };
+    if (em_spec_memory_key(&o->mf, key, &err)) {
+        em_log(EM_LOG_WARN, "spec memory not used: %s", err.msg);
+        return false;
+    }
+    return true;
+}
+
 static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_opts *o, em_err *err) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -294,9 +318,13 @@ static int generate(em_target *t, em_drafter *d, const em_tok *tok, const run_op
     rc = em_decode_create(&s, t, &so, err);
     sink k = { .err = err };
     em_decode_result r = { 0 };
+    char mem[4096], key[65];
+    const bool remember = !rc && d && so.spec_policy == EM_DECODE_SPEC_TIMED && memory_file(o, mem, sizeof mem, key);
+    if (remember) em_spec_memory_load(mem, key, s);
     if (!rc) {
         em_decode_params p = { .sampling = o->sampling, .n_max = o->n_max };
         rc = em_decode_generate(s, ids, (int)n_ids, &p, on_token, &k, &r, err);
+        if (!rc && remember) em_spec_memory_save(mem, key, s);
         /* the engine's own failure (say, logits that are all NaN: broken weights) names the model */
         if (rc && !k.rc) em_err_prefix(err, "%s: generation failed", o->mf.model);
         if (!rc) rc = k.rc;

@@ -99,4 +99,15 @@ void em_decode_free(em_decode *s);
 int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const em_decode_params *p,
                      em_decode_on_token on_token, void *ud, em_decode_result *res, em_err *err);
 
+/* What the timed policy's governors learnt (whether speculation pays on this machine: decayed
+ * pass costs and tokens, where the pacing stands), as numbers a caller may keep between
+ * processes (ember run --spec-memory): EM_DECODE_LEARNT_VALUES / 2 for greedy calls, then as
+ * many for sampled ones. get fills out and returns which are known (bit 0 greedy, bit 1
+ * sampled). set takes them back for the kinds in known and forgets the others; a value out of
+ * its range (a damaged file) is EM_EINVAL naming it, and s is left as it was. Only the timed
+ * policy reads them: the nominal one starts over every call. */
+#define EM_DECODE_LEARNT_VALUES 20
+unsigned em_decode_learnt_get(const em_decode *s, double out[EM_DECODE_LEARNT_VALUES]);
+int em_decode_learnt_set(em_decode *s, unsigned known, const double in[EM_DECODE_LEARNT_VALUES], em_err *err);
+
 #endif

@@ -88,6 +88,13 @@ typedef struct em_decode_govern {
     int since_refresh;           /* speculative passes since the last plain one */
 } em_decode_govern;
 
+/* A governor's state as EM_DECODE_GOVERN_VALUES numbers (em_decode_learnt_get), and back
+ * (EM_EINVAL naming a value outside what policy p's pacing can reach; g untouched then). */
+#define EM_DECODE_GOVERN_VALUES 10
+void em_decode_govern_pack(const em_decode_govern *g, double v[EM_DECODE_GOVERN_VALUES]);
+int em_decode_govern_unpack(em_decode_govern *g, int policy, const em_decode_govern_params *p,
+                            const double v[EM_DECODE_GOVERN_VALUES], em_err *err);
+
 /* A session's pacing from now on, forgetting what its governors learnt (tests: short probes
  * and stretches). */
 typedef struct em_decode em_decode;

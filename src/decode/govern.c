@@ -20,6 +20,7 @@
 #include "decode/decode.h"
 #include "decode/decode_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 #define GOV_DECAY 0.25 /* weight of the newest pass in the averages */
@@ -83,4 +84,38 @@ void em_decode_govern_report(em_decode_govern *g, bool drafted, int committed, d
         g->since_refresh = 0;
         g->plain_left = 1;
     }
+}
+
+/* ---- what a governor learnt, as numbers ------------------------------------------------------ */
+
+void em_decode_govern_pack(const em_decode_govern *g, double v[EM_DECODE_GOVERN_VALUES]) {
+    const double x[EM_DECODE_GOVERN_VALUES] = { g->spec_tokens, g->spec_seconds, g->plain_seconds, g->have_spec,
+                                                g->have_plain,  g->probe_left,   g->plain_left,    g->stretch,
+                                                g->backoff,     g->since_refresh };
+    memcpy(v, x, sizeof x);
+}
+
+int em_decode_govern_unpack(em_decode_govern *g, int policy, const em_decode_govern_params *p,
+                            const double v[EM_DECODE_GOVERN_VALUES], em_err *err) {
+    /* a pass commits at most a few hundred tokens and takes at most a minute; counters stay
+     * within the pacing */
+    static const char *const names[EM_DECODE_GOVERN_VALUES] = {
+        "tokens per speculative pass", "seconds per speculative pass", "seconds per plain pass", "have_spec",
+        "have_plain", "probe passes left", "plain passes left", "stretch", "next stretch", "passes since refresh",
+    };
+    const double hi[EM_DECODE_GOVERN_VALUES] = { 1024, 60, 60, 1, 1, p->probe, p->backoff_max, 1, p->backoff_max,
+                                                 p->refresh };
+    const double lo[EM_DECODE_GOVERN_VALUES] = { 0, 0, 0, 0, 0, 0, 0, 0, p->backoff_min, 0 };
+    for (int i = 0; i < EM_DECODE_GOVERN_VALUES; i++) {
+        const bool whole = i >= 3; /* flags and counters */
+        if (!isfinite(v[i]) || v[i] < lo[i] || v[i] > hi[i] || (whole && v[i] != floor(v[i])))
+            return em_err_set(err, EM_EINVAL, "governor value %d (%s) is %g: want %s in [%g, %g]", i, names[i], v[i],
+                              whole ? "a whole number" : "a number", lo[i], hi[i]);
+    }
+    em_decode_govern_reset(g, policy, p);
+    g->spec_tokens = v[0], g->spec_seconds = v[1], g->plain_seconds = v[2];
+    g->have_spec = v[3] != 0, g->have_plain = v[4] != 0;
+    g->probe_left = (int)v[5], g->plain_left = (int)v[6], g->stretch = v[7] != 0;
+    g->backoff = (int)v[8], g->since_refresh = (int)v[9];
+    return EM_OK;
 }

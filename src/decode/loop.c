@@ -125,6 +125,32 @@ void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p) {
     s->have_learnt[0] = s->have_learnt[1] = false;
 }
 
+_Static_assert(EM_DECODE_LEARNT_VALUES == 2 * EM_DECODE_GOVERN_VALUES, "a greedy and a sampled governor");
+
+unsigned em_decode_learnt_get(const em_decode *s, double out[EM_DECODE_LEARNT_VALUES]) {
+    unsigned known = 0;
+    for (int k = 0; k < 2; k++) {
+        double *v = out + k * EM_DECODE_GOVERN_VALUES;
+        if (s->have_learnt[k]) em_decode_govern_pack(&s->learnt[k], v), known |= 1u << k;
+        else memset(v, 0, EM_DECODE_GOVERN_VALUES * sizeof *v);
+    }
+    return known;
+}
+
+int em_decode_learnt_set(em_decode *s, unsigned known, const double in[EM_DECODE_LEARNT_VALUES], em_err *err) {
+    em_decode_govern g[2];
+    for (int k = 0; k < 2; k++) {
+        if (!(known >> k & 1)) continue;
+        int rc = em_decode_govern_unpack(&g[k], s->spec_policy, &s->govern, in + k * EM_DECODE_GOVERN_VALUES, err);
+        if (rc) return em_err_prefix(err, "what the %s calls' governor learnt", k ? "sampled" : "greedy");
+    }
+    for (int k = 0; k < 2; k++) {
+        s->have_learnt[k] = known >> k & 1;
+        if (s->have_learnt[k]) s->learnt[k] = g[k];
+    }
+    return EM_OK;
+}
+
 /* ---- create ------------------------------------------------------------------------------- */
 
 /* The drafter fits the target: same vocabulary, features of the same width. */

@@ -15,8 +15,9 @@
  *
  * Invariants: a decision depends only on passes already made (non-anticipating), so sampling
  * keeps exactly the target's distribution and greedy output is the same tokens either way;
- * the state is plain numbers, reset per generate call. Must not: know the target or the
- * drafter. */
+ * the state is plain numbers, which the timed policy carries from call to call (and a caller
+ * between processes: em_decode_govern_pack / _unpack, range-checked). Must not: know the
+ * target or the drafter. */
 #include "decode/decode.h"
 #include "decode/decode_impl.h"
 
@@ -97,13 +98,13 @@ void em_decode_govern_pack(const em_decode_govern *g, double v[EM_DECODE_GOVERN_
 
 int em_decode_govern_unpack(em_decode_govern *g, int policy, const em_decode_govern_params *p,
                             const double v[EM_DECODE_GOVERN_VALUES], em_err *err) {
-    /* a pass commits at most a few hundred tokens and takes at most a minute; counters stay
-     * within the pacing */
+    /* a pass commits at most a few hundred tokens and takes at most an hour (a verify of a
+     * trillion-parameter target from a slow disk); counters stay within the pacing */
     static const char *const names[EM_DECODE_GOVERN_VALUES] = {
         "tokens per speculative pass", "seconds per speculative pass", "seconds per plain pass", "have_spec",
         "have_plain", "probe passes left", "plain passes left", "stretch", "next stretch", "passes since refresh",
     };
-    const double hi[EM_DECODE_GOVERN_VALUES] = { 1024, 60, 60, 1, 1, p->probe, p->backoff_max, 1, p->backoff_max,
+    const double hi[EM_DECODE_GOVERN_VALUES] = { 1024, 3600, 3600, 1, 1, p->probe, p->backoff_max, 1, p->backoff_max,
                                                  p->refresh };
     const double lo[EM_DECODE_GOVERN_VALUES] = { 0, 0, 0, 0, 0, 0, 0, 0, p->backoff_min, 0 };
     for (int i = 0; i < EM_DECODE_GOVERN_VALUES; i++) {

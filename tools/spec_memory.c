@@ -157,7 +157,7 @@ static char *new_text(const char *old, size_t len, const char *key, unsigned kno
         }
         p = nl ? nl + 1 : end;
     }
-    size_t cap = 64 + 24 * EM_DECODE_LEARNT_VALUES + 2;
+    size_t cap = 64 + 16 + 32 * EM_DECODE_LEARNT_VALUES + 2; /* key, known, " %.17g" (at most 25) each, "\n" */
     for (int i = 0; i < n; i++) cap += lens[i] + 1;
     char *t = malloc(cap), *w = t;
     if (!t) return NULL;

@@ -61,7 +61,8 @@ typedef struct em_model_flags {
     "                         0: chosen per pass from the drafter's confidence and the target's cost\n" \
     "      --spec-policy P    when passes draft: auto (default: only while speculation is faster\n"    \
     "                         than plain decoding on this machine, timed; seeded sampling then\n"      \
-    "                         depends on the timings), nominal (the same from nominal costs:\n"         \
+    "                         depends on the timings and what earlier runs or requests showed),\n"    \
+    "                         nominal (the same from nominal costs:\n"                                  \
     "                         seeded runs reproducible) or always\n"                                    \
     "      --feature-dtype T  storage of the target features the drafter reads: f32 (default), f16,\n"  \
     "                         bf16 or q8_0\n"

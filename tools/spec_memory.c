@@ -84,22 +84,37 @@ static bool parse_line(const char *p, const char *end, char key[65], unsigned *k
     return *s == 0;
 }
 
+/* One well-formed line of a file: where it is, and its parts. */
+typedef struct sm_entry {
+    const char *at;
+    size_t len;
+    char key[65];
+    unsigned known;
+    double v[EM_DECODE_LEARNT_VALUES];
+} sm_entry;
+
+/* The next well-formed line from *p (before end) into e, *p past it; false at the end. Lines
+ * that do not parse are skipped. */
+static bool next_entry(const char **p, const char *end, sm_entry *e) {
+    while (*p && *p < end) {
+        const char *nl = memchr(*p, '\n', (size_t)(end - *p)), *le = nl ? nl : end;
+        e->at = *p, e->len = (size_t)(le - *p);
+        *p = nl ? nl + 1 : end;
+        if (parse_line(e->at, le, e->key, &e->known, e->v)) return true;
+    }
+    return false;
+}
+
 bool em_spec_memory_find(const char *text, size_t len, const char *key, unsigned *known,
                          double v[EM_DECODE_LEARNT_VALUES]) {
     bool found = false;
-    for (const char *p = text, *end = text + len; p < end;) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *le = nl ? nl : end;
-        char k[65];
-        unsigned kn;
-        double x[EM_DECODE_LEARNT_VALUES];
-        if (parse_line(p, le, k, &kn, x) && !strcmp(k, key)) { /* the last line of a key counts */
-            *known = kn;
-            memcpy(v, x, sizeof x);
+    sm_entry e;
+    for (const char *p = text; next_entry(&p, text + len, &e);)
+        if (!strcmp(e.key, key)) { /* the last line of a key counts */
+            *known = e.known;
+            memcpy(v, e.v, sizeof e.v);
             found = true;
         }
-        p = nl ? nl + 1 : end;
-    }
     return found;
 }
 
@@ -141,21 +156,15 @@ static char *new_text(const char *old, size_t len, const char *key, unsigned kno
     const char *lines[SPEC_MEMORY_LINES];
     size_t lens[SPEC_MEMORY_LINES];
     int n = 0;
-    for (const char *p = old, *end = old + len; p && p < end;) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *le = nl ? nl : end;
-        char k[65];
-        unsigned kn;
-        double x[EM_DECODE_LEARNT_VALUES];
-        if (parse_line(p, le, k, &kn, x) && strcmp(k, key)) {
-            if (n == SPEC_MEMORY_LINES - 1) { /* drop the oldest */
-                memmove(lines, lines + 1, (size_t)(n - 1) * sizeof lines[0]);
-                memmove(lens, lens + 1, (size_t)(n - 1) * sizeof lens[0]);
-                n--;
-            }
-            lines[n] = p, lens[n] = (size_t)(le - p), n++;
+    sm_entry e;
+    for (const char *p = old; old && next_entry(&p, old + len, &e);) {
+        if (!strcmp(e.key, key)) continue;
+        if (n == SPEC_MEMORY_LINES - 1) { /* drop the oldest */
+            memmove(lines, lines + 1, (size_t)(n - 1) * sizeof lines[0]);
+            memmove(lens, lens + 1, (size_t)(n - 1) * sizeof lens[0]);
+            n--;
         }
-        p = nl ? nl + 1 : end;
+        lines[n] = e.at, lens[n] = e.len, n++;
     }
     size_t cap = 64 + 16 + 32 * EM_DECODE_LEARNT_VALUES + 2; /* key, known, " %.17g" (at most 25) each, "\n" */
     for (int i = 0; i < n; i++) cap += lens[i] + 1;

@@ -184,8 +184,8 @@ extern "C" int em_gpu_situ(em_gpu *g, const float *d_gate, const float *d_up, in
               (double)lin_beta);
     int rc = emc_use(g, err);
     if (rc || count == 0) return rc;
-    const float inv = 1.0f / beta, lin_inv = lin_beta > 0.0f ? 1.0f / lin_beta : 0.0f;
-    emc_launch(g, k_situ, emc_blocks(count, 256), 256, 0, d_gate, d_up, count, beta, inv, lin_beta, lin_inv, d_y);
+    const mm_glu a = mm_glu_of(EM_GPU_ACT_SITU, beta, lin_beta); /* the reciprocals, rounded once */
+    emc_launch(g, k_situ, emc_blocks(count, 256), 256, 0, d_gate, d_up, count, beta, a.inv, lin_beta, a.lin_inv, d_y);
     return emc_launched(err, "k_situ");
 }
 

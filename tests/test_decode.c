@@ -1657,8 +1657,9 @@ static void test_decode_governed(void **state) {
 /* The timed governor carries what it learnt to the session's next call of the same kind: over
  * a target whose verify sleeps 300 us a row, speculation with a drafter that never helps
  * cannot pay whatever the machine's load, so a long greedy call ends inside a plain stretch,
- * and a short greedy call after it makes only plain passes; a sampled call starts with its own
- * probe, and so does a greedy call after the pacing is set again. */
+ * and a short greedy call after it makes only plain passes, its drafter idle throughout (the
+ * stretch outlasts the call: parked); a sampled call starts with its own probe, and so does a
+ * greedy call after the pacing is set again. */
 static void test_decode_governed_memory(void **state) {
     (void)state;
     NEED_MODEL();
@@ -1704,17 +1705,22 @@ static void test_decode_governed_memory(void **state) {
     em_decode_params p8 = greedy(8);
     memset(&c, 0, sizeof c);
     run_loop(s2, prompt, n_prompt, &p8, &c, &r);
-    assert_int_equal(r.drafted, 0); /* in the stretch the other session left */
+    assert_int_equal(r.drafted, 0); /* in the stretch the other session left, which outlasts the
+                                       call: the drafter sat it out (no context, no time) */
+    assert_int_equal(d->base.info.n_ctx, 0);
+    assert_true(r.draft_seconds == 0.0);
     em_decode_free(s2);
     p = greedy(8);
     memset(&c, 0, sizeof c);
     run_loop(s, prompt, n_prompt, &p, &c, &r);
     assert_int_equal(r.drafted, 0); /* still in the stretch the first call left */
     assert_true(r.plain_passes + 1 >= r.passes);
+    assert_int_equal(d->base.info.n_ctx, 0);
     em_decode_params ps = sampled(8, 5, 0);
     memset(&c, 0, sizeof c);
     run_loop(s, prompt, n_prompt, &ps, &c, &r);
     assert_true(r.drafted > 0); /* sampled calls learn on their own */
+    assert_true(d->base.info.n_ctx >= n_prompt);
     em_decode_set_govern(s, &pace);
     memset(&c, 0, sizeof c);
     run_loop(s, prompt, n_prompt, &p, &c, &r);

@@ -103,6 +103,8 @@ void em_decode_set_govern(em_decode *s, const em_decode_govern_params *p);
 void em_decode_govern_reset(em_decode_govern *g, int policy, const em_decode_govern_params *p);
 /* Whether the next pass drafts. */
 bool em_decode_govern_draft(em_decode_govern *g);
+/* Passes from now on that will certainly be plain (the rest of a plain stretch). */
+int em_decode_govern_plain_ahead(const em_decode_govern *g);
 /* The pass just made: whether it drafted, the tokens it committed, what it cost (seconds,
  * timed or nominal as the policy says). */
 void em_decode_govern_report(em_decode_govern *g, bool drafted, int committed, double seconds);

@@ -47,6 +47,10 @@ bool em_decode_govern_draft(em_decode_govern *g) {
     return g->plain_left == 0;
 }
 
+int em_decode_govern_plain_ahead(const em_decode_govern *g) {
+    return g->policy == EM_DECODE_SPEC_ALWAYS ? 0 : g->plain_left;
+}
+
 /* Decayed averages; the first value after a (re)start is taken as it is. */
 static void average(double *avg, bool have, double v) { *avg = have ? (1.0 - GOV_DECAY) * *avg + GOV_DECAY * v : v; }
 

@@ -14,7 +14,8 @@
  *
  * until end of generation, n_max tokens, a full context or a stop from the callback. The
  * anchor is the last emitted token, not yet in the target's state. Plain decoding is this loop
- * with no drafter: K = 0, width 1, no features.
+ * with no drafter: K = 0, width 1, no features; so is a call, or the rest of one, whose
+ * governor stretch of plain passes outlasts it (the drafter parked: drafter_parks).
  *
  * A drafter on its target's device (info.target_features) skips the ring: the target keeps each
  * call's features on the device (em_rows.device_features) and the drafter takes them into its
@@ -25,7 +26,8 @@
  * come with the call). Before each step the target holds exactly the prompt and the emitted
  * tokens before the anchor, the ring holds the features of the rows committed since the
  * drafter last caught up (it catches up after every prefill chunk and every commit), and the
- * drafter's context reaches the target's position once synced. Each pass verifies at most min(max width, context room,
+ * drafter's context reaches the target's position once synced; once parked, neither is kept
+ * for the rest of the call, and the drafter makes no proposal in it. Each pass verifies at most min(max width, context room,
  * tokens still wanted) rows, so nothing past n_max is computed; end-of-generation tokens
  * (unless ignore_eog) end the call inside a block: they and anything after them are not
  * passed to the callback nor counted. Bytes the stream still holds back at the end come in
@@ -99,6 +101,8 @@ typedef struct gen {
     em_decode_govern gov;
     bool no_draft; /* the drafter refused this request's chain (EM_EUNSUPPORTED for a sampled
                       one): plain passes for the rest of it */
+    bool parked;   /* the governor's plain stretch outlasts the call: the drafter sits the rest of
+                      it out (no features kept, its context left behind; drafter_parks) */
     bool done;
 } gen;
 
@@ -310,6 +314,15 @@ static int check_call(const em_decode *s, const int32_t *prompt, int n_prompt, c
 
 /* ---- the drafter's side -------------------------------------------------------------------- */
 
+/* Parks the drafter for the rest of the call when the governor's plain stretch outlasts every
+ * pass the call can still make (passes_left: each pass emits at least one token): it would not
+ * draft again before the call ends, so keeping its context in step (the target's features
+ * per row, the drafter's context per row, about 2% of a plain token on a 2-core CPU) buys
+ * nothing. The governor still hears of every pass, so the stretch counts down as before. */
+static void drafter_parks(gen *g, int64_t passes_left) {
+    if (g->s->drafter && em_decode_govern_plain_ahead(&g->gov) >= passes_left) g->parked = true;
+}
+
 /* Extends the drafter's context with the ring's rows up to the target's position. */
 static int sync_drafter(gen *g, em_err *err) {
     em_decode *s = g->s;
@@ -471,8 +484,10 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     int64_t wanted = (int64_t)g->p->n_max - g->res->n_gen; /* a pass emits at most its width */
     if (limit > wanted) limit = wanted;
     if (limit > s->max_width) limit = s->max_width;
+    drafter_parks(g, (int64_t)g->p->n_max - g->res->n_gen);
     const bool can_draft = s->drafter && limit > 1 && !g->no_draft;
-    const bool drafts = can_draft && em_decode_govern_draft(&g->gov);
+    const bool drafts = can_draft && !g->parked && em_decode_govern_draft(&g->gov);
+    const bool feeds = s->drafter && !g->parked; /* the drafter reads this pass's features */
     const double t0 = em_time_now();
     /* the verify's first row is known: its reads go on while the drafter works */
     int rc = drafts ? em_target_prefetch(s->target, anchor, 1, err) : EM_OK;
@@ -482,7 +497,8 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
 
     s->rows[0] = *anchor;
     em_rows rows = { .logits = g->greedy ? NULL : s->logits, .argmax = g->greedy ? s->argmax : NULL,
-                     .features = s->drafter && !s->device_feats ? s->feats : NULL, .device_features = s->device_feats };
+                     .features = feeds && !s->device_feats ? s->feats : NULL,
+                     .device_features = feeds && s->device_feats };
     double tt = em_time_now();
     rc = em_target_verify(s->target, s->rows, K + 1, &rows, err);
     g->res->target_seconds += em_time_now() - tt;
@@ -493,9 +509,9 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     tt = em_time_now();
     rc = em_target_commit(s->target, 1 + n_acc, err);
     g->res->target_seconds += em_time_now() - tt;
-    if (!rc && s->device_feats) rc = add_device_features(g, 1 + n_acc, err);
-    else if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
-    if (!rc && s->drafter && !drafts) rc = keep_drafter_near(g, err);
+    if (!rc && feeds && s->device_feats) rc = add_device_features(g, 1 + n_acc, err);
+    else if (!rc && feeds) rc = em_decode_ring_push(s->ring, pos, s->feats, 1 + n_acc, err);
+    if (!rc && feeds && !drafts) rc = keep_drafter_near(g, err);
     if (rc) return rc;
     if (can_draft) {
         em_decode_govern_report(&g->gov, drafts, 1 + n_acc, pass_cost_seconds(g, drafts, K, t0));
@@ -520,16 +536,18 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
  * every row's features. */
 static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     em_decode *s = g->s;
+    drafter_parks(g, (int64_t)g->p->n_max - 1); /* the first token comes from the prompt */
+    const bool feeds = s->drafter && !g->parked;
     for (int r0 = 0; r0 < n_prompt; r0 += PREFILL_CHUNK) {
         int m = n_prompt - r0 < PREFILL_CHUNK ? n_prompt - r0 : PREFILL_CHUNK;
         const bool last = r0 + m == n_prompt;
         em_rows rows = { .logits = last && !g->greedy ? s->logits : NULL, .argmax = last && g->greedy ? s->argmax : NULL,
-                         .last_only = true, .features = s->drafter && !s->device_feats ? s->feats : NULL,
-                         .device_features = s->device_feats };
+                         .last_only = true, .features = feeds && !s->device_feats ? s->feats : NULL,
+                         .device_features = feeds && s->device_feats };
         int rc = em_target_prefill(s->target, prompt + r0, m, &rows, err);
-        if (!rc && s->device_feats) rc = add_device_features(g, m, err);
-        else if (!rc && s->drafter) rc = em_decode_ring_push(s->ring, r0, s->feats, m, err);
-        if (!rc && s->drafter && !s->device_feats) {
+        if (!rc && feeds && s->device_feats) rc = add_device_features(g, m, err);
+        else if (!rc && feeds) rc = em_decode_ring_push(s->ring, r0, s->feats, m, err);
+        if (!rc && feeds && !s->device_feats) {
             double t0 = em_time_now();
             rc = sync_drafter(g, err);
             g->res->draft_seconds += em_time_now() - t0;

@@ -21,7 +21,9 @@ Reported per set and temperature:
     is the conditional acceptance of draft k given drafts 1..k-1 were accepted; under the
     scheduler, passes that verified fewer than k drafts also count as rejections (a lower bound);
   - generation tok/s (ember's tok_per_s: tokens after the first over the time after the
-    prompt), median over prompts, plain vs speculative, and the ratio of the medians;
+    prompt), median over prompts, plain vs speculative, and the ratio of the medians; then two
+    steadier ratios: by total time (summed tokens over summed generation time) and the median
+    of each prompt's own ratio;
   - plain passes of spec: the passes its governor made without drafting;
   - at greedy: whether every speculative run's tokens equal the plain run's (exit status 1 when
     any differ).
@@ -80,6 +82,13 @@ def survival_rates(hist, width):
     return rates
 
 
+def paired_ratio(results, mode):
+    """Median over prompts of the mode's generation tok/s over plain decoding's on that prompt."""
+    r = [m["tok_per_s"] / p["tok_per_s"] for p, m in zip(results["plain"], results[mode])
+         if p["n_gen"] > 1 and m["n_gen"] > 1 and p["tok_per_s"] > 0]
+    return statistics.median(r) if r else float("nan")
+
+
 def summarize(results, mode):
     passes = sum(r["spec"]["passes"] for r in results[mode])
     accepted = sum(r["spec"]["accepted"] for r in results[mode])
@@ -89,7 +98,10 @@ def summarize(results, mode):
     for r in results[mode]:
         for i, c in enumerate(r["spec"]["accept_hist"]):
             hist[i] += c
-    rates = [r["tok_per_s"] for r in results[mode] if r["n_gen"] > 1]
+    timed = [r for r in results[mode] if r["n_gen"] > 1 and r["tok_per_s"] > 0]
+    rates = [r["tok_per_s"] for r in timed]
+    gen_tokens = sum(r["n_gen"] - 1 for r in timed)
+    gen_s = sum((r["n_gen"] - 1) / r["tok_per_s"] for r in timed)
     ex = [r.get("experts", {}) for r in results[mode]]
     committed = passes + accepted
     read_s = sum(e.get("read_seconds", 0.0) for e in ex)
@@ -104,6 +116,7 @@ def summarize(results, mode):
         "hist": hist,
         "pos": survival_rates(hist, 8),
         "tok_s": statistics.median(rates) if rates else float("nan"),
+        "total_tok_s": gen_tokens / gen_s if gen_s > 0 else float("nan"),
         "n_gen": sum(r["n_gen"] for r in results[mode]),
     }
 
@@ -153,6 +166,7 @@ def main():
                 row = {"set": name, "temp": temp, "n_prompts": len(files)}
                 for mode, _ in modes:
                     row[mode] = summarize(results, mode)
+                    row[mode]["paired"] = paired_ratio(results, mode)
                 all_rows.append(row)
                 dump.append({"set": name, "temp": temp, "runs": results})
                 if args.plain_only:
@@ -203,6 +217,16 @@ def print_tables(rows, args):
             r["set"], r["temp"], r["n_prompts"], s["tau"], a["tau"], w["tau"], s["plain_passes"], s["passes"],
             p["tok_s"], s["tok_s"], s["tok_s"] / p["tok_s"], a["tok_s"], a["tok_s"] / p["tok_s"], w["tok_s"],
             w["tok_s"] / p["tok_s"], ident))
+    print("\nThe same against plain decoding two steadier ways: by total time (all prompts' generated tokens over "
+          "their summed generation time) and the median over prompts of each prompt's own ratio (the ratio of "
+          "medians above compares different prompts)\n")
+    print("| set | temp | spec/plain total | always/plain total | w8/plain total | spec/plain per prompt "
+          "| always/plain per prompt |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        t = {m: r[m]["total_tok_s"] / r["plain"]["total_tok_s"] for m in SPEC_MODES}
+        print("| %s | %g | %.3fx | %.3fx | %.3fx | %.3fx | %.3fx |" % (
+            r["set"], r["temp"], t["spec"], t["always"], t["w8"], r["spec"]["paired"], r["always"]["paired"]))
     if args.expert_cache:
         print("\nRouted experts from storage (--moe-storage ssd --expert-cache %s): bytes read per committed "
               "token (after the prompt), the ratio to plain decoding, and the read rate measured\n" % args.expert_cache)

@@ -1654,6 +1654,44 @@ static void test_decode_governed(void **state) {
     free(prompt);
 }
 
+/* The governor alone, on passes it is told of (3 ms a speculative pass, 1 ms a plain one):
+ * speculation that pays by 17% (3.5 tokens a pass, settled) survives one pass of a single token
+ * (3.2 tokens: it still pays; a memory of four passes, the newest weighing 1/4, made it 2.9 and
+ * stopped), not two; a probe that paid by luck (8 tokens) is corrected by the passes after it,
+ * each weighing as much as it did. Either way a stretch of plain passes follows. */
+static void test_decode_govern_averages(void **state) {
+    (void)state;
+    const em_decode_govern_params pace = { .probe = 1, .plain_first = 1, .backoff_min = 4, .backoff_max = 16,
+                                           .refresh = 1000 };
+    em_decode_govern g;
+    em_decode_govern_reset(&g, EM_DECODE_SPEC_TIMED, &pace);
+    assert_true(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, true, 3, 3e-3); /* the probe, then a plain figure */
+    assert_false(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, false, 1, 1e-3);
+    for (int i = 0; i < 12; i++) {
+        assert_true(em_decode_govern_draft(&g));
+        em_decode_govern_report(&g, true, i % 10 < 3 ? 3 : 4, 3e-3); /* 3.3 tokens a pass, settled */
+    }
+    assert_true(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, true, 1, 3e-3); /* one poor pass */
+    assert_true(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, true, 1, 3e-3); /* a second */
+    assert_false(em_decode_govern_draft(&g));
+    assert_int_equal(em_decode_govern_plain_ahead(&g), 4);
+    for (int i = 0; i < 4; i++) em_decode_govern_report(&g, false, 1, 1e-3);
+    assert_true(em_decode_govern_draft(&g)); /* a fresh probe, lucky */
+    em_decode_govern_report(&g, true, 8, 3e-3);
+    assert_true(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, true, 1, 3e-3); /* (8 + 1) / 2 tokens a 3 ms pass: still pays */
+    assert_true(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, true, 1, 3e-3); /* 10 / 3: about 1.1x */
+    assert_true(em_decode_govern_draft(&g));
+    em_decode_govern_report(&g, true, 1, 3e-3); /* 11 / 4: 0.92x */
+    assert_false(em_decode_govern_draft(&g));
+    assert_int_equal(em_decode_govern_plain_ahead(&g), 4); /* the probe paid: stretches start over */
+}
+
 /* The timed governor carries what it learnt to the session's next call of the same kind: over
  * a target whose verify sleeps 300 us a row, speculation with a drafter that never helps
  * cannot pay whatever the machine's load, so a long greedy call ends inside a plain stretch,
@@ -1900,7 +1938,8 @@ int main(void) {
         cmocka_unit_test(test_decode_greedy_identity), cmocka_unit_test(test_decode_widths_and_dtypes),
         cmocka_unit_test(test_decode_stops),    cmocka_unit_test(test_decode_commit_state),
         cmocka_unit_test(test_decode_lossless), cmocka_unit_test(test_decode_bad_input),
-        cmocka_unit_test(test_decode_governed), cmocka_unit_test(test_decode_governed_memory),
+        cmocka_unit_test(test_decode_governed), cmocka_unit_test(test_decode_govern_averages),
+        cmocka_unit_test(test_decode_governed_memory),
         cmocka_unit_test(test_decode_refused_chain),
         cmocka_unit_test(test_decode_dspark_fixtures), cmocka_unit_test(test_decode_long_prompt),
     };

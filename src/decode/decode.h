@@ -99,7 +99,7 @@ void em_decode_free(em_decode *s);
 int em_decode_generate(em_decode *s, const int32_t *prompt, int n_prompt, const em_decode_params *p,
                      em_decode_on_token on_token, void *ud, em_decode_result *res, em_err *err);
 
-/* What the timed policy's governors learnt (whether speculation pays on this machine: decayed
+/* What the timed policy's governors learnt (whether speculation pays on this machine: averaged
  * pass costs and tokens, where the pacing stands), as numbers a caller may keep between
  * processes (ember run --spec-memory): EM_DECODE_LEARNT_VALUES / 2 for greedy calls, then as
  * many for sampled ones. get fills out and returns which are known (bit 0 greedy, bit 1

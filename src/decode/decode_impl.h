@@ -80,7 +80,7 @@ typedef struct em_decode_govern {
     int policy;                  /* enum em_decode_spec_policy */
     em_decode_govern_params p;
     double spec_tokens, spec_seconds, plain_seconds; /* averages per pass (govern.c) */
-    int n_spec, n_plain;         /* passes in them since a (re)start, counted up to 8 */
+    int n_spec, n_plain;         /* passes in them since a (re)start, up to GOV_SETTLED */
     int probe_left;              /* speculative passes left in the probe */
     int plain_left;              /* plain passes to make before drafting again */
     bool stretch;                /* plain_left is a stretch after a probe that did not pay */

@@ -29,8 +29,8 @@
  * pass commits swings from one to the whole block between neighbouring passes, and a pass from
  * storage costs what its misses cost: with a memory of four passes (the newest weighing 1/4),
  * one poor pass among good ones often ended speculation that paid 10-28% overall (from storage)
- * with a stretch of 32 plain passes or more. The mean's first passes weigh more, so a probe that paid by luck is
- * still corrected by its next pass. */
+ * with a stretch of 32 plain passes or more. The mean's first passes weigh more, so a probe that
+ * paid by luck is still corrected by its next passes. */
 #define GOV_SETTLED 8
 
 /* A failed probe costs about what its drafter's block costs (two plain tokens of the default

@@ -27,11 +27,11 @@
  * tokens before the anchor, the ring holds the features of the rows committed since the
  * drafter last caught up (it catches up after every prefill chunk and every commit), and the
  * drafter's context reaches the target's position once synced; once parked, neither is kept
- * for the rest of the call, and the drafter makes no proposal in it. Each pass verifies at most min(max width, context room,
- * tokens still wanted) rows, so nothing past n_max is computed; end-of-generation tokens
- * (unless ignore_eog) end the call inside a block: they and anything after them are not
- * passed to the callback nor counted. Bytes the stream still holds back at the end come in
- * one last callback with token -1.
+ * for the rest of the call, and the drafter makes no proposal in it. Each pass verifies at
+ * most min(max width, context room, tokens still wanted) rows, so nothing past n_max is
+ * computed; end-of-generation tokens (unless ignore_eog) end the call inside a block: they and
+ * anything after them are not passed to the callback nor counted. Bytes the stream still holds
+ * back at the end come in one last callback with token -1.
  *
  * Sampling is lossless: drafts are drawn, slot by slot (inside the drafter, from this call's
  * sampler, in slot order), from the drafter's corrected logits through the same sampler
@@ -484,7 +484,7 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     int64_t wanted = (int64_t)g->p->n_max - g->res->n_gen; /* a pass emits at most its width */
     if (limit > wanted) limit = wanted;
     if (limit > s->max_width) limit = s->max_width;
-    drafter_parks(g, (int64_t)g->p->n_max - g->res->n_gen);
+    drafter_parks(g, wanted);
     const bool can_draft = s->drafter && limit > 1 && !g->no_draft;
     const bool drafts = can_draft && !g->parked && em_decode_govern_draft(&g->gov);
     const bool feeds = s->drafter && !g->parked; /* the drafter reads this pass's features */

@@ -130,7 +130,11 @@ static void test_seq_sizes(void **state) {
     assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_EINVAL);
     assert_non_null(strstr(err.msg, "d_conv 17"));
     const em_gpu_mla_dims m = { .n_head = 32, .kv_lora = 512, .rope = 64, .nope = 128, .capacity = 4096 };
-    assert_int_equal(em_gpu_mla_scratch_floats(&m, 16), 16ull * 32 * 4096);
+    /* 64 splits of (m, l) and kv_lora partial sums a row and head; a capacity of 4 tiles of 32
+     * rows has 4 splits */
+    assert_int_equal(em_gpu_mla_scratch_floats(&m, 16), 16ull * 32 * 64 * (512 + 2));
+    const em_gpu_mla_dims small = { .n_head = 32, .kv_lora = 512, .rope = 64, .nope = 128, .capacity = 100 };
+    assert_int_equal(em_gpu_mla_scratch_floats(&small, 1), 32ull * 4 * (512 + 2));
     assert_int_equal(em_gpu_mla_scratch_floats(&m, 0), 0);
 }
 

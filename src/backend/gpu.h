@@ -448,17 +448,17 @@ typedef struct em_gpu_mla_dims {
  * n rows of lat (d_lat + j * ldl); em_rmsnorm's arithmetic. Rows past capacity are not written. */
 int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_cache, const int32_t *d_pos, int n,
                       const float *d_lat, int64_t ldl, const float *d_norm_w, float eps, em_err *err);
-/* Scratch floats em_gpu_mla_attend needs for n rows (scores of every head and row over the
- * whole capacity, each score row padded to a multiple of 4 floats). */
+/* Scratch floats em_gpu_mla_attend needs for n rows: each row's and head's partial sums over up
+ * to 64 splits of its positions (64 x (kv_lora + 2) floats, fewer for a capacity under 2048
+ * rows); 8-byte aligned. */
 uint64_t em_gpu_mla_scratch_floats(const em_gpu_mla_dims *d, int n);
 /* For query row t < n at position *d_pos + t and head h: qa = d_qa + t * ldq + h * (kv_lora +
- * rope) (the absorbed query); s(u) = (cache[u] . qa) / sqrt(nope + rope) for u <= pos + t in
- * em_dot_rows' lane order, softmax as em_softmax_poly (exp by em_expf_poly; the sum in
- * double, a fixed tree: 256 sequential partial sums over u = i, i + 256, ..., then halves
- * 128 -> 1), ctx = sum_u p(u) c_u (fma, u ascending, as em_weighted_rows) into
- * d_ctx + t * ldc + h * kv_lora. A position past capacity gives NaN rows. Row t does not
- * depend on n. Three launches (scores over tiles of positions for all heads, softmax per
- * row and head, context per column x head x row); d_scratch: em_gpu_mla_scratch_floats. */
+ * rope) (the absorbed query); s(u) = (cache[u] . qa) / sqrt(nope + rope) for u <= pos + t,
+ * p = softmax(s) (exp by em_expf_poly), ctx = sum_u p(u) c_u into d_ctx + t * ldc + h *
+ * kv_lora, as model/mla.c computes them up to rounding: the positions are cut into tiles of 32
+ * over up to 64 splits, each an online softmax, then merged (the exact order: mla.cu). A
+ * position past capacity gives NaN rows. Row t does not depend on n. Two launches (the splits,
+ * their merge). */
 int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache, const int32_t *d_pos, int n,
                       const float *d_qa, int64_t ldq, float *d_scratch, float *d_ctx, int64_t ldc, em_err *err);
 

@@ -1,23 +1,16 @@
 /* backend/cuda/mla.cu: MLA's latent cache and absorbed attention on the device (gpu.h, "MLA"),
  * model/mla.c's twin for what happens between the absorbed queries and the contexts (the
- * W_UK / W_UV products are em_gpu_matmul_heads'). Three kernels per call:
- * - scores: a block takes a tile of 32 cache positions and all heads of one query row; the
- *   tile and the row's queries are staged in shared memory (coalesced, one read of the tile
- *   for every head); a 16-lane group owns 8 positions x 8 heads, lane l the fma chain of
- *   elements l, l + 16, ... of each (em_dot_rows' lanes), and the 16 chains meet in
- *   em_dot_rows' halving tree (16 -> 8 -> 4 -> 2 -> 1), done by a transposing shuffle;
- * - softmax: a block per (row, head): max, exp by em_expf_poly's polynomial, the sum in
- *   double over a fixed tree (256 sequential partial sums, then halves 128 -> 1: the CPU's
- *   sum is sequential, so the normalizer can differ by an ulp in rare cases), p = e * inv;
- * - context: a thread owns one column of two heads for 1..4 query rows and runs each column's
- *   fma chain over the positions in ascending order (em_weighted_rows' chain; never split),
- *   the cache columns and the probabilities streamed through shared memory (cp.async, a ring
- *   of CX_ST stages), so the parallelism is columns x heads x rows. It is the slow part: each
- *   chain is as long as the context and the block is latency-bound (docs/cuda.md, run 7).
+ * W_UK / W_UV products are em_gpu_matmul_heads'). Attention is one kernel of flash-decoding's
+ * shape: the positions of a row are cut into tiles of 32 and spread over up to 64 blocks a head
+ * group ("splits"), each running an online softmax over its tiles with the tile and its heads'
+ * queries in shared memory; the last split of a row and head group to finish merges them
+ * (rescaled and summed; the order is written out below, and tests/cuda/test_gpu_seq.c's twin
+ * repeats it on the CPU). It replaced three kernels (scores, softmax, a context chain as long as
+ * the context, model/mla.c's exact order) whose one-row call took 27 us at context 512 and 94 us
+ * at 4096 (run 7): one chain per column left most of the GPU idle.
  * Every score, sum and chain is a fixed sequence of IEEE operations that depends only on its
- * query, its position and the cache, never on n or on the tiling: width invariance by
- * construction. Positions are read on the device; launch shapes depend only on n, the dims
- * and the capacity (graph capture). */
+ * query, its length and the cache, never on n: width invariance by construction. Positions are
+ * read on the device; launch shapes depend only on n and the dims (graph capture). */
 #include "backend/cuda/cuda_impl.cuh"
 
 #include <math.h>
@@ -98,307 +91,207 @@ __device__ __forceinline__ void cp_quad(float *s, const float *g, int m, bool ve
     }
 }
 
-/* ---- scores ----------------------------------------------------------------------------- */
+/* ---- attention: splits of the positions, then their merge ------------------------------
+ *
+ * Split s of row t takes the tiles s, s + S, s + 2S, ... (MA_U positions each, below the row's
+ * length) for MA_HG heads; per tile:
+ * - scores: lane l is position u0 + l, warp w the slice of float4 steps [w KS, (w + 1) KS) of
+ *   the (zero-padded) row, one fma chain per head over its slice; the slices meet in ascending
+ *   w (from slice 0), then times the scale;
+ * - the tile's max by a warp butterfly (exact in any order), m' = max(m, tile max), the
+ *   running sums rescaled by a = exp(m - m') (em_expf_poly), p(u) = exp(s(u) - m') (0 past the
+ *   length), l = l a + (the tile's p summed by a warp butterfly);
+ * - context: acc[i] = acc[i] a, then fma of p(u) c_u[i] for the tile's MA_U positions in
+ *   ascending order (positions past the length: p = 0 and a zero row, so acc is unchanged).
+ * The merge of row t, head h: M = the max of the splits' m (ascending), w_s = exp(m_s - M),
+ * L = fma chain of w_s l_s, ctx[i] = (fma chain of w_s acc_s[i]) / L, s ascending.
+ * S = min(MA_SPLITS, tiles of the capacity): where the capacity has fewer tiles than
+ * MA_SPLITS each split takes at most one tile either way, so results never depend on the
+ * capacity, only on the row's length, its query and the cache. */
 
-#define SC_TU 32                 /* cache positions per tile */
-#define SC_HP 32                 /* heads per pass */
-#define SC_KC 144                /* floats of a cache row (and a query) per stage; a multiple of 16 */
-#define SC_S SC_KC               /* shared row stride: 16 mod 32, so a warp's two 16-lane groups
-                                  * reading rows r and r + 1 hit disjoint banks */
-#define SC_STAGE ((SC_TU + SC_HP) * SC_S)
-#define SC_SMEM (2 * SC_STAGE * 4)
+#define MA_U 32       /* positions per tile: a lane each */
+#define MA_HG 8       /* heads per block: a warp each (scores' slices, the softmax) */
+#define MA_THREADS (32 * MA_HG)
+#define MA_SPLITS 64  /* blocks over a row's positions, per head group */
+#define MA_MAX_J 4    /* context columns per thread: kv_lora <= MA_MAX_J * MA_THREADS */
 
-/* Stage floats [k0, k0 + SC_KC) of the tile's 32 cache rows (rows past len: zeros) and of the
- * pass's 32 queries (heads past n_head: zeros); floats past C up to the next multiple of 16 are
- * zeros, so those lane steps are em_dot_rows' fmaf(0, 0, acc). */
-__device__ __forceinline__ void sc_stage(float *st, const em_gpu_mla_dims &d, const float *cache, const float *q,
-                                         int64_t u0, int64_t len, int hc, int k0, bool vec_c, bool vec_q) {
-    const int C = d.kv_lora + d.rope, Cp = (C + 15) & ~15;
-    const int e = Cp - k0 < SC_KC ? Cp - k0 : SC_KC, have = C - k0 < e ? C - k0 : e;
-    for (int idx = threadIdx.x; idx < (SC_TU + SC_HP) * (SC_KC / 4); idx += MLA_THREADS) {
-        const int row = idx / (SC_KC / 4), i = (idx % (SC_KC / 4)) * 4;
-        if (i >= e) continue;
-        float *s = st + row * SC_S + i;
-        if (row < SC_TU) {
-            const int64_t u = u0 + row;
-            cp_quad(s, cache + u * C + k0 + i, u < len ? have - i : 0, vec_c);
-        } else {
-            const int h = hc + row - SC_TU;
-            cp_quad(s, q + (int64_t)h * C + k0 + i, h < d.n_head ? have - i : 0, vec_q);
-        }
-    }
-}
-
-/* One halving step of the 16-lane tree over `half` pairs of scores: lane l keeps the upper half
- * when bit w is set, the lower one otherwise, and adds its partner's (l ^ w) value of the same
- * score: acc[l] + acc[l + w] of em_dot_rows, for every score at once. */
-template <int HALF>
-__device__ __forceinline__ void sc_halve(float (&v)[64], int w, bool up) {
-#pragma unroll
-    for (int i = 0; i < HALF; i++) {
-        const float send = up ? v[i] : v[i + HALF], keep = up ? v[i + HALF] : v[i];
-        v[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, w));
-    }
-}
-
-/* Grid (slots, n): block (x, t) takes tiles x, x + slots, ... of row t. Scores of row t, head
- * h, position u < len at sc + (t * n_head + h) * ldsc + u. */
-__global__ void __launch_bounds__(MLA_THREADS, 1)
-    k_mla_scores(em_gpu_mla_dims d, const float *cache, const int32_t *pos, const float *qa, int64_t ldq, float *sc,
-                 int64_t ldsc, bool vec_c, bool vec_q) {
-    emc_kernel_begin();
-    extern __shared__ __align__(16) float smem[];
-    const int t = blockIdx.y;
-    const int64_t len = mla_len(d, pos, t);
-    if (len == 0) return; /* the context kernel writes the NaN row */
-    const int C = d.kv_lora + d.rope, Cp = (C + 15) & ~15, nk = (Cp + SC_KC - 1) / SC_KC;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, l = lane & 15;
-    const int pb = (warp & 3) * 8;                 /* the warp's 8 positions of the tile */
-    const int hb = (warp >> 2) * 16 + (lane >> 4); /* its group's heads: hb + 2j, j < 8 */
-    const float scale = (float)(1.0 / sqrt((double)(d.nope + d.rope)));
-    const float *q = qa + (int64_t)t * ldq;
-    const int64_t tiles = (len + SC_TU - 1) / SC_TU;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int64_t u0 = tile * SC_TU;
-        for (int hc = 0; hc < d.n_head; hc += SC_HP) {
-            float v[64]; /* v[8 hj + pj]: lane l's chain of head hb + 2 hj, position u0 + pb + pj */
-#pragma unroll
-            for (int i = 0; i < 64; i++) v[i] = 0.0f;
-            sc_stage(smem, d, cache, q, u0, len, hc, 0, vec_c, vec_q);
-            cp_commit();
-            for (int kc = 0; kc < nk; kc++) {
-                if (kc + 1 < nk)
-                    sc_stage(smem + ((kc + 1) & 1) * SC_STAGE, d, cache, q, u0, len, hc, (kc + 1) * SC_KC, vec_c, vec_q);
-                cp_commit();
-                cp_wait<1>();
-                __syncthreads();
-                const float *xs = smem + (kc & 1) * SC_STAGE, *qs = xs + SC_TU * SC_S;
-                const int kn = Cp - kc * SC_KC < SC_KC ? Cp - kc * SC_KC : SC_KC;
-                for (int k = 0; k < kn; k += 16) {
-                    float xv[8], qv[8];
-#pragma unroll
-                    for (int j = 0; j < 8; j++) xv[j] = xs[(pb + j) * SC_S + k + l];
-#pragma unroll
-                    for (int j = 0; j < 8; j++) qv[j] = qs[(hb + 2 * j) * SC_S + k + l];
-#pragma unroll
-                    for (int hj = 0; hj < 8; hj++)
-#pragma unroll
-                        for (int pj = 0; pj < 8; pj++) v[8 * hj + pj] = fmaf(xv[pj], qv[hj], v[8 * hj + pj]);
-                }
-                __syncthreads(); /* the stage is free for the next load */
-            }
-            /* em_dot_rows' halves 16 -> 1 over the 16 lanes; lane l ends with scores 4l .. 4l + 3 */
-            sc_halve<32>(v, 8, (l & 8) != 0);
-            sc_halve<16>(v, 4, (l & 4) != 0);
-            sc_halve<8>(v, 2, (l & 2) != 0);
-            sc_halve<4>(v, 1, (l & 1) != 0);
-            const int h = hc + hb + 2 * (l >> 1);
-            const int64_t u = u0 + pb + (l & 1) * 4;
-            if (h < d.n_head) {
-                float *y = sc + ((int64_t)t * d.n_head + h) * ldsc + u;
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    if (u + i < len) y[i] = __fmul_rn(v[i], scale);
-            }
-        }
-    }
-}
-
-/* ---- softmax ---------------------------------------------------------------------------- */
-
-#define SM_B 8 /* scores per thread and batch */
-
-/* Block (t, h): the scores of (t, h) in place become probabilities. The max in any order
- * (it is exact); thread i sums e(u) for u = i, i + 256, ... in double, then the 256 sums meet
- * in halves 128 -> 1 (128 .. 32 through shared memory, 16 .. 1 by shuffles: the same pairs). */
-__global__ void __launch_bounds__(MLA_THREADS) k_mla_softmax(em_gpu_mla_dims d, const int32_t *pos, float *sc, int64_t ldsc) {
-    emc_kernel_begin();
-    __shared__ double dred[MLA_THREADS];
-    __shared__ float fred[MLA_THREADS / 32];
-    __shared__ double total;
-    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t len = mla_len(d, pos, t);
-    if (len == 0) return;
-    float *s = sc + ((int64_t)t * d.n_head + h) * ldsc;
-    float mx = -__int_as_float(0x7f800000);
-    for (int64_t u = threadIdx.x; u < len; u += MLA_THREADS) mx = s[u] > mx ? s[u] : mx; /* no stores: pipelined */
-    for (int o = 16; o > 0; o >>= 1) {
-        const float b = __shfl_xor_sync(0xffffffffu, mx, o);
-        mx = b > mx ? b : mx;
-    }
-    if (lane == 0) fred[warp] = mx;
-    __syncthreads();
-    mx = fred[0];
-    for (int i = 1; i < MLA_THREADS / 32; i++) mx = fred[i] > mx ? fred[i] : mx;
-    /* SM_B values per thread loaded before any is stored back (the loads do not wait on the
-     * stores), added in u order */
-    double sum = 0.0;
-    for (int64_t u0 = threadIdx.x; u0 < len; u0 += SM_B * MLA_THREADS) {
-        float e[SM_B];
-#pragma unroll
-        for (int b = 0; b < SM_B; b++) e[b] = u0 + b * MLA_THREADS < len ? s[u0 + b * MLA_THREADS] : 0.0f;
-#pragma unroll
-        for (int b = 0; b < SM_B; b++) {
-            if (u0 + b * MLA_THREADS >= len) break;
-            e[b] = mla_expf_poly(e[b] - mx);
-            s[u0 + b * MLA_THREADS] = e[b];
-            sum += e[b];
-        }
-    }
-    dred[threadIdx.x] = sum;
-    __syncthreads();
-    for (int w = MLA_THREADS / 2; w >= 32; w >>= 1) {
-        if ((int)threadIdx.x < w) dred[threadIdx.x] += dred[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (warp == 0) {
-        double v = dred[lane];
-        for (int w = 16; w > 0; w >>= 1) v += __shfl_down_sync(0xffffffffu, v, w);
-        if (lane == 0) total = v;
-    }
-    __syncthreads();
-    const float inv = (float)(1.0 / total);
-    for (int64_t u0 = threadIdx.x; u0 < len; u0 += SM_B * MLA_THREADS) {
-        float e[SM_B];
-#pragma unroll
-        for (int b = 0; b < SM_B; b++) e[b] = u0 + b * MLA_THREADS < len ? s[u0 + b * MLA_THREADS] : 0.0f;
-#pragma unroll
-        for (int b = 0; b < SM_B; b++)
-            if (u0 + b * MLA_THREADS < len) s[u0 + b * MLA_THREADS] = e[b] * inv;
-    }
-}
-
-/* ---- context ---------------------------------------------------------------------------- */
-
-/* The block shape (tuning knobs, overridable at compile time: docs/cuda.md run 7 measured
- * 16x8/128/3, 16x8/128/6, 16x32/64/4, 32x16/64/4 and 32x32/64/4; this one is 4% slower than
- * 16x8 at one row and 36% faster at 16). A thread owns one column of a head pair; a warp holds
- * 32 / CX_COLS head pairs of the same columns. */
-#ifndef CX_COLS
-#define CX_COLS 32             /* columns per block: 16 or 32 */
-#endif
-#ifndef CX_HEADS
-#define CX_HEADS 16            /* heads per block (even) */
-#endif
-#ifndef CX_UC
-#define CX_UC 64               /* positions per stage (a multiple of 4) */
-#endif
-#ifndef CX_ST
-#define CX_ST 4                /* stages (CX_ST - 1 in flight) */
-#endif
-#define CX_THREADS (CX_COLS * CX_HEADS / 2)
-#define CX_PS (CX_UC + 4)      /* shared stride of a probability row (head pairs 2 apart: 8 banks) */
-#define CX_CSTAGE (CX_UC * CX_COLS)
-static_assert(CX_THREADS % 32 == 0 && CX_THREADS <= 1024 && (CX_COLS == 16 || CX_COLS == 32), "context block shape");
-template <int RT> struct cx_smem {
-    static constexpr int PSTAGE = RT * CX_HEADS * CX_PS;
-    static constexpr int BYTES = CX_ST * (CX_CSTAGE + PSTAGE) * 4;
-    static_assert(BYTES <= 227 * 1024, "context stages exceed shared memory");
+/* The launch's fixed numbers, made on the host from the dims. */
+struct ma_shape {
+    int S;      /* splits */
+    int Cp;     /* a cache row (and a query) padded with zeros to a multiple of 4 floats */
+    int Cs;     /* shared stride of a cache row: Cp, or Cp + 4 so that Cs / 4 is odd (the
+                 * 16-byte loads of 8 lanes on 8 rows hit disjoint banks) */
+    int KS;     /* float4 steps per warp's slice of a row */
+    int64_t ldp; /* floats per (row, head) of the partial sums: S x kv_lora */
 };
 
-/* Grid (column blocks, head blocks, row blocks of RT). ctx[t][h][i] = fma chain over u < len_t
- * ascending of p(t, h, u) * cache[u][i], from 0 (em_weighted_rows). */
-template <int RT>
-__global__ void __launch_bounds__(CX_THREADS)
-    k_mla_context(em_gpu_mla_dims d, const float *cache, const int32_t *pos, int n, const float *sc, int64_t ldsc,
-                  float *ctx, int64_t ldc, bool vec_c, bool vec_p) {
+static ma_shape ma_shape_of(const em_gpu_mla_dims *d) {
+    ma_shape m;
+    const int64_t tiles = (d->capacity + MA_U - 1) / MA_U;
+    m.S = (int)(tiles < MA_SPLITS ? tiles : MA_SPLITS);
+    m.Cp = (d->kv_lora + d->rope + 3) & ~3;
+    m.Cs = (m.Cp / 4) % 2 ? m.Cp : m.Cp + 4;
+    m.KS = (m.Cp / 4 + MA_HG - 1) / MA_HG;
+    m.ldp = (int64_t)m.S * d->kv_lora;
+    return m;
+}
+
+/* Shared floats of a split block: the heads' queries, the tile, the slices' partial scores
+ * (reused for p), the rescale factors. */
+static int ma_smem_bytes(const ma_shape &m) {
+    return (MA_HG * m.Cp + MA_U * m.Cs + MA_HG * MA_HG * MA_U + MA_HG) * 4;
+}
+
+/* Grid (S, head groups, n). Split s of row t, heads h0 .. h0 + MA_HG - 1: its m and l into
+ * ml[(t H + h) S + s], its acc into part + (t H + h) ldp + s kv_lora. Splits past the row's
+ * tiles write nothing (the merge reads min(S, tiles) of them). */
+template <int J>
+__global__ void __launch_bounds__(MA_THREADS)
+    k_mla_split(em_gpu_mla_dims d, ma_shape m, const float *cache, const int32_t *pos, const float *qa, int64_t ldq,
+                float *part, float2 *ml, bool vec_c, bool vec_q) {
     emc_kernel_begin();
     extern __shared__ __align__(16) float smem[];
-    float *cs = smem, *ps = smem + CX_ST * CX_CSTAGE;
-    constexpr int PSTAGE = cx_smem<RT>::PSTAGE;
-    const int C = d.kv_lora + d.rope;
-    const int col0 = blockIdx.x * CX_COLS, h0 = blockIdx.y * CX_HEADS, t0 = blockIdx.z * RT;
-    const int cl = threadIdx.x % CX_COLS, hl = 2 * (threadIdx.x / CX_COLS);
-    int64_t len[RT], lo = INT64_MAX, hi = 0;
-#pragma unroll
-    for (int r = 0; r < RT; r++) {
-        len[r] = t0 + r < n ? mla_len(d, pos, t0 + r) : 0;
-        if (len[r] > 0 && len[r] < lo) lo = len[r];
-        if (len[r] > hi) hi = len[r];
+    float *qs = smem, *cs = qs + MA_HG * m.Cp, *red = cs + MA_U * m.Cs, *al = red + MA_HG * MA_HG * MA_U;
+    const int s = blockIdx.x, h0 = blockIdx.y * MA_HG, t = blockIdx.z;
+    const int64_t len = mla_len(d, pos, t), tiles = (len + MA_U - 1) / MA_U;
+    if (s >= tiles) return;
+    const int C = d.kv_lora + d.rope, q4 = m.Cp / 4, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float scale = (float)(1.0 / sqrt((double)(d.nope + d.rope))), ninf = -__int_as_float(0x7f800000);
+    for (int idx = threadIdx.x; idx < MA_HG * q4; idx += MA_THREADS) {
+        const int r = idx / q4, i = (idx % q4) * 4, h = h0 + r;
+        cp_quad(qs + r * m.Cp + i, qa + (int64_t)t * ldq + (int64_t)h * C + i, h < d.n_head ? C - i : 0, vec_q);
     }
-    float acc[RT][2];
+    float mx = ninf, l = 0.0f, acc[J][MA_HG];
 #pragma unroll
-    for (int r = 0; r < RT; r++) acc[r][0] = acc[r][1] = 0.0f;
-    const int64_t nch = (hi + CX_UC - 1) / CX_UC;
-    /* stage s of chunk k: cache columns col0.. of positions u0.. (< hi), probabilities of the
-     * block's rows and heads (u < that row's length; the rest is never read) */
-    auto fill = [&](int s, int64_t k) {
-        const int64_t u0 = k * CX_UC;
-        float *cst = cs + s * CX_CSTAGE, *pst = ps + s * PSTAGE;
-        for (int idx = threadIdx.x; idx < CX_UC * (CX_COLS / 4); idx += CX_THREADS) {
-            const int row = idx / (CX_COLS / 4), c = col0 + (idx % (CX_COLS / 4)) * 4;
-            const int64_t u = u0 + row;
-            if (u < hi) cp_quad(cst + row * CX_COLS + (c - col0), cache + u * C + c, C - c, vec_c);
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int h = 0; h < MA_HG; h++) acc[j][h] = 0.0f;
+    const int k0 = warp * m.KS, k1 = k0 + m.KS < q4 ? k0 + m.KS : q4;
+    for (int64_t tile = s; tile < tiles; tile += m.S) {
+        const int64_t u0 = tile * MA_U;
+        __syncthreads(); /* the last tile's rows and p are read */
+        for (int idx = threadIdx.x; idx < MA_U * q4; idx += MA_THREADS) {
+            const int r = idx / q4, i = (idx % q4) * 4;
+            const int64_t u = u0 + r;
+            cp_quad(cs + r * m.Cs + i, cache + u * C + i, u < len ? C - i : 0, vec_c);
         }
-        for (int idx = threadIdx.x; idx < RT * CX_HEADS * (CX_UC / 4); idx += CX_THREADS) {
-            const int rh = idx / (CX_UC / 4), i = (idx % (CX_UC / 4)) * 4, r = rh / CX_HEADS, h = h0 + rh % CX_HEADS;
-            int64_t lr = 0;
-#pragma unroll
-            for (int q = 0; q < RT; q++)
-                if (q == r) lr = len[q];
-            if (h < d.n_head && u0 + i < lr)
-                cp_quad(pst + rh * CX_PS + i, sc + ((int64_t)(t0 + r) * d.n_head + h) * ldsc + u0 + i, 4, vec_p);
-        }
-    };
-#pragma unroll
-    for (int s = 0; s < CX_ST - 1; s++) {
-        if (s < nch) fill(s, s);
         cp_commit();
-    }
-    for (int64_t k = 0; k < nch; k++) {
-        cp_wait<CX_ST - 2>();
+        cp_wait<0>();
         __syncthreads();
-        if (k + CX_ST - 1 < nch) fill((int)((k + CX_ST - 1) % CX_ST), k + CX_ST - 1);
-        cp_commit();
-        const int s = (int)(k % CX_ST);
-        const float *cst = cs + s * CX_CSTAGE, *pst = ps + s * PSTAGE;
-        const int64_t u0 = k * CX_UC;
-        const int nu = (int)(hi - u0 < CX_UC ? hi - u0 : CX_UC);          /* positions some row needs */
-        const int64_t f = lo - u0 < (int64_t)nu ? lo - u0 : (int64_t)nu; /* positions every row needs */
-        int uu = 0;
-        for (; uu + 4 <= f; uu += 4) {
-            float cv[4];
+        /* scores: this warp's slice of position u0 + lane for every head */
+        float sl[MA_HG];
 #pragma unroll
-            for (int k4 = 0; k4 < 4; k4++) cv[k4] = cst[(uu + k4) * CX_COLS + cl];
-            float4 pv[RT][2];
+        for (int h = 0; h < MA_HG; h++) sl[h] = 0.0f;
+        const float4 *crow = (const float4 *)(cs + lane * m.Cs);
+        for (int k = k0; k < k1; k++) {
+            const float4 c = crow[k];
 #pragma unroll
-            for (int r = 0; r < RT; r++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) pv[r][e] = *(const float4 *)(pst + (r * CX_HEADS + hl + e) * CX_PS + uu);
-#pragma unroll
-            for (int r = 0; r < RT; r++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float a = acc[r][e];
-                    a = fmaf(pv[r][e].x, cv[0], a);
-                    a = fmaf(pv[r][e].y, cv[1], a);
-                    a = fmaf(pv[r][e].z, cv[2], a);
-                    a = fmaf(pv[r][e].w, cv[3], a);
-                    acc[r][e] = a;
-                }
+            for (int h = 0; h < MA_HG; h++) {
+                const float4 q = ((const float4 *)(qs + h * m.Cp))[k];
+                float a = sl[h];
+                a = fmaf(q.x, c.x, a);
+                a = fmaf(q.y, c.y, a);
+                a = fmaf(q.z, c.z, a);
+                a = fmaf(q.w, c.w, a);
+                sl[h] = a;
+            }
         }
-        for (; uu < nu; uu++) { /* the last positions, which not every row has */
-            const float cv = cst[uu * CX_COLS + cl];
 #pragma unroll
-            for (int r = 0; r < RT; r++)
-                if (u0 + uu < len[r])
+        for (int h = 0; h < MA_HG; h++) red[(warp * MA_HG + h) * MA_U + lane] = sl[h];
+        __syncthreads();
+        /* warp w now takes head h0 + w: its score at lane's position, the online softmax */
+        float dot = red[warp * MA_U + lane];
+        for (int w = 1; w < MA_HG; w++) dot = __fadd_rn(dot, red[(w * MA_HG + warp) * MA_U + lane]);
+        const bool valid = h0 + warp < d.n_head && u0 + lane < len;
+        const float sc = valid ? __fmul_rn(dot, scale) : ninf;
+        float tm = sc;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float b = __shfl_xor_sync(0xffffffffu, tm, o);
+            tm = b > tm ? b : tm;
+        }
+        const float mn = tm > mx ? tm : mx;
+        const float a = mla_expf_poly(mx - mn), p = valid ? mla_expf_poly(sc - mn) : 0.0f;
+        float ts = p;
+        for (int o = 16; o > 0; o >>= 1) ts = __fadd_rn(ts, __shfl_xor_sync(0xffffffffu, ts, o));
+        l = __fadd_rn(__fmul_rn(l, a), ts);
+        mx = mn;
+        __syncthreads(); /* every slice read before p overwrites them */
+        red[warp * MA_U + lane] = p;
+        if (lane == 0) al[warp] = a;
+        __syncthreads();
+        /* context: columns threadIdx.x + j MA_THREADS of every head */
 #pragma unroll
-                    for (int e = 0; e < 2; e++) acc[r][e] = fmaf(pst[(r * CX_HEADS + hl + e) * CX_PS + uu], cv, acc[r][e]);
+        for (int h = 0; h < MA_HG; h++) {
+            const float ah = al[h];
+#pragma unroll
+            for (int j = 0; j < J; j++) acc[j][h] = __fmul_rn(acc[j][h], ah);
+        }
+        for (int u = 0; u < MA_U; u += 4) {
+            float cv[J][4];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int col = (int)threadIdx.x + j * MA_THREADS, cc = col < d.kv_lora ? col : 0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) cv[j][e] = cs[(u + e) * m.Cs + cc];
+            }
+#pragma unroll
+            for (int h = 0; h < MA_HG; h++) {
+                const float4 pv = *(const float4 *)(red + h * MA_U + u);
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    float x = acc[j][h];
+                    x = fmaf(pv.x, cv[j][0], x);
+                    x = fmaf(pv.y, cv[j][1], x);
+                    x = fmaf(pv.z, cv[j][2], x);
+                    x = fmaf(pv.w, cv[j][3], x);
+                    acc[j][h] = x;
+                }
+            }
         }
     }
-    cp_wait<0>();
-    const int col = col0 + cl;
-    if (col >= d.kv_lora) return;
+    const int64_t row = (int64_t)t * d.n_head;
+    if (lane == 0 && h0 + warp < d.n_head) ml[(row + h0 + warp) * m.S + s] = make_float2(mx, l);
 #pragma unroll
-    for (int r = 0; r < RT; r++) {
-        if (t0 + r >= n) break;
+    for (int h = 0; h < MA_HG; h++) {
+        if (h0 + h >= d.n_head) break;
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int h = h0 + hl + e;
-            if (h < d.n_head)
-                ctx[(int64_t)(t0 + r) * ldc + (int64_t)h * d.kv_lora + col] =
-                    len[r] > 0 ? acc[r][e] : __int_as_float(0x7fc00000); /* a bad position shows as NaN */
+        for (int j = 0; j < J; j++) {
+            const int col = (int)threadIdx.x + j * MA_THREADS;
+            if (col < d.kv_lora) part[(row + h0 + h) * m.ldp + (int64_t)s * d.kv_lora + col] = acc[j][h];
         }
+    }
+}
+
+/* Grid (heads, n): row t, head h from its splits' partial sums (a position past the capacity:
+ * a NaN row). */
+__global__ void __launch_bounds__(MA_THREADS)
+    k_mla_merge(em_gpu_mla_dims d, ma_shape m, const int32_t *pos, const float *part, const float2 *ml, float *ctx,
+                int64_t ldc) {
+    emc_kernel_begin();
+    __shared__ float ms[MA_SPLITS], ws[MA_SPLITS];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int64_t len = mla_len(d, pos, t), row = (int64_t)t * d.n_head + h;
+    float *y = ctx + (int64_t)t * ldc + (int64_t)h * d.kv_lora;
+    if (len == 0) {
+        for (int i = threadIdx.x; i < d.kv_lora; i += MA_THREADS) y[i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const int64_t tiles = (len + MA_U - 1) / MA_U;
+    const int ns = (int)(tiles < m.S ? tiles : m.S);
+    if ((int)threadIdx.x < ns) ms[threadIdx.x] = ml[row * m.S + threadIdx.x].x;
+    __syncthreads();
+    float M = ms[0];
+    for (int s = 1; s < ns; s++) M = ms[s] > M ? ms[s] : M;
+    if ((int)threadIdx.x < ns) ws[threadIdx.x] = mla_expf_poly(ms[threadIdx.x] - M);
+    __syncthreads();
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++) L = fmaf(ws[s], ml[row * m.S + s].y, L);
+    const float *pr = part + row * m.ldp;
+    for (int i = threadIdx.x; i < d.kv_lora; i += MA_THREADS) {
+        float c = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < ns; s++) c = fmaf(ws[s], pr[(int64_t)s * d.kv_lora + i], c);
+        y[i] = __fdiv_rn(c, L);
     }
 }
 
@@ -414,12 +307,10 @@ static int mla_check(const em_gpu_mla_dims *d, em_err *err) {
     return EM_OK;
 }
 
-/* Floats per (row, head) score row in the scratch: the capacity rounded up to 4 (16-byte rows). */
-static int64_t mla_ldsc(const em_gpu_mla_dims *d) { return (d->capacity + 3) & ~(int64_t)3; }
-
 extern "C" uint64_t em_gpu_mla_scratch_floats(const em_gpu_mla_dims *d, int n) {
     if (mla_check(d, NULL) || n < 1 || n > EM_GPU_MAX_ROWS) return 0;
-    return (uint64_t)n * (uint64_t)d->n_head * (uint64_t)mla_ldsc(d);
+    const ma_shape m = ma_shape_of(d);
+    return (uint64_t)n * (uint64_t)d->n_head * ((uint64_t)m.ldp + 2 * (uint64_t)m.S);
 }
 
 extern "C" int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_cache, const int32_t *d_pos, int n,
@@ -450,17 +341,17 @@ template <typename K> static int mla_smem_optin(const em_gpu *g, K kernel, int b
     return 0;
 }
 
-template <int RT>
-static int mla_launch_context(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache, const int32_t *d_pos, int n,
-                              const float *sc, int64_t ldsc, float *d_ctx, int64_t ldc, bool vec_c, bool vec_p,
-                              em_err *err) {
+template <int J>
+static int mla_launch_split(em_gpu *g, const em_gpu_mla_dims *d, const ma_shape &m, const float *d_cache,
+                            const int32_t *d_pos, int n, const float *d_qa, int64_t ldq, float *part, float2 *ml,
+                            bool vec_c, bool vec_q, em_err *err) {
     static unsigned long long optin;
-    const int bytes = cx_smem<RT>::BYTES;
-    int rc = mla_smem_optin(g, k_mla_context<RT>, bytes, &optin, err);
+    const int bytes = ma_smem_bytes(m);
+    int rc = mla_smem_optin(g, k_mla_split<J>, bytes, &optin, err);
     if (rc) return rc;
-    const dim3 grid(emc_blocks(d->kv_lora, CX_COLS), emc_blocks(d->n_head, CX_HEADS), emc_blocks(n, RT));
-    emc_launch(g, k_mla_context<RT>, grid, CX_THREADS, bytes, *d, d_cache, d_pos, n, sc, ldsc, d_ctx, ldc, vec_c, vec_p);
-    return emc_launched(err, "k_mla_context");
+    const dim3 grid((unsigned)m.S, emc_blocks(d->n_head, MA_HG), (unsigned)n);
+    emc_launch(g, k_mla_split<J>, grid, MA_THREADS, bytes, *d, m, d_cache, d_pos, d_qa, ldq, part, ml, vec_c, vec_q);
+    return emc_launched(err, "k_mla_split");
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -474,19 +365,17 @@ extern "C" int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const floa
                   ldq >= d->n_head * C && ldc >= (int64_t)d->n_head * d->kv_lora,
               "GPU mla attend: %d rows (ldq %lld, ldc %lld) or a missing buffer", n, (long long)ldq, (long long)ldc);
     if ((rc = emc_use(g, err)) || n == 0) return rc;
-    static unsigned long long sc_optin;
-    if ((rc = mla_smem_optin(g, k_mla_scores, SC_SMEM, &sc_optin, err))) return rc;
-    const int64_t ldsc = mla_ldsc(d), tiles = (d->capacity + SC_TU - 1) / SC_TU;
-    const int sms = g->info.sm_count > 0 ? g->info.sm_count : 1;
+    const ma_shape m = ma_shape_of(d);
+    EMC_CHECK(((uintptr_t)d_scratch & 7) == 0, "GPU mla attend: scratch not 8-byte aligned");
+    float2 *ml = (float2 *)d_scratch; /* [n][n_head][S] (m, l), then the partial sums */
+    float *part = d_scratch + (int64_t)n * d->n_head * m.S * 2;
     const bool vec_c = C % 4 == 0 && aligned16(d_cache), vec_q = C % 4 == 0 && ldq % 4 == 0 && aligned16(d_qa);
-    /* one tile per block where the cache fits one wave, else blocks loop over tiles */
-    const dim3 sgrid((unsigned)(tiles < sms ? tiles : sms), (unsigned)n);
-    emc_launch(g, k_mla_scores, sgrid, MLA_THREADS, SC_SMEM, *d, d_cache, d_pos, d_qa, ldq, d_scratch, ldsc, vec_c, vec_q);
-    if ((rc = emc_launched(err, "k_mla_scores"))) return rc;
-    emc_launch(g, k_mla_softmax, dim3((unsigned)n, (unsigned)d->n_head), MLA_THREADS, 0, *d, d_pos, d_scratch, ldsc);
-    if ((rc = emc_launched(err, "k_mla_softmax"))) return rc;
-    const bool vec_p = aligned16(d_scratch);
-    if (n == 1) return mla_launch_context<1>(g, d, d_cache, d_pos, n, d_scratch, ldsc, d_ctx, ldc, vec_c, vec_p, err);
-    if (n == 2) return mla_launch_context<2>(g, d, d_cache, d_pos, n, d_scratch, ldsc, d_ctx, ldc, vec_c, vec_p, err);
-    return mla_launch_context<4>(g, d, d_cache, d_pos, n, d_scratch, ldsc, d_ctx, ldc, vec_c, vec_p, err);
+    const int J = (d->kv_lora + MA_THREADS - 1) / MA_THREADS;
+    if (J == 1) rc = mla_launch_split<1>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    else if (J == 2) rc = mla_launch_split<2>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    else rc = mla_launch_split<MA_MAX_J>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    if (rc) return rc;
+    emc_launch(g, k_mla_merge, dim3((unsigned)d->n_head, (unsigned)n), MA_THREADS, 0, *d, m, d_pos, (const float *)part,
+               (const float2 *)ml, d_ctx, ldc);
+    return emc_launched(err, "k_mla_merge");
 }

@@ -99,6 +99,31 @@ if [ -n "${EMBER_GPU_BENCH48:-}" ] && [ -x "$dir/bin/bench_target" ] && [ -f "$d
   [ -n "${EMBER_GPU_BENCH_NOPDL:-}" ] && step bench48_nopdl env EMBER_GPU_PDL=0 "$dir/bin/bench_target" \
     -m /dev/shm/k48.gguf --device cuda:0 -p 1024 -n 128 --reps "${EMBER_GPU_BENCH_REPS:-3}"
 fi
+# old against new in one run (EMBER_GPU_BASELINE=FOLDER: another build's bench_target and
+# bench_pair, e.g. main's, stripped and carried): the 48B-shaped decode after 512 (verify up to
+# 2 rows) with the two builds alternating EMBER_GPU_AB_RUNS times (2), then the default pair with
+# each; into out/ab.log, so the numbers come back in logs.tgz whatever the terminal keeps. Only
+# ratios within one run count: the same code moves by a few percent between machines.
+if [ -n "${EMBER_GPU_BASELINE:-}" ] && [ -x "${EMBER_GPU_BASELINE}/bench_target" ] && [ -x "$dir/bin/bench_target" ] &&
+  [ -f "$dir/kimi_synth_gguf.py" ]; then
+  [ -f /dev/shm/k48.gguf ] || step synth48 python3 "$dir/kimi_synth_gguf.py" /dev/shm/k48.gguf
+  ab() {
+    local r v
+    for r in $(seq "${EMBER_GPU_AB_RUNS:-2}"); do
+      for v in "$EMBER_GPU_BASELINE" "$dir/bin"; do
+        echo "=== $v: 48B-shaped decode after 512 (run $r)"
+        "$v/bench_target" -m /dev/shm/k48.gguf --device cuda:0 -p 16 -n 128 --reps 3 --ctx-prompt 512 --max-width 2 2>&1 |
+          grep -E '^decode|^ +[12] ' || return 1
+      done
+    done
+    for v in "$EMBER_GPU_BASELINE" "$dir/bin"; do
+      [ -x "$v/bench_pair" ] || continue
+      echo "=== $v: the default pair, target and drafter on cuda:0"
+      "$v/bench_pair" --device cuda:0 --draft-device cuda:0 --limit 64 2>&1 | grep -v '^info' || return 1
+    done
+  }
+  step ab ab
+fi
 # the default pair on the eval prompts in one process (bench/bench_pair.c; EMBER_GPU_BENCH_PAIR=1):
 # plain against speculative, the whole pair on cuda:0, then the target on cuda:0 with a CPU drafter
 if [ -n "${EMBER_GPU_BENCH_PAIR:-}" ] && [ -x "$dir/bin/bench_pair" ]; then
@@ -145,7 +170,7 @@ fi
 echo
 grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
 grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" "$out/test_gpu_target.log" 2>/dev/null
-for b in bench48 bench48_nopdl benchk3 bench_pair_gpu bench_pair_gpu_cpu; do [ -f "$out/$b.log" ] && cat "$out/$b.log"; done
+for b in bench48 bench48_nopdl ab benchk3 bench_pair_gpu bench_pair_gpu_cpu; do [ -f "$out/$b.log" ] && cat "$out/$b.log"; done
 echo "== device run summary =="
 fail=0
 for i in "${!names[@]}"; do

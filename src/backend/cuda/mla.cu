@@ -4,9 +4,10 @@
  * shape: the positions of a row are cut into tiles of 32 and spread over up to 64 blocks a head
  * group ("splits"), each running an online softmax over its tiles with the tile and its heads'
  * queries in shared memory; then a block per row and head merges them (rescaled and summed;
- * the order is written out below, and tests/cuda/test_gpu_seq.c's twin repeats it on the CPU). It replaced three kernels (scores, softmax, a context chain as long as
- * the context, model/mla.c's exact order) whose one-row call took 27 us at context 512 and 94 us
- * at 4096 (run 7): one chain per column left most of the GPU idle.
+ * the order is written out below, and tests/cuda/test_gpu_seq.c's twin repeats it on the CPU).
+ * It replaced three kernels (scores, softmax, a context chain as long as the context,
+ * model/mla.c's exact order) whose one-row call took 27 us at context 512 and 94 us at 4096
+ * (run 7): one chain per column left most of the GPU idle.
  * Every score, sum and chain is a fixed sequence of IEEE operations that depends only on its
  * query, its length and the cache, never on n: width invariance by construction. Positions are
  * read on the device; launch shapes depend only on n and the dims (graph capture). */

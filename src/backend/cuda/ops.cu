@@ -401,36 +401,41 @@ __device__ int route_take_max_shared(const float *v, unsigned char *taken, int n
     return bi;
 }
 
-/* The same selection over a row held in registers: expert lane + 32 p in v[p], a taken bit
- * per p. Each lane's best in ascending expert order, the same butterfly; the owner marks it.
- * Every lane gets the index. */
-template <int P>
-__device__ __forceinline__ int route_take_max(const float (&v)[P], uint32_t &taken, int lane) {
-    float bv = 0.0f;
-    int bi = -1;
-#pragma unroll
-    for (int p = 0; p < P; p++)
-        if (!(taken >> p & 1u) && (bi < 0 || v[p] > bv)) bv = v[p], bi = lane + 32 * p;
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
-    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-    return bi;
+/* A score as a selection key: unsigned order is the scores' float order (NaN counts as -inf,
+ * -0 as +0, so that equal keys are equal scores); every key is above 0, which means none. */
+__device__ __forceinline__ uint32_t route_key(float v) {
+    v = v != v ? -INFINITY : v == 0.0f ? 0.0f : v;
+    const uint32_t b = __float_as_uint(v);
+    return b >> 31 ? ~b : b | 0x80000000u;
 }
 
-/* Expert e's value (e the same on every lane) from the lane that holds it. */
-template <int P> __device__ __forceinline__ float route_value(const float (&v)[P], int e) {
-    float x = 0.0f;
+/* The same selection over a row held as keys in registers: expert lane + 32 p in key[p], a
+ * taken bit per p. Each lane's best (ties: its lowest expert), then the warp's largest key and,
+ * among the lanes holding it, the lowest expert, each by one warp reduction (redux.sync); the
+ * owner marks it. Every lane gets the index (-1 when every expert is taken) and, in *val, the
+ * chosen expert's s[p] (0 for none). */
+template <int P>
+__device__ __forceinline__ int route_take_max(const uint32_t (&key)[P], const float (&s)[P], uint32_t &taken, int lane,
+                                              float *val) {
+    uint32_t bk = 0;
+    int bi = -1;
+    float bs = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; p++)
-        if (p == e >> 5) x = v[p];
-    return __shfl_sync(0xffffffffu, x, e & 31);
+        if (!(taken >> p & 1u) && key[p] > bk) bk = key[p], bi = lane + 32 * p, bs = s[p];
+    const uint32_t top = __reduce_max_sync(0xffffffffu, bk);
+    if (top == 0) {
+        *val = 0.0f;
+        return -1;
+    }
+    const int b = (int)__reduce_min_sync(0xffffffffu, bk == top ? (uint32_t)bi : 0xffffffffu);
+    if ((b & 31) == lane) taken |= 1u << (b >> 5);
+    *val = __shfl_sync(0xffffffffu, bs, b & 31);
+    return b;
 }
 
 /* One warp per row, the row in registers (P = ceil(n_expert / 32) values a lane): a selection
- * is a pass over a lane's registers and one butterfly, with no memory traffic (only the group
+ * is a pass over a lane's keys and two warp reductions, with no memory traffic (only the group
  * scores, when there are groups, go through shared memory). Lane i ends with the i-th choice. */
 template <int P>
 __global__ void __launch_bounds__(32) k_route(em_gpu_router r, const float *logits, int64_t ldl, const float *bias,
@@ -472,11 +477,14 @@ __global__ void __launch_bounds__(32) k_route(em_gpu_router r, const float *logi
         for (int p = 0; p < P; p++) /* experts of the losing groups cannot be chosen */
             if (lane + 32 * p < X && !gtaken[(lane + 32 * p) / per]) c[p] = -INFINITY;
     }
+    uint32_t key[P];
+#pragma unroll
+    for (int p = 0; p < P; p++) key[p] = route_key(c[p]);
     int mine = -1;
     float w = 0.0f;
     for (int i = 0; i < r.k; i++) {
-        const int b = route_take_max(c, taken, lane);
-        const float sb = route_value(s, b);
+        float sb;
+        const int b = route_take_max(key, s, taken, lane, &sb);
         if (lane == i) mine = b, w = sb;
     }
     double sum = 0.0; /* in selection order, in double, as model/moe.c */

@@ -1435,6 +1435,24 @@ static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     snprintf(nm, sizeof nm, "%s width", name);
     record(nm, differ == 0 && unw == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten %lld", differ ? "NO" : "yes",
            (long long)unw);
+    /* one row that chose an expert twice, through down and the sum in one launch (Q8_0 down):
+     * both slots' weights on the expert's one output, in slot order, as the dense composition
+     * adds them (em_gpu_route never repeats an expert; the other paths assume it) */
+    if (c->td == EM_TYPE_Q8_0) {
+        int32_t rid[32];
+        float rw[32], *rep = xmalloc((size_t)H * 4), *rdense = xmalloc((size_t)H * 4);
+        memcpy(rid, ids, (size_t)K * 4), memcpy(rw, w, (size_t)K * 4);
+        rid[K - 1] = rid[0];
+        up(di, rid, (uint64_t)K * 4), up(dw, rw, (uint64_t)K * 4);
+        poison(dy, (uint64_t)H * 4);
+        TRY(name, em_gpu_moe(G, &f->ex, dx, H, 1, di, dw, K, ds, dy, H, &E));
+        TRY(name, down(rep, dy, (uint64_t)H * 4));
+        snprintf(nm, sizeof nm, "%s repeated id", name);
+        if (moe_dense(f, dx, rid, rw, 1, rdense)) record(nm, 0, "dense composition: %s", E.msg);
+        else record(nm, memcmp(rep, rdense, (size_t)H * 4) == 0, "one row bit-identical to the dense composition");
+        free(rep), free(rdense);
+    }
+    up(di, ids, (uint64_t)R * K * 4), up(dw, w, (uint64_t)R * K * 4);
     /* inputs the caller made Q8_0 (em_gpu_moe_prepared), and launches without overlap: the same bits */
     if (em_gpu_act_type(c->tg) == EM_TYPE_Q8_0 || em_gpu_act_type(c->tu) == EM_TYPE_Q8_0) {
         void *dq = dalloc(em_gpu_act_bytes(EM_TYPE_Q8_0, H, R));

@@ -4,7 +4,8 @@
  * up of every union expert in one launch (two when their types differ), SwiGLU or SiTU with
  * the Q8_0 quantization of the hidden rows (for integer down weights) in one launch, down in
  * one launch (its weights asked of L2 before it waits for the hidden rows), and the weighted
- * sum per row in ascending expert order (model/moe.c's order).
+ * sum per row in ascending expert order (model/moe.c's order); for one row of Q8_0 experts (a
+ * decode step) down and the sum are one launch, the same bits.
  * Launch shapes depend only on n, k and the weight types (the union's size is read on the
  * device: blocks past it exit), so a pass can be captured in a graph.
  * Experts of every device layout the products run: an expert's rows get the warp body of
@@ -93,33 +94,49 @@ typedef struct moe_uref {
     int k, n_expert;
 } moe_uref;
 
+/* One row's k ids as k_moe_union places them (ascending expert order, ids out of range
+ * ignored, a repeated id at its first slot): lane t < k holds id v, the mask of the slots that
+ * hold it (same; 0 for an invalid id), whether t is its first slot, and its union position
+ * (below: the distinct valid ids below it). Every lane of the warp calls it. */
+typedef struct moe_rank {
+    int32_t v;
+    unsigned same, firsts;
+    int below;
+    bool first;
+} moe_rank;
+
+__device__ __forceinline__ moe_rank moe_row_rank(const moe_uref &ur) {
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31, k = ur.k;
+    moe_rank r;
+    r.v = lane < k ? ur.ids[lane] : -1;
+    const unsigned valid = __ballot_sync(all, lane < k && r.v >= 0 && r.v < ur.n_expert);
+    r.same = __match_any_sync(all, r.v) & valid;
+    r.first = (valid >> lane & 1u) && __ffs(r.same) - 1 == lane;
+    r.firsts = __ballot_sync(all, r.first);
+    r.below = 0;
+    for (int t = 0; t < k; t++) { /* lanes from k on hold no id */
+        const int32_t w = __shfl_sync(all, r.v, t);
+        r.below += (r.firsts >> t & 1u) && w < r.v;
+    }
+    return r;
+}
+
 /* Union slot u of a pass's routes: its expert, how many rows chose it, and (N entries) those
  * rows and their (row, slot) indices. For one row (N == 1) it is found from the row's k ids
- * directly by each warp, as k_moe_union would place it (ascending expert order, ids out of
- * range ignored, the first slot of a repeated id), so a one-row pass needs no union launch;
- * wider passes read k_moe_union's meta. cnt 0: the slot is past the union. Every lane of the
- * warp calls it. */
+ * directly by each warp (moe_row_rank), so a one-row pass needs no union launch; wider passes
+ * read k_moe_union's meta. cnt 0: the slot is past the union. Every lane of the warp calls it. */
 template <int N>
 __device__ __forceinline__ void moe_slot(const moe_uref &ur, int u, int64_t *e, int *cnt, int (&rows)[N], int (&slots)[N]) {
-    const int *meta = ur.meta, *ids = ur.ids;
-    const int um = ur.um, k = ur.k, n_expert = ur.n_expert;
-    if constexpr (N == 1) { /* by the whole warp (warps leave whole): lane t holds id t */
+    const int *meta = ur.meta;
+    const int um = ur.um;
+    if constexpr (N == 1) { /* by the whole warp (warps leave whole) */
         const unsigned all = 0xffffffffu;
-        const int lane = threadIdx.x & 31;
-        const int32_t v = lane < k ? ids[lane] : -1;
-        const unsigned valid = __ballot_sync(all, lane < k && v >= 0 && v < n_expert);
-        const unsigned same = __match_any_sync(all, v) & valid; /* the slots holding this id */
-        const bool first = (valid >> lane & 1u) && __ffs(same) - 1 == lane;
-        const unsigned firsts = __ballot_sync(all, first);
-        int below = 0; /* distinct valid ids below this one: its union position */
-        for (int t = 0; t < k; t++) { /* lanes from k on hold no id */
-            const int32_t w = __shfl_sync(all, v, t);
-            below += (firsts >> t & 1u) && w < v;
-        }
-        const unsigned hit = __ballot_sync(all, first && below == u);
+        const moe_rank r = moe_row_rank(ur);
+        const unsigned hit = __ballot_sync(all, r.first && r.below == u);
         const int s = __ffs(hit) - 1;
-        const int c = __popc(same);
-        *e = __shfl_sync(all, v, s < 0 ? 0 : s);
+        const int c = __popc(r.same);
+        *e = __shfl_sync(all, r.v, s < 0 ? 0 : s);
         *cnt = s < 0 ? 0 : __shfl_sync(all, c, s);
         rows[0] = 0, slots[0] = s < 0 ? 0 : s;
     } else {
@@ -133,6 +150,22 @@ __device__ __forceinline__ void moe_slot(const moe_uref &ur, int u, int64_t *e, 
 #pragma unroll
         for (int j = 0; j < N; j++) rows[j] = j < *cnt ? urows[u * 16 + j] : 0, slots[j] = j < *cnt ? uslots[u * 16 + j] : 0;
     }
+}
+
+/* One row's whole union at once: lane u gets union slot u's expert (*e) and the mask of the
+ * row's slots that chose it (*mask; 0 past the union). Every lane of the warp calls it. */
+__device__ __forceinline__ void moe_row_union(const moe_uref &ur, int32_t *e, unsigned *mask) {
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const moe_rank r = moe_row_rank(ur);
+    int src = -1;
+    for (int t = 0; t < ur.k; t++) {
+        const int bt = __shfl_sync(all, r.below, t);
+        if ((r.firsts >> t & 1u) && bt == lane) src = t;
+    }
+    *e = __shfl_sync(all, r.v, src < 0 ? 0 : src);
+    const unsigned m = __shfl_sync(all, r.same, src < 0 ? 0 : src);
+    *mask = src < 0 ? 0u : m;
 }
 
 /* A stacked expert matrix as the kernels read it: its device arrays, the values of the whole
@@ -230,6 +263,76 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     emc_wait_prior();
     if (cnt == 0 || r0 >= cols) return;
     expert_warp<T, N, OUTS>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
+}
+
+/* Down of one row's experts and their weighted sum in one launch (Q8_0 weights and hidden rows):
+ * warp c computes output column c of every union expert, G experts' weights in flight at a
+ * time, and adds wts[s] * v for each slot s that chose the expert. Each v is k_moe_down's
+ * (mm_q8_0_warp's chain: a lane's blocks ascending, then the butterfly) and the sum is
+ * k_moe_sum's (ascending expert id, equal ids in slot order, each product rounded, then the
+ * add), so y is the same bits as k_moe_down + k_moe_sum; k_moe_sum's scratch rows are not
+ * written. Routes final when it starts (k_moe_gate_up waits before it lets the next start), so
+ * the weight rows are asked of L2 before the wait for the hidden rows. */
+#define MOE_DS_G 4
+__global__ void __launch_bounds__(MM_WARPS * 32, 3)
+    k_moe_down_sum(moe_mat w, moe_act a, int64_t cols, moe_uref ur, const float *wts, float *y) {
+    emc_let_next_start();
+    const unsigned all = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const int64_t c = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5), ffn = w.cols, bpr = ffn / 32;
+    if (c >= cols) return; /* whole warps */
+    const int8_t *wq = (const int8_t *)w.data;
+    const __half *wd = (const __half *)w.scales;
+    int32_t ue;
+    unsigned umask;
+    moe_row_union(ur, &ue, &umask);
+    if (umask) { /* lane u asks L2 for slot u's weight row and its scales */
+        const int64_t r = (int64_t)ue * cols + c;
+        for (int64_t o = 0; o < ffn; o += 128) prefetch_line(wq + r * ffn + o);
+        for (int64_t o = 0; o < bpr; o += 64) prefetch_line(wd + r * bpr + o);
+    }
+    emc_wait_prior();
+    float tot = 0.0f;
+    for (int u0 = 0; u0 < ur.um; u0 += MOE_DS_G) { /* um <= k <= 32: lane u0 + g holds slot u0 + g */
+        int64_t row[MOE_DS_G];
+        unsigned mask[MOE_DS_G];
+        int hr[MOE_DS_G];
+        float acc[MOE_DS_G];
+#pragma unroll
+        for (int g = 0; g < MOE_DS_G; g++) {
+            mask[g] = __shfl_sync(all, umask, (u0 + g) & 31);
+            row[g] = (int64_t)__shfl_sync(all, ue, (u0 + g) & 31) * cols + c;
+            hr[g] = mask[g] ? __ffs(mask[g]) - 1 : 0; /* the slot whose hidden row gate/up wrote */
+            acc[g] = 0.0f;
+        }
+        for (int64_t b = lane; b < bpr; b += 32) {
+            int4 w0[MOE_DS_G], w1[MOE_DS_G];
+            float sw[MOE_DS_G];
+#pragma unroll
+            for (int g = 0; g < MOE_DS_G; g++) {
+                if (!mask[g]) continue;
+                w0[g] = ld_nc16(wq + row[g] * ffn + b * 32);
+                w1[g] = ld_nc16(wq + row[g] * ffn + b * 32 + 16);
+                sw[g] = __half2float(wd[row[g] * bpr + b]);
+            }
+#pragma unroll
+            for (int g = 0; g < MOE_DS_G; g++) {
+                if (!mask[g]) continue;
+                const int4 *xa = (const int4 *)(a.qs + (int64_t)hr[g] * ffn + b * 32);
+                const float da = a.d[(int64_t)hr[g] * bpr + b];
+                const int i0 = dot16(w1[g], xa[1], dot16(w0[g], xa[0], 0));
+                acc[g] = __fadd_rn(acc[g], __fmul_rn(__fmul_rn(sw[g], da), (float)i0));
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < MOE_DS_G; g++) {
+            if (!mask[g]) continue;
+            const float v = warp_sum(acc[g]);
+            for (unsigned m = mask[g]; m; m &= m - 1) tot = __fadd_rn(tot, __fmul_rn(wts[__ffs(m) - 1], v));
+        }
+        if (!mask[MOE_DS_G - 1]) break;
+    }
+    if (lane == 0) y[c] = tot;
 }
 
 /* y[j][i] = 0; then + w * out for row j's experts in ascending id order (em_axpy's rounding:
@@ -416,6 +519,10 @@ extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const flo
                gt, hq, hd);
     if ((rc = emc_launched(err, "k_moe_act"))) return rc;
     const moe_act ah = q8_down ? moe_act{ hq, hd, NULL, 0 } : moe_act{ NULL, NULL, gt, x->ffn };
+    if (n == 1 && x->down->type == EM_TYPE_Q8_0) { /* down and the weighted sum in one launch */
+        emc_launch(g, k_moe_down_sum, emc_blocks(cols, MM_WARPS), MM_WARPS * 32, 0, wd, ah, cols, ur, d_wts, d_y);
+        return emc_launched(err, "k_moe_down_sum");
+    }
     launch_down(x->down->type, n, wd, ah, cols, ur, (float *)(sc + l.out), g);
     if ((rc = emc_launched(err, "k_moe_down"))) return rc;
     dim3 g3(emc_blocks(cols, 256), (unsigned)n);

@@ -431,28 +431,29 @@ static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     const em_gpu_router r = { .n_expert = X, .k = K, .n_group = hp->n_group, .n_group_used = hp->n_group_used,
                               .norm = hp->expert_norm, .scale = hp->expert_scale };
     const bool shared = w->gate_sh.rows > 0, latent = w->routed_down.rows > 0;
-    const int64_t F = w->gate_sh.rows, L = w->routed_down.rows;
-    /* the products of the normed input in one launch where their types allow: the router, the
-     * shared expert's gate and up, K3's latent down */
-    const em_mat *from_x[4] = { &w->router };
-    float *y_x[4] = { B->logits_r };
-    int64_t ld_x[4] = { X };
-    int m = 1;
-    if (shared) {
-        from_x[m] = &w->gate_sh, y_x[m] = B->sg, ld_x[m++] = F;
-        from_x[m] = &w->up_sh, y_x[m] = B->su, ld_x[m++] = F;
-    }
-    if (latent) from_x[m] = &w->routed_down, y_x[m] = B->lx, ld_x[m++] = L;
-    int rc = mm_many(k, xa, from_x, y_x, ld_x, m, err);
-    if (rc) return rc;
-    if (shared) { /* the rest of the shared expert on a branch beside the routed ones */
-        if ((rc = em_gpu_fork(k->gpu, 1, err)) || (rc = em_gpu_branch(k->gpu, 1, err))) return rc;
-        rc = mlp_down(k, B->sg, B->su, F, n, &w->down_sh, B->ys, E, err);
+    const int64_t L = w->routed_down.rows;
+    int rc = EM_OK;
+    if (shared) { /* the shared expert on a branch beside the router and the routed experts (its
+                   * input's Q8_0 copy made first, on the main stream, for both) */
+        if ((rc = acts_ready(k, xa, &w->gate_sh, err)) || (rc = em_gpu_fork(k->gpu, 1, err)) ||
+            (rc = em_gpu_branch(k->gpu, 1, err)))
+            return rc;
+        rc = mlp(k, xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, B->ys, E, err);
         int rc2 = em_gpu_branch(k->gpu, 0, err);
         if (rc || (rc = rc2)) {
             em_gpu_join(k->gpu, err);
             return em_err_prefix(err, "shared expert");
         }
+    }
+    /* the router alone on the main stream (a one-row F32 router loads its rows in one round
+     * trip: mm_deep), with K3's latent down in the same launch */
+    const em_mat *from_x[2] = { &w->router, &w->routed_down };
+    float *y_x[2] = { B->logits_r, B->lx };
+    const int64_t ld_x[2] = { X, L };
+    rc = mm_many(k, xa, from_x, y_x, ld_x, latent ? 2 : 1, err);
+    if (rc) {
+        if (shared) em_gpu_join(k->gpu, err);
+        return rc;
     }
     const em_gpu_experts xs = {
         .gate = dmat(k, &w->gate_exps), .up = dmat(k, &w->up_exps), .down = dmat(k, &w->down_exps),

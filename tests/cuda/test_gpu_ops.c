@@ -1651,6 +1651,7 @@ static void test_all_but_moe(void) {
         test_matmul(types[t], HIDDEN, FFN_EXP);             /* an expert's down */
         test_matmul(types[t], KDA_HEADS * KDA_DIM, HIDDEN); /* a KDA q / k / v projection */
     }
+    test_matmul(EM_TYPE_F32, N_EXPERT, HIDDEN); /* a MoE router (one row: every load at once, mm_deep) */
     test_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN); /* the LM head */
     test_matmul(EM_TYPE_Q8_0, 1001, 512);     /* rows not a multiple of a warp's 4 outputs */
     test_matmul(EM_TYPE_BF16, 1003, 512);

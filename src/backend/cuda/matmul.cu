@@ -261,8 +261,9 @@ static size_t mm_prep_bytes(int n, int64_t cols) {
 
 /* One block of product w: rows j of x into rows j of w's y, integer layouts with Q8_0
  * activations (xq, xd; IB: made here from x by mm_prep_rows), float layouts with the F32 rows
- * (x, ldx); OUTS outputs a warp (mm_outs). rb: the block's index within w's blocks. */
-template <int T, int N, int OUTS, bool IB = false>
+ * (x, ldx); OUTS outputs a warp (mm_outs), FU steps loaded together by the float bodies (0:
+ * their default). rb: the block's index within w's blocks. */
+template <int T, int N, int OUTS, bool IB = false, int FU = 0>
 __device__ __forceinline__ void mm_block(const mm_job &w, unsigned rb, int64_t cols, const int8_t *xq, const float *xd,
                                          const float *x, int64_t ldx, int n, const mm_prep *p = nullptr) {
     extern __shared__ __align__(16) int8_t mm_smem[];
@@ -282,7 +283,7 @@ __device__ __forceinline__ void mm_block(const mm_job &w, unsigned rb, int64_t c
         mm_q8_0_warp<N, OUTS>((const int8_t *)w.data, (const __half *)w.scales, rows, cols, r0, xq, xd, n, idx, w.y, w.ldy,
                               idx);
     } else if constexpr (T == EM_TYPE_F32 || T == EM_TYPE_F16 || T == EM_TYPE_BF16) {
-        mm_float_warp<T, N, OUTS>(w.data, rows, cols, r0, x, ldx, n, idx, w.y, w.ldy, idx);
+        mm_float_warp<T, N, OUTS, FU>(w.data, rows, cols, r0, x, ldx, n, idx, w.y, w.ldy, idx);
     } else {
         static_assert(OUTS == MM_OUTS, "the Q4_K, Q6_K and MXFP4 bodies compute MM_OUTS outputs a warp");
         if constexpr (T == EM_TYPE_Q4_K) {
@@ -298,12 +299,12 @@ __device__ __forceinline__ void mm_block(const mm_job &w, unsigned rb, int64_t c
     }
 }
 
-template <int T, int N, int OUTS>
+template <int T, int N, int OUTS, int FU = 0>
 __global__ void __launch_bounds__(MM_WARPS * 32) k_mm(mm_jobs js, const int8_t *xq, const float *xd, const float *x,
                                                      int64_t ldx, int n) {
     emc_let_next_start();
     const mm_job w = mm_pick(js);
-    mm_block<T, N, OUTS>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
+    mm_block<T, N, OUTS, false, FU>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
 }
 
 /* k_mm with in-block activations (integer layouts only). */
@@ -314,17 +315,18 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_mm_ib(mm_jobs js, mm_prep p, 
     mm_block<T, N, OUTS, true>(w, blockIdx.x - w.block0, js.cols, nullptr, nullptr, x, ldx, n, &p);
 }
 
-/* Q8_0 products (blocks below split, O1 outputs a warp) and F32 products (O2) of one input in
+/* F32 products (blocks below split, O2 outputs a warp) and Q8_0 products (O1) of one input in
  * one launch: each block runs k_mm's body of its product's type, so each output is its own
- * em_gpu_matmul's (the KDA layer's beta beside its Q8_0 projections, a MoE router beside the
- * shared expert). */
+ * em_gpu_matmul's (the KDA layer's beta beside its Q8_0 projections). The F32 blocks come
+ * first: their rows take a lane more memory round trips, so they start in the first wave
+ * rather than lengthen the last. */
 template <int N, int O1, int O2>
 __global__ void __launch_bounds__(MM_WARPS * 32) k_mm_mixed(mm_jobs js, unsigned split, const int8_t *xq, const float *xd,
                                                            const float *x, int64_t ldx, int n) {
     emc_let_next_start();
     const mm_job w = mm_pick(js);
-    if (blockIdx.x < split) mm_block<EM_TYPE_Q8_0, N, O1>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
-    else mm_block<EM_TYPE_F32, N, O2>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
+    if (blockIdx.x < split) mm_block<EM_TYPE_F32, N, O2>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
+    else mm_block<EM_TYPE_Q8_0, N, O1>(w, blockIdx.x - w.block0, js.cols, xq, xd, x, ldx, n);
 }
 
 /* k_mm<T, N, OUTS>, or k_mm_ib for in-block activations of an integer layout. */
@@ -351,8 +353,21 @@ static void launch_mm_o(const em_gpu *g, const mm_jobs &js, unsigned blocks, con
         else launch_mm_n<T, 16, OUTS>(g, js, blocks, a);
     }
 }
+/* Whether a launch of F32 weights takes MM_STEPS_DEEP steps a lane: one row, one output a
+ * warp, and at most one block an SM, so that occupancy is not what it lacks. */
+static bool mm_deep(const em_gpu *g, int n, int64_t cols, unsigned blocks) {
+    return n == 1 && mm_outs(EM_TYPE_F32, n, cols) == MM_OUTS_NARROW && blocks <= (unsigned)g->info.sm_count;
+}
+
 template <int T>
 static void launch_mm_t(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+    if constexpr (T == EM_TYPE_F32) {
+        if (mm_deep(g, a->n, js.cols, blocks)) {
+            emc_launch(g, k_mm<T, 1, MM_OUTS_NARROW, MM_STEPS_DEEP>, blocks, MM_WARPS * 32, 0, js, a->qs, a->d, a->x,
+                       a->ldx, a->n);
+            return;
+        }
+    }
     if constexpr (mm_narrow_ok(T)) {
         if (mm_outs(T, a->n, js.cols) == MM_OUTS_NARROW) {
             launch_mm_o<T, MM_OUTS_NARROW>(g, js, blocks, a);
@@ -436,11 +451,11 @@ extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int cou
     js.count = count;
     js.cols = w0->cols;
     uint64_t blocks = 0, split = 0;
-    /* mixed: the Q8_0 products' blocks first, then the F32 ones' */
+    /* mixed: the F32 products' blocks first, then the Q8_0 ones' (k_mm_mixed) */
     for (int pass = 0, m = 0; pass < (mixed ? 2 : 1); pass++) {
         for (int i = 0; i < count; i++) {
             const em_gpu_mat *w = outs[i].w;
-            if (mixed && (w->type == EM_TYPE_Q8_0) != (pass == 0)) continue;
+            if (mixed && (w->type == EM_TYPE_F32) != (pass == 0)) continue;
             EMC_CHECK(w->cols == act->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
                       (long long)act->cols, (long long)w->cols);
             EMC_CHECK(outs[i].d_y && outs[i].ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows",

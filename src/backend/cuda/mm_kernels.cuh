@@ -90,6 +90,10 @@ static inline int mm_outs(int type, int n, int64_t cols) {
 /* Column steps whose weight loads a one-output warp issues together (the rounds of its loop
  * overlap in memory). */
 #define MM_STEPS_NARROW 4
+/* 16-byte float pieces a lane of a one-row F32 launch that cannot fill the GPU (at most one
+ * block an SM: a MoE router) loads at once: a row of up to 3,072 values in one memory round
+ * trip instead of three; the registers it takes cost nothing at that size (mm_deep). */
+#define MM_STEPS_DEEP 24
 
 /* The 16 int8 products of w and a added to s, in dp4a order x, y, z, w (exact integers). */
 static __device__ __forceinline__ int dot16(int4 w, int4 a, int s) {
@@ -206,13 +210,15 @@ __device__ __forceinline__ void load_x(const float *p, float (&v)[8]) {
 /* Float weights x F32 activations: a warp computes OUTS consecutive outputs; lane l takes
  * 16-byte pieces l, l + 32, ... of each; per piece one fma chain over its values in order.
  * Row j reads activation row xr[j] (x + xr[j] * ldx) and writes output row yr[j]. As for
- * Q8_0, an output's chain does not depend on N, OUTS or the steps loaded together. */
-template <int T, int N, int OUTS = MM_OUTS>
+ * Q8_0, an output's chain does not depend on N, OUTS or the steps loaded together (U; 0: the
+ * default, 2 MM_STEPS_NARROW for one output a warp, since a float step is 16 bytes and a Q8_0
+ * step 34, else 1). */
+template <int T, int N, int OUTS = MM_OUTS, int U0 = 0>
 __device__ __forceinline__ void mm_float_warp(const uint8_t *wdata, int64_t rows, int64_t cols, int64_t r0, const float *x,
                                               int64_t ldx, int n, const int (&xr)[N], float *y, int64_t ldy,
                                               const int (&yr)[N]) {
     constexpr int V = wpiece<T>::V;
-    constexpr int U = OUTS == 1 ? 2 * MM_STEPS_NARROW : 1; /* a float step is 16 bytes, a Q8_0 step 34 */
+    constexpr int U = U0 > 0 ? U0 : OUTS == 1 ? 2 * MM_STEPS_NARROW : 1;
     const int lane = threadIdx.x & 31;
     const int64_t pieces = cols / V;
     const uint8_t *w[OUTS];

@@ -23,10 +23,12 @@ __device__ __forceinline__ int4 ld_nc16(const void *p) {
     return v;
 }
 
+/* The 128-byte line holding p asked of L2. */
+__device__ __forceinline__ void prefetch_line(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 /* Before waiting for the kernels before it, a warp asks L2 for the weight bytes it is about to
  * stream (lane l takes the 128-byte lines l, l + 32, ... of [p, p + bytes)): a product whose
  * launch overlaps the kernel before it (emc_launch) reads its weights meanwhile. */
-__device__ __forceinline__ void prefetch_line(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void prefetch_l2(const void *p, uint64_t bytes) {
     const uintptr_t end = (uintptr_t)p + bytes;
     for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + (uintptr_t)(threadIdx.x & 31) * 128; a < end; a += 32 * 128)

@@ -496,13 +496,7 @@ __device__ __forceinline__ float mp_bias_row(const int8_t *w2q, const __half *w2
                                              const int8_t *e_qs, const float *e_qd, bool live) {
     const int j = (threadIdx.x & 31) % L;
     float v = 0.0f;
-    if (live && j < bpr) {
-        const int8_t *w = w2q + (r * bpr + j) * 32;
-        const int4 w0 = ld_nc16(w), w1 = ld_nc16(w + 16);
-        const int4 *xa = (const int4 *)(e_qs + j * 32);
-        const int i0 = dot16(w1, xa[1], dot16(w0, xa[0], 0));
-        v = __fadd_rn(0.0f, __fmul_rn(__fmul_rn(__half2float(w2d[r * bpr + j]), e_qd[j]), (float)i0));
-    }
+    if (live && j < bpr) v = q8_0_block_add(0.0f, q8_0_load(w2q + r * bpr * 32, w2d + r * bpr, j), e_qs + j * 32, e_qd[j]);
     for (int o = L / 2; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }

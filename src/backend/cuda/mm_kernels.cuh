@@ -105,6 +105,23 @@ static __device__ __forceinline__ int dot16(int4 w, int4 a, int s) {
     return __dp4a(w.w, a.w, s);
 }
 
+/* Q8_0 block b of a weight row (quants w, scales d) as a lane holds it: its 32 quants in two
+ * 16-byte loads and its scale. */
+typedef struct q8_block {
+    int4 lo, hi;
+    float d;
+} q8_block;
+__device__ __forceinline__ q8_block q8_0_load(const int8_t *w, const __half *d, int64_t b) {
+    return { ld_nc16(w + b * 32), ld_nc16(w + b * 32 + 16), __half2float(d[b]) };
+}
+/* acc + (d_w * d_a) * (the exact integer dot of the block with activation quants a): quant/'s
+ * scalar kernel's rounding, one rounded add per block. */
+__device__ __forceinline__ float q8_0_block_add(float acc, const q8_block &w, const int8_t *a, float da) {
+    const int4 *xa = (const int4 *)a;
+    const int i0 = dot16(w.hi, xa[1], dot16(w.lo, xa[0], 0));
+    return __fadd_rn(acc, __fmul_rn(__fmul_rn(w.d, da), (float)i0));
+}
+
 /* Q8_0 weights x Q8_0 activations: a warp computes OUTS consecutive outputs; lane l takes
  * blocks l, l + 32, ... of each; per block an exact integer dot (dp4a), then
  * sum += (d_w * d_a) * isum, as quant/'s scalar kernel. The activation block is loaded once
@@ -132,18 +149,13 @@ __device__ __forceinline__ void mm_q8_0_warp(const int8_t *wq, const __half *wd,
 #pragma unroll
         for (int o = 0; o < OUTS; o++) acc[j][o] = 0.0f;
     for (int64_t b0 = lane; b0 < bpr; b0 += 32 * U) {
-        int4 w0[U][OUTS], w1[U][OUTS];
-        float s[U][OUTS];
+        q8_block wb[U][OUTS];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t b = b0 + 32 * u;
             if (b >= bpr) break;
 #pragma unroll
-            for (int o = 0; o < OUTS; o++) {
-                w0[u][o] = ld_nc16(w[o] + b * 32);
-                w1[u][o] = ld_nc16(w[o] + b * 32 + 16);
-                s[u][o] = __half2float(dw[o][b]);
-            }
+            for (int o = 0; o < OUTS; o++) wb[u][o] = q8_0_load(w[o], dw[o], b);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -152,14 +164,10 @@ __device__ __forceinline__ void mm_q8_0_warp(const int8_t *wq, const __half *wd,
 #pragma unroll
             for (int j = 0; j < N; j++) {
                 if (j >= n) break;
-                const int4 *xa = (const int4 *)(xq + (int64_t)xr[j] * cols + b * 32);
-                const int4 a0 = xa[0], a1 = xa[1];
+                const int8_t *xa = xq + (int64_t)xr[j] * cols + b * 32;
                 const float da = xd[(int64_t)xr[j] * bpr + b];
 #pragma unroll
-                for (int o = 0; o < OUTS; o++) {
-                    const int i0 = dot16(w1[u][o], a1, dot16(w0[u][o], a0, 0));
-                    acc[j][o] = __fadd_rn(acc[j][o], __fmul_rn(__fmul_rn(s[u][o], da), (float)i0));
-                }
+                for (int o = 0; o < OUTS; o++) acc[j][o] = q8_0_block_add(acc[j][o], wb[u][o], xa, da);
             }
         }
     }

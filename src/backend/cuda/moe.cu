@@ -306,23 +306,15 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 3)
             acc[g] = 0.0f;
         }
         for (int64_t b = lane; b < bpr; b += 32) {
-            int4 w0[MOE_DS_G], w1[MOE_DS_G];
-            float sw[MOE_DS_G];
+            q8_block wb[MOE_DS_G];
 #pragma unroll
-            for (int g = 0; g < MOE_DS_G; g++) {
-                if (!mask[g]) continue;
-                w0[g] = ld_nc16(wq + row[g] * ffn + b * 32);
-                w1[g] = ld_nc16(wq + row[g] * ffn + b * 32 + 16);
-                sw[g] = __half2float(wd[row[g] * bpr + b]);
-            }
+            for (int g = 0; g < MOE_DS_G; g++)
+                if (mask[g]) wb[g] = q8_0_load(wq + row[g] * ffn, wd + row[g] * bpr, b);
 #pragma unroll
-            for (int g = 0; g < MOE_DS_G; g++) {
-                if (!mask[g]) continue;
-                const int4 *xa = (const int4 *)(a.qs + (int64_t)hr[g] * ffn + b * 32);
-                const float da = a.d[(int64_t)hr[g] * bpr + b];
-                const int i0 = dot16(w1[g], xa[1], dot16(w0[g], xa[0], 0));
-                acc[g] = __fadd_rn(acc[g], __fmul_rn(__fmul_rn(sw[g], da), (float)i0));
-            }
+            for (int g = 0; g < MOE_DS_G; g++)
+                if (mask[g])
+                    acc[g] = q8_0_block_add(acc[g], wb[g], a.qs + (int64_t)hr[g] * ffn + b * 32,
+                                            a.d[(int64_t)hr[g] * bpr + b]);
         }
 #pragma unroll
         for (int g = 0; g < MOE_DS_G; g++) {

@@ -11,8 +11,9 @@
  * numbers), not a test.
  *
  * usage: bench_pair [-m TARGET.gguf] [--draft DRAFT.gguf] [--device D] [--draft-device D]
- *                   [--threads T] [-n N] [--limit L] [--sets humaneval,mt_bench]
- *   defaults: the default pair of models/, cpu / cpu, 2 threads, 128 tokens, 16 prompts a set
+ *                   [--threads T] [-n N] [--limit L] [--sets humaneval,mt_bench] [--verify-width W]
+ *   defaults: the default pair of models/, cpu / cpu, 2 threads, 128 tokens, 16 prompts a set,
+ *   the scheduler's widths (--verify-width W: W rows every pass, as `ember run --verify-width`)
  *   (bench/eval/humaneval_64.jsonl raw, bench/eval/mt_bench_64.jsonl in the chat format), run
  *   from the repository root. */
 #include <jansson.h>
@@ -88,7 +89,7 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
     if (rc) return rc;
     double tp[MAX_PROMPTS], ts[MAX_PROMPTS], ratio[MAX_PROMPTS];
     uint64_t passes = 0, accepted = 0, plain_passes = 0;
-    double draft_s = 0, spec_s = 0, target_s = 0, plain_s = 0, plain_target_s = 0;
+    double rows = 0, draft_s = 0, spec_s = 0, target_s = 0, plain_s = 0, plain_target_s = 0;
     int n = 0, same = 0;
     char *save = NULL;
     for (char *line = strtok_r(text, "\n", &save); line && n < o->limit; line = strtok_r(NULL, "\n", &save)) {
@@ -106,6 +107,7 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
         tp[n] = ra.n_gen / (ra.gen_seconds > 0 ? ra.gen_seconds : 1e-9);
         ts[n] = rb.n_gen / (rb.gen_seconds > 0 ? rb.gen_seconds : 1e-9);
         ratio[n] = ts[n] / tp[n];
+        rows += rb.mean_verify_width * (double)rb.passes;
         passes += rb.passes, accepted += rb.accepted, draft_s += rb.draft_seconds, spec_s += rb.gen_seconds;
         target_s += rb.target_seconds, plain_passes += ra.passes, plain_s += ra.gen_seconds;
         plain_target_s += ra.target_seconds;
@@ -115,9 +117,10 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
     if (rc) return rc;
     const double tau = passes ? (double)(passes + accepted) / (double)passes : 0;
     const double per_pass = passes ? 1e3 / (double)passes : 0, per_plain = plain_passes ? 1e3 / (double)plain_passes : 0;
-    printf("%-28s %3d prompts  plain %7.0f tok/s  spec %7.0f tok/s  %.2fx (per prompt %.2fx)  tau %.2f  pass %.3f ms "
+    printf("%-28s %3d prompts  plain %7.0f tok/s  spec %7.0f tok/s  %.2fx (per prompt %.2fx)  tau %.2f  width %.2f  pass %.3f ms "
            "(drafter %.3f, target %.3f, loop %.3f; plain pass %.3f, target %.3f)  identical %d/%d\n", path, n,
            bench_median(tp, n), bench_median(ts, n), bench_median(ts, n) / bench_median(tp, n), bench_median(ratio, n), tau,
+           passes ? rows / (double)passes : 0,
            spec_s * per_pass, draft_s * per_pass, target_s * per_pass, (spec_s - draft_s - target_s) * per_pass,
            plain_s * per_plain, plain_target_s * per_plain, same, n);
     return same == n ? EM_OK : em_err_set(err, EM_EINVAL, "%s: speculative greedy tokens differ from plain on %d prompts",
@@ -127,7 +130,7 @@ static int run_set(em_decode *plain, em_decode *spec, const em_tok *tok, const c
 int main(int argc, char **argv) {
     const char *model = "models/kimi-linear-19m-q8_0.gguf", *draft = "models/dspark-kimi-linear-19m-q8_0.gguf";
     const char *device = "cpu", *draft_device = "cpu", *sets = "humaneval,mt_bench";
-    int threads = 2;
+    int threads = 2, width = 0;
     run_opts o = { .n_gen = 128, .limit = 16 };
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
@@ -139,13 +142,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-n")) o.n_gen = atoi(v);
         else if (!strcmp(a, "--limit")) o.limit = atoi(v);
         else if (!strcmp(a, "--sets")) sets = v;
+        else if (!strcmp(a, "--verify-width")) width = atoi(v);
         else {
             fprintf(stderr, "bench_pair: unknown flag %s (see the comment at the top of bench/bench_pair.c)\n", a);
             return 2;
         }
     }
-    if (o.n_gen < 1 || o.n_gen > MAX_GEN || o.limit < 1 || o.limit > MAX_PROMPTS || threads < 1) {
-        fprintf(stderr, "bench_pair: -n 1..%d, --limit 1..%d, --threads >= 1\n", MAX_GEN, MAX_PROMPTS);
+    if (o.n_gen < 1 || o.n_gen > MAX_GEN || o.limit < 1 || o.limit > MAX_PROMPTS || threads < 1 || width < 0) {
+        fprintf(stderr, "bench_pair: -n 1..%d, --limit 1..%d, --threads >= 1, --verify-width >= 0\n", MAX_GEN,
+                MAX_PROMPTS);
         return 2;
     }
     em_err err = { 0 };
@@ -170,7 +175,9 @@ int main(int argc, char **argv) {
     if (!rc) rc = em_tok_create(&tok, g, NULL, &err);
     if (!rc) rc = em_decode_create(&plain, t, &(em_decode_opts){ .tok = tok }, &err);
     if (!rc)
-        rc = em_decode_create(&spec, t, &(em_decode_opts){ .tok = tok, .drafter = d, .spec_policy = EM_DECODE_SPEC_ALWAYS },
+        rc = em_decode_create(&spec, t,
+                              &(em_decode_opts){ .tok = tok, .drafter = d, .spec_policy = EM_DECODE_SPEC_ALWAYS,
+                                                 .verify_width = width },
                               &err);
     if (!rc) {
         printf("bench_pair: target %s on %s, drafter on %s, %d threads, %d tokens, greedy, --spec-policy always\n", model,

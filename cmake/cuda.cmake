@@ -46,6 +46,18 @@ set_target_properties(ember_cuda PROPERTIES COMPILE_OPTIONS "" CUDA_STANDARD 17 
 target_compile_options(ember_cuda PRIVATE --fmad=false -Xcompiler=-Wall,-Wextra -D_GNU_SOURCE
                        $<$<BOOL:${EMBER_WERROR}>:-Werror=all-warnings>)
 target_include_directories(ember_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# NCCL for several GPUs (ep.cu): only its header at build time; libnccl.so.2 is loaded when a
+# run opens two or more devices, so one-GPU runs and binaries carried elsewhere need none of it.
+find_path(EM_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+if(EM_NCCL_INCLUDE)
+  message(STATUS "Ember: NCCL header ${EM_NCCL_INCLUDE}/nccl.h (several GPUs)")
+  target_include_directories(ember_cuda PRIVATE ${EM_NCCL_INCLUDE})
+  target_compile_definitions(ember_cuda PRIVATE EM_HAVE_NCCL=1)
+  target_link_libraries(ember_core PUBLIC ${CMAKE_DL_LIBS})
+else()
+  message(STATUS "Ember: no nccl.h: --devices with two or more GPUs will say this build lacks NCCL")
+  target_compile_definitions(ember_cuda PRIVATE EM_HAVE_NCCL=0)
+endif()
 set_source_files_properties(${EM_GPU_NONE} PROPERTIES HEADER_FILE_ONLY ON)
 target_sources(ember_core PRIVATE $<TARGET_OBJECTS:ember_cuda>)
 set_target_properties(ember_core PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")

@@ -32,7 +32,7 @@
 static const char bench_usage[] =
     "usage: ember bench -m MODEL.gguf [-p P] [-n N] [--threads T] [--reps R] [--warmup K]\n"
     "                   [--verify-width W] [--commit C] [--ubatch U] [--seed S] [--json] [--phases]\n"
-    "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE] [--device D]\n"
+    "                   [--moe-storage resident|ssd|auto] [--expert-cache SIZE] [--device D] [--devices L]\n"
     "\n"
     "Measures prompt and decode speed. Each repetition resets the sequence, prefills P\n"
     "pseudo-random token ids (timed: prompt tok/s), then runs N decode steps, each a\n"
@@ -57,6 +57,8 @@ static const char bench_usage[] =
     "                         with ssd the decode line is followed by storage bytes per\n"
     "                         committed row\n"
     "      --device D         cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n"
+    "      --devices L        the routed experts over several GPUs, e.g. cuda:0,cuda:1 (the first holds\n"
+    "                         the rest of the model)\n"
     "      --phases           also print where a decode step's time goes (a CPU target's phases)\n"
     "      --json             one JSON object on stdout instead of the table (phases included)\n";
 
@@ -69,6 +71,7 @@ typedef struct bench_opts {
     bool json, phases;
     int moe_storage;            /* enum em_moe_storage */
     int device, cuda_index;     /* --device (enum em_device_kind) */
+    int cuda_devices[EM_GPU_MAX_SHARES], n_cuda_devices; /* --devices */
     uint64_t expert_cache;
 } bench_opts;
 
@@ -362,7 +365,8 @@ static int run_bench(bench_opts *o, em_err *err) {
     em_model_opts mo = {
         .n_threads = o->n_threads, .n_ctx = (int)positions, .ubatch = o->ubatch,
         .moe_storage = o->moe_storage, .expert_cache_bytes = o->expert_cache,
-        .device = o->device, .cuda_index = o->cuda_index,
+        .device = o->device, .cuda_index = o->cuda_index, .cuda_devices = o->cuda_devices,
+        .n_cuda_devices = o->n_cuda_devices,
         .max_verify = o->width > EM_MODEL_DEFAULT_MAX_VERIFY ? o->width : 0,
     };
     em_target *t;
@@ -429,10 +433,16 @@ static int bench_main(int argc, char **argv) {
             o.phases = true;
             continue;
         }
-        if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache") || !strcmp(a, "--device")) && i + 1 >= argc)
+        if ((!strcmp(a, "--moe-storage") || !strcmp(a, "--expert-cache") || !strcmp(a, "--device") ||
+             !strcmp(a, "--devices")) && i + 1 >= argc)
             return em_cli_usage_error(cmd, "%s needs a value", a);
         if (!strcmp(a, "--device")) {
             int rc = em_cli_device(cmd, a, argv[++i], &o.device, &o.cuda_index);
+            if (rc >= 0) return rc;
+            continue;
+        }
+        if (!strcmp(a, "--devices")) {
+            int rc = em_cli_devices(cmd, a, argv[++i], o.cuda_devices, &o.n_cuda_devices);
             if (rc >= 0) return rc;
             continue;
         }

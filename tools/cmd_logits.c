@@ -15,6 +15,7 @@
 
 static const char logits_usage[] =
     "usage: ember logits -m MODEL.gguf --tokens LIST -o OUT.f32 [--threads N] [--ctx N] [--device D]\n"
+    "                    [--devices L]\n"
     "\n"
     "Runs the model over the token ids of LIST from an empty state and writes the logits of\n"
     "every position to OUT.f32 as little-endian f32 [n_tokens][n_vocab].\n"
@@ -24,7 +25,9 @@ static const char logits_usage[] =
     "  -o, --output OUT    the file to write\n"
     "  --threads N         compute threads (default: all CPUs)\n"
     "  --ctx N             context positions (default: the model's, at most 4096)\n"
-    "  --device D          cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n";
+    "  --device D          cpu, cuda:N or auto (default: cuda:0 when the model fits there, else cpu)\n"
+    "  --devices L         the routed experts over several GPUs, e.g. cuda:0,cuda:1 (the first holds the\n"
+    "                      rest of the model)\n";
 
 #define MAX_TOKENS (1 << 24)
 
@@ -126,11 +129,13 @@ static int logits_main(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *out = NULL;
     em_model_opts opts = { 0 };
     em_err err = { 0 };
+    int devices[EM_GPU_MAX_SHARES];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--tokens") || !strcmp(a, "-o") ||
-                     !strcmp(a, "--output") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--device");
+                     !strcmp(a, "--output") || !strcmp(a, "--threads") || !strcmp(a, "--ctx") || !strcmp(a, "--device") ||
+                     !strcmp(a, "--devices");
         if (!takes) {
             if (a[0] == '-') return em_cli_usage_error(&em_cmd_logits, "unknown flag '%s'", a);
             return em_cli_usage_error(&em_cmd_logits, "unexpected argument '%s'", a);
@@ -144,6 +149,10 @@ static int logits_main(int argc, char **argv) {
         else if (!strcmp(a, "--device")) {
             int rc = em_cli_device(&em_cmd_logits, a, val, &opts.device, &opts.cuda_index);
             if (rc >= 0) return rc;
+        } else if (!strcmp(a, "--devices")) {
+            int rc = em_cli_devices(&em_cmd_logits, a, val, devices, &opts.n_cuda_devices);
+            if (rc >= 0) return rc;
+            opts.cuda_devices = devices;
         }
         else if (!strcmp(a, "--threads")) {
             if (em_parse_int(val, 1, 1024, &v, "--threads", &err)) return em_cli_usage_error(&em_cmd_logits, "%s", err.msg);

@@ -19,6 +19,7 @@
 static const char *const value_flags[] = {
     "-m", "--model", "--threads", "-c", "--ctx-size", "--draft", "--device", "--draft-device",
     "--moe-storage", "--expert-cache", "--expert-prefetch", "--verify-width", "--feature-dtype", "--spec-policy",
+    "--devices",
 };
 
 bool em_model_flag(const char *a) {
@@ -49,6 +50,25 @@ int em_cli_device(const em_cmd *cmd, const char *flag, const char *v, int *devic
     return em_cli_usage_error(cmd, "%s: '%s' is not cpu, auto, cuda or cuda:N", flag, v);
 }
 
+int em_cli_devices(const em_cmd *cmd, const char *flag, const char *v, int *list, int *n) {
+    char buf[256];
+    if (strlen(v) >= sizeof buf) return em_cli_usage_error(cmd, "%s: the list is too long", flag);
+    snprintf(buf, sizeof buf, "%s", v);
+    *n = 0;
+    char *save = NULL;
+    for (char *d = strtok_r(buf, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+        em_err err = { 0 };
+        if (*n == EM_GPU_MAX_SHARES) return em_cli_usage_error(cmd, "%s: more than %d devices", flag, EM_GPU_MAX_SHARES);
+        if (strncmp(d, "cuda", 4) || em_gpu_parse_device(d, &list[*n], &err))
+            return em_cli_usage_error(cmd, "%s: '%s' is not cuda:N%s%s", flag, d, err.msg[0] ? ": " : "", err.msg);
+        for (int i = 0; i < *n; i++)
+            if (list[i] == list[*n]) return em_cli_usage_error(cmd, "%s: cuda:%d is listed twice", flag, list[i]);
+        ++*n;
+    }
+    if (*n == 0) return em_cli_usage_error(cmd, "%s: no device in '%s'", flag, v);
+    return -1;
+}
+
 /* --draft-device: cpu, cuda or cuda:N (auto is the target's business only). */
 static int parse_draft_device(const em_cmd *cmd, const char *flag, const char *v, em_model_flags *f) {
     int device = EM_DEVICE_CPU, index = 0;
@@ -67,6 +87,7 @@ static int check_future_flag(const em_cmd *cmd, const char *a, const char *v, em
         return -1;
     }
     if (!strcmp(a, "--device")) return em_cli_device(cmd, a, v, &f->device, &f->cuda_index);
+    if (!strcmp(a, "--devices")) return em_cli_devices(cmd, a, v, f->cuda_devices, &f->n_cuda_devices);
     if (!strcmp(a, "--draft-device")) return parse_draft_device(cmd, a, v, f);
     if (!strcmp(a, "--moe-storage")) {
         if (!strcmp(v, "resident") || !strcmp(v, "auto") || !strcmp(v, "ssd")) {
@@ -180,7 +201,8 @@ em_model_opts em_model_flags_opts(const em_model_flags *f) {
     int storage = !f->moe_storage || !strcmp(f->moe_storage, "auto") ? EM_MOE_AUTO
                   : !strcmp(f->moe_storage, "ssd")                      ? EM_MOE_SSD
                                                                         : EM_MOE_RESIDENT;
-    return (em_model_opts){ .device = f->device, .cuda_index = f->cuda_index, .n_threads = f->n_threads, .n_ctx = f->n_ctx, .moe_storage = storage,
+    return (em_model_opts){ .device = f->device, .cuda_index = f->cuda_index, .cuda_devices = f->cuda_devices,
+                            .n_cuda_devices = f->n_cuda_devices, .n_threads = f->n_threads, .n_ctx = f->n_ctx, .moe_storage = storage,
                             .expert_cache_bytes = f->expert_cache, .expert_no_prefetch = f->expert_no_prefetch };
 }
 

@@ -6,6 +6,7 @@
 #ifndef EM_TOOLS_MODEL_FLAGS_H
 #define EM_TOOLS_MODEL_FLAGS_H
 
+#include "backend/gpu.h"
 #include "cli.h"
 #include "draft/draft.h"
 #include "model/model.h"
@@ -35,6 +36,8 @@ typedef struct em_model_flags {
     const char *feature_dtype; /* --feature-dtype: f32, f16, bf16 or q8_0 (NULL: default) */
     int device;         /* --device: enum em_device_kind (0: auto) */
     int cuda_index;     /* --device cuda:N */
+    int cuda_devices[EM_GPU_MAX_SHARES]; /* --devices: the routed experts over these */
+    int n_cuda_devices;
     const char *draft_device; /* --draft-device cuda:N as given; NULL: cpu */
 } em_model_flags;
 
@@ -50,6 +53,8 @@ typedef struct em_model_flags {
     "                         -m and no --draft: plain; with neither: the default drafter\n"            \
     "      --device D         where the target runs: cpu, cuda:N (cuda = cuda:0) or auto (default:\n"   \
     "                         cuda:0 when a usable GPU is there and the model fits, else cpu)\n"       \
+    "      --devices L        spread the routed experts over several GPUs of this host, e.g.\n"        \
+    "                         cuda:0,cuda:1 (the first holds the rest of the model; NCCL)\n"          \
     "      --draft-device D   where the drafter runs: cpu (default) or cuda:N (greedy drafting)\n"     \
     "      --moe-storage M    routed experts resident (mapped), ssd (read on demand through the\n"      \
     "                         expert cache) or auto (resident when the model fits in memory)\n"         \
@@ -70,6 +75,9 @@ typedef struct em_model_flags {
 /* A device name for flag (cpu, auto, cuda, cuda:N) into *device (enum em_device_kind) and
  * *cuda_index. Returns -1 to go on, or EM_EXIT_USAGE after saying what is wrong. */
 int em_cli_device(const em_cmd *cmd, const char *flag, const char *v, int *device, int *cuda_index);
+/* A --devices list (cuda:N,cuda:M,...; at most EM_GPU_MAX_SHARES, none twice) into list / *n.
+ * Returns -1 to go on, or EM_EXIT_USAGE after saying what is wrong. */
+int em_cli_devices(const em_cmd *cmd, const char *flag, const char *v, int *list, int *n);
 /* True when a is one of the model flags (each takes a value). */
 bool em_model_flag(const char *a);
 /* Takes model flag a with its value v into f. Returns -1 to go on, or an exit status after

@@ -363,6 +363,46 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
                         const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch,
                         float *d_y, int64_t ldy, em_err *err);
 
+/* ---- experts in shares (expert parallelism; docs/cuda.md "Several GPUs") -----------------
+ * A MoE layer's experts split into contiguous shares, each held by one device: share r holds
+ * experts first[r] .. first[r + 1] - 1. em_gpu_moe_share runs the experts a share holds over
+ * the rows routed to them (ids are the whole layer's), with em_gpu_moe's kernels, and leaves
+ * each slot's unweighted down output at row (j k + t) of d_slots [n * k][cols] (slots of
+ * experts it does not hold are not written); em_gpu_moe_combine then makes y from every
+ * share's slots with em_gpu_moe's sum (ascending expert order, each product rounded, then the
+ * add). So y is bit-identical to em_gpu_moe over the whole stack, however the experts are
+ * split. */
+#define EM_GPU_MAX_SHARES 8
+
+typedef struct em_gpu_moe_parts {
+    const float *out[EM_GPU_MAX_SHARES];  /* each share's d_slots, on the combining device */
+    int first[EM_GPU_MAX_SHARES + 1];     /* share r: experts first[r] .. first[r + 1] - 1 */
+    int n;                                /* shares, 1..EM_GPU_MAX_SHARES */
+} em_gpu_moe_parts;
+
+/* share: the share's stacks (share->n_expert experts, the first being expert first_expert of
+ * the layer); x_act as em_gpu_moe_prepared's (or NULL); d_scratch of
+ * em_gpu_moe_scratch_bytes(share->n_expert, k, ffn, cols, n) bytes. */
+int em_gpu_moe_share(em_gpu *g, const em_gpu_experts *share, int first_expert, const float *d_x, int64_t ldx, int n,
+                     const em_gpu_act *x_act, const int32_t *d_ids, int k, void *d_scratch, float *d_slots,
+                     em_err *err);
+int em_gpu_moe_combine(em_gpu *g, const em_gpu_moe_parts *parts, const int32_t *d_ids, const float *d_wts, int n,
+                       int k, int64_t cols, float *d_y, int64_t ldy, em_err *err);
+
+/* The exchanges between the devices of one host that hold shares (ep.cu): a communicator over
+ * gpus[0..n-1] (distinct devices, 1..EM_GPU_MAX_SHARES; device 0 routes and combines), NCCL
+ * underneath for two or more (libnccl.so.2, loaded then; NCCL_NVLS_ENABLE=0 unless the
+ * environment sets it). Each exchange is queued on every device's current stream, no host
+ * sync; with one device both are no-ops. */
+typedef struct em_gpu_ep em_gpu_ep;
+int em_gpu_ep_open(em_gpu *const *gpus, int n, em_gpu_ep **out, em_err *err);
+void em_gpu_ep_close(em_gpu_ep *ep); /* NULL-safe */
+int em_gpu_ep_devices(const em_gpu_ep *ep);
+/* bytes at bufs[0] (device 0) into bufs[r] of every device r >= 1. */
+int em_gpu_ep_broadcast(em_gpu_ep *ep, void *const *bufs, uint64_t bytes, em_err *err);
+/* bytes at src[r] (device r >= 1) into dst[r] on device 0 (src[0], dst[0] unused). */
+int em_gpu_ep_gather(em_gpu_ep *ep, const void *const *src, void *const *dst, uint64_t bytes, em_err *err);
+
 /* ==== sequence state: KDA and MLA (kda.cu, mla.cu) ===================================== */
 
 /* ---- KDA (model/kda.c's twin; docs/cuda.md "Sequence state on the device") --------------

@@ -316,3 +316,33 @@ int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const floa
         (void)d_e_qd, (void)softcap, (void)d_d2t, (void)d_logits, (void)vocab, (void)d_part, (void)d_count, (void)next;
     return NONE(err);
 }
+int em_gpu_moe_share(em_gpu *g, const em_gpu_experts *share, int first_expert, const float *d_x, int64_t ldx, int n,
+                     const em_gpu_act *x_act, const int32_t *d_ids, int k, void *d_scratch, float *d_slots,
+                     em_err *err) {
+    (void)g, (void)share, (void)first_expert, (void)d_x, (void)ldx, (void)n, (void)x_act, (void)d_ids, (void)k;
+    (void)d_scratch, (void)d_slots;
+    return NONE(err);
+}
+int em_gpu_moe_combine(em_gpu *g, const em_gpu_moe_parts *parts, const int32_t *d_ids, const float *d_wts, int n,
+                       int k, int64_t cols, float *d_y, int64_t ldy, em_err *err) {
+    (void)g, (void)parts, (void)d_ids, (void)d_wts, (void)n, (void)k, (void)cols, (void)d_y, (void)ldy;
+    return NONE(err);
+}
+int em_gpu_ep_open(em_gpu *const *gpus, int n, em_gpu_ep **out, em_err *err) {
+    (void)gpus, (void)n;
+    if (out) *out = NULL;
+    return NONE(err);
+}
+void em_gpu_ep_close(em_gpu_ep *ep) { (void)ep; }
+int em_gpu_ep_devices(const em_gpu_ep *ep) {
+    (void)ep;
+    return 0;
+}
+int em_gpu_ep_broadcast(em_gpu_ep *ep, void *const *bufs, uint64_t bytes, em_err *err) {
+    (void)ep, (void)bufs, (void)bytes;
+    return NONE(err);
+}
+int em_gpu_ep_gather(em_gpu_ep *ep, const void *const *src, void *const *dst, uint64_t bytes, em_err *err) {
+    (void)ep, (void)src, (void)dst, (void)bytes;
+    return NONE(err);
+}

@@ -18,9 +18,12 @@
  *   restores them, and its commit replays the accepted tokens (as the CPU target does).
  * - Every op keeps width invariance (gpu.h), so a verify row is bit-identical to a one-row
  *   decode of the same token: greedy speculative output equals plain output on this target.
- * - Routed experts are resident in device memory (no SSD mode on the GPU yet). */
+ * - Routed experts are resident in device memory (no SSD mode on the GPU yet): on this device,
+ *   or with `--devices` spread over several (kimi_cuda_ep.c), where passes run their kernels
+ *   as they are issued, without graphs. */
 #include "backend/gpu.h"
 #include "model/arch.h"
+#include "model/kimi_cuda_ep.h"
 #include "model/kimi_impl.h"
 
 #include <math.h>
@@ -47,6 +50,7 @@ typedef struct gk_weight {
     const void *key;
     char name[96];
     bool is_vec;
+    bool expert_stack;  /* routed experts that kimi_cuda_ep.c places (several devices) */
     em_mat m;           /* matrices: the host view */
     int64_t n;          /* vectors: values */
     em_gpu_mat dm;      /* matrices on the device */
@@ -89,6 +93,7 @@ typedef struct gk {
     kimi_hparams hp;
     kimi_weights w;
     em_gpu *gpu;
+    gk_ep *ep;               /* routed experts over several devices, or NULL */
     int index;
     char device[300];
     gk_table tab;
@@ -419,6 +424,15 @@ static int mlp(gk *k, gk_acts *a, const em_mat *gate, const em_mat *up, const em
     return rc ? rc : mlp_down(k, g, u, F, a->n, down, d_y, ldy, err);
 }
 
+/* The routed experts of MoE layer moe_index over the n rows x (cols values; xq: their Q8_0
+ * activations, or NULL) routed by ids and B.wts, into out (ld cols): on this device, or over
+ * several (the same bits). */
+static int routed(gk *k, int moe_index, const em_gpu_experts *xs, const float *x, int64_t cols, int n,
+                  const em_gpu_act *xq, const int32_t *ids, float *out, em_err *err) {
+    if (k->ep) return gk_ep_moe(k->ep, moe_index, x, cols, n, xq, ids, k->B.wts, out, cols, err);
+    return em_gpu_moe_prepared(k->gpu, xs, x, cols, n, xq, ids, k->B.wts, k->hp.n_expert_used, k->B.moe, out, cols, err);
+}
+
 static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_ffn_w *w = &k->w.layers[l].ffn;
@@ -462,11 +476,10 @@ static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     };
     rc = em_gpu_route(k->gpu, &r, B->logits_r, X, dl->router_bias, n, ids, B->wts, err);
     if (!rc && !latent) {
-        rc = em_gpu_moe_prepared(k->gpu, &xs, B->h, E, n, xa->have_q ? &xa->q : NULL, ids, B->wts, K, B->moe, B->y, E,
-                                 err);
+        rc = routed(k, moe_index, &xs, B->h, E, n, xa->have_q ? &xa->q : NULL, ids, B->y, err);
     } else if (!rc) { /* K3 latent MoE: experts at the latent width, normed, mapped back */
         gk_acts sa = acts_of(B->ls, L, L, n);
-        if (!(rc = em_gpu_moe(k->gpu, &xs, B->lx, L, n, ids, B->wts, K, B->moe, B->ls, L, err)) &&
+        if (!(rc = routed(k, moe_index, &xs, B->lx, L, n, NULL, ids, B->ls, err)) &&
             (!dl->routed_norm ||
              !(rc = em_gpu_rmsnorm_rows(k->gpu, B->ls, L, dl->routed_norm, hp->rms_eps, n, L, B->ls, L, err))))
             rc = mm(k, &sa, &w->routed_up, B->y, E, err);
@@ -600,6 +613,7 @@ static void logs_mark(gk *k, int n, bool consumed) {
 /* Runs fn through the graph *slot (captured on first use, replayed after). */
 typedef int (*gk_issue)(gk *k, int a, int b, em_err *err);
 static int graphed(gk *k, em_gpu_graph **slot, gk_issue fn, int a, int b, em_err *err) {
+    if (k->ep) return fn(k, a, b, err); /* exchanges between devices: issued, not captured */
     if (!*slot) {
         int rc = em_gpu_capture_begin(k->gpu, err);
         if (rc) return rc;
@@ -895,6 +909,7 @@ static void free_graphs(gk *k) {
 static void gk_close(em_target *t) {
     gk *k = (gk *)t;
     free_graphs(k);
+    gk_ep_close(k->ep);
     for (int i = 0; i < k->tab.n; i++) {
         if (k->tab.w[i].is_vec) em_gpu_free(k->gpu, k->tab.w[i].dv);
         else em_gpu_mat_free(k->gpu, &k->tab.w[i].dm);
@@ -1058,7 +1073,7 @@ static int upload_weights(gk *k, uint64_t total, em_err *err) {
     int rc = EM_OK;
     for (int i = 0; i < k->tab.n && !rc; i++) {
         gk_weight *w = &k->tab.w[i];
-        if (table_find(&k->tab, w->key) != w) continue; /* a tensor listed twice: one copy */
+        if (table_find(&k->tab, w->key) != w || w->expert_stack) continue; /* listed twice; placed by k->ep */
         if (w->is_vec) {
             void *d;
             if (!(rc = em_gpu_alloc(k->gpu, (uint64_t)w->n * sizeof(float), w->name, &d, err))) {
@@ -1197,6 +1212,48 @@ static int open_device(gk *k, int index, em_err *err) {
     return EM_OK;
 }
 
+/* --devices: the routed expert stacks are left to kimi_cuda_ep.c, which places them. */
+static int mark_expert_stacks(gk *k, em_err *err) {
+    for (int l = 0; l < k->hp.n_layer; l++) {
+        const kimi_ffn_w *f = &k->w.layers[l].ffn;
+        const em_mat *stacks[3] = { &f->gate_exps, &f->up_exps, &f->down_exps };
+        for (int i = 0; f->moe && i < 3; i++) {
+            gk_weight *w = (gk_weight *)table_find(&k->tab, stacks[i]->data);
+            if (!w || w->is_vec)
+                return em_err_set(err, EM_EINVAL, "%s: layer %d's expert stacks are not in the weight table",
+                                  em_gguf_path(k->g), l);
+            w->expert_stack = true;
+        }
+    }
+    return EM_OK;
+}
+
+/* Opens kimi_cuda_ep.c over opts' devices with the MoE layers' stacks; gpu0_reserved: what
+ * this device needs besides its experts. */
+static int place_experts(gk *k, const em_model_opts *opts, uint64_t gpu0_reserved, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    if (k->n_moe == 0)
+        return em_err_set(err, EM_EINVAL, "%s: --devices spreads routed experts, and this model has none",
+                          em_gguf_path(k->g));
+    gk_ep_layer *layers = calloc((size_t)k->n_moe, sizeof *layers);
+    if (!layers) return em_err_set(err, EM_ENOMEM, "out of memory for the expert placement");
+    int64_t cols = hp->n_embd;
+    for (int l = 0, m = 0; l < hp->n_layer; l++) {
+        const kimi_ffn_w *f = &k->w.layers[l].ffn;
+        if (!f->moe) continue;
+        layers[m++] = (gk_ep_layer){ &f->gate_exps, &f->up_exps, &f->down_exps };
+        cols = f->gate_exps.cols; /* the model's width, or K3's latent */
+    }
+    const gk_ep_spec spec = { .devices = opts->cuda_devices, .n_devices = opts->n_cuda_devices, .gpu0 = k->gpu,
+                              .gpu0_reserved = gpu0_reserved, .layers = layers, .n_layers = k->n_moe,
+                              .n_expert = hp->n_expert, .k = hp->n_expert_used, .ffn = hp->n_ff_exp, .cols = cols,
+                              .act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU, .situ_beta = hp->situ_beta,
+                              .situ_lin_beta = hp->situ_lin_beta, .path = em_gguf_path(k->g) };
+    int rc = gk_ep_open(&k->ep, &spec, err);
+    free(layers);
+    return rc;
+}
+
 static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
     const em_wload_hook hook = { .mat = hook_mat, .vec = hook_vec, .ud = k };
     int rc = kimi_load(k->g, &hook, &k->hp, &k->w, err);
@@ -1205,14 +1262,18 @@ static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
         return em_err_set(err, EM_EUNSUPPORTED, "%s: --moe-storage ssd does not run on %s yet (experts are resident in "
                           "device memory): use resident, or the CPU", em_gguf_path(k->g), k->device);
     if ((rc = set_info(k, opts, err)) || (rc = table_index(&k->tab, err))) return rc;
+    if (opts->n_cuda_devices > 0 && (rc = mark_expert_stacks(k, err))) return rc;
     uint64_t weights = 0, log_bytes, cache_bytes;
     for (int i = 0; i < k->tab.n && !rc; i++)
-        if (table_find(&k->tab, k->tab.w[i].key) == &k->tab.w[i]) weights += weight_bytes(k, i, err, &rc);
+        if (table_find(&k->tab, k->tab.w[i].key) == &k->tab.w[i] && !k->tab.w[i].expert_stack)
+            weights += weight_bytes(k, i, err, &rc);
     if (rc) return em_err_prefix(err, "%s", em_gguf_path(k->g));
     const uint64_t state = state_sizes(k, &log_bytes, &cache_bytes);
     carver c = { 0 };
     carve_bufs(k, &c);
-    if ((rc = fit_check(k, weights, state, c.at, err)) || (rc = upload_weights(k, weights, err)) ||
+    if ((rc = fit_check(k, weights, state, c.at, err)) ||
+        (opts->n_cuda_devices > 0 && (rc = place_experts(k, opts, weights + state + c.at + GK_MARGIN_BYTES, err))) ||
+        (rc = upload_weights(k, weights, err)) ||
         (rc = layer_vectors(k, err)) || (rc = make_state(k, log_bytes, cache_bytes, err)) ||
         (rc = em_gpu_alloc(k->gpu, c.at, "GPU pass buffers", &k->buf_mem, err)) ||
         /* zeroed once: some kernels load whole 16-byte quads of which they use a part (the MLA

@@ -171,6 +171,10 @@ enum em_device_kind { EM_DEVICE_AUTO = 0, EM_DEVICE_CPU = 1, EM_DEVICE_CUDA = 2 
 typedef struct em_model_opts {
     int device;         /* enum em_device_kind */
     int cuda_index;     /* EM_DEVICE_CUDA: the device (cuda:N) */
+    const int *cuda_devices; /* with n_cuda_devices >= 1: the routed experts spread over these
+                                devices (`--devices`; cuda_devices[0] holds the rest of the model
+                                and is cuda_index), EM_GPU_MAX_SHARES at most */
+    int n_cuda_devices;
     int n_threads;      /* 0: em_cpu_count() */
     int n_ctx;          /* 0: the file's context length, at most EM_MODEL_DEFAULT_CTX */
     int max_verify;     /* 0: EM_MODEL_DEFAULT_MAX_VERIFY */

@@ -28,6 +28,18 @@ static int resolve_opts(const em_model_opts *in, em_model_opts *o, em_err *err) 
                           o->n_feature_layers, EM_MODEL_MAX_FEATURE_LAYERS);
     if (o->device < EM_DEVICE_AUTO || o->device > EM_DEVICE_CUDA || o->cuda_index < 0)
         return em_err_set(err, EM_EINVAL, "model options: device %d / cuda index %d", o->device, o->cuda_index);
+    if (o->n_cuda_devices < 0 || o->n_cuda_devices > EM_GPU_MAX_SHARES || (o->n_cuda_devices > 0 && !o->cuda_devices))
+        return em_err_set(err, EM_EINVAL, "model options: %d devices for the experts (at most %d)", o->n_cuda_devices,
+                          EM_GPU_MAX_SHARES);
+    for (int i = 0; i < o->n_cuda_devices; i++)
+        if (o->cuda_devices[i] < 0) return em_err_set(err, EM_EINVAL, "model options: device cuda:%d", o->cuda_devices[i]);
+    if (o->n_cuda_devices > 0) { /* the first holds the rest of the model */
+        if (o->device == EM_DEVICE_CPU)
+            return em_err_set(err, EM_EINVAL, "--devices puts the model on CUDA devices, and --device says cpu");
+        if (o->moe_storage == EM_MOE_SSD)
+            return em_err_set(err, EM_EINVAL, "--devices holds the routed experts in device memory: not with --moe-storage ssd");
+        o->device = EM_DEVICE_CUDA, o->cuda_index = o->cuda_devices[0];
+    }
     if (o->moe_storage < EM_MOE_AUTO || o->moe_storage > EM_MOE_SSD)
         return em_err_set(err, EM_EINVAL, "model options: moe_storage %d is not auto, resident or ssd", o->moe_storage);
     if (o->n_threads == 0) o->n_threads = em_cpu_count();

@@ -78,6 +78,28 @@ if [ -x "$dir/bin/ember" ]; then
     fi
   }
   step greedy_fixture same_tokens "$dir/models/kimi_a_f32.gguf"
+  # the routed experts through model/kimi_cuda_ep.c with one device (--devices cuda:0: one share
+  # of every expert, em_gpu_moe_share + em_gpu_moe_combine, passes issued without graphs): the
+  # same logits (every row of a 20-token prompt: passes of 16 and 4 rows) as --device cuda:0,
+  # and for a model with a tokenizer (tokens: any second argument) the same greedy tokens, with
+  # a drafter too (a second argument other than "-")
+  ep_same() {
+    local m=$1 ids=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 a b
+    "$dir/bin/ember" logits -m "$m" --tokens $ids -o "$out/ep_one.f32" --device cuda:0 2>>"$out/ep.err" || return 1
+    "$dir/bin/ember" logits -m "$m" --tokens $ids -o "$out/ep_share.f32" --devices cuda:0 2>>"$out/ep.err" || return 1
+    cmp "$out/ep_one.f32" "$out/ep_share.f32" || return 1
+    grep 'routed experts of' "$out/ep.err" | tail -1
+    echo "logits of $ids: the same bytes"
+    [ -n "${2:-}" ] || return 0
+    [ "$2" = - ] && set -- "$1"
+    a=$(greedy -m "$m" -p "Once upon a time" --device cuda:0) || return 1
+    b=$(greedy -m "$m" -p "Once upon a time" --devices cuda:0 ${2:+--draft "$2" --draft-device cuda:0}) || return 1
+    echo "cuda:0:          $a"; echo "--devices cuda:0: $b"
+    [ -n "$a" ] && [ "$a" = "$b" ]
+  }
+  step experts_devices_fixture ep_same "$dir/models/kimi_b_q8_0.gguf"
+  step experts_devices_tokens ep_same "$dir/models/kimi_a_q8_0.gguf" -
+  step experts_devices_default ep_same models/kimi-linear-19m-q8_0.gguf models/dspark-kimi-linear-19m-q8_0.gguf
   step greedy_default same_tokens models/kimi-linear-19m-q8_0.gguf models/dspark-kimi-linear-19m-q8_0.gguf
   # commit counters with the whole pair on cuda:0: every pass a fast commit, no full replay
   counters() {

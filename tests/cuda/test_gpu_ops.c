@@ -1384,6 +1384,80 @@ static int moe_dense(const moe_fix *f, const float *dx, const int32_t *ids, cons
 
 /* One layer: 16 rows against the CPU twin, bit-exact against the dense composition, width
  * invariance (n = 1..16 memcmp-equal to one-row calls, every output written), graph replay. */
+/* The experts [e0, e1) of f's stacks uploaded as a share of their own (em_gpu_moe_share). */
+typedef struct moe_share {
+    em_gpu_mat gate, up, down;
+    em_gpu_experts ex;
+} moe_share;
+
+static int share_open(const moe_fix *f, int e0, int e1, moe_share *s) {
+    const moe_cfg *c = &f->c;
+    const int64_t F = c->ffn, H = c->hidden, X = e1 - e0;
+    uint64_t rg = 0, ru = 0, rd = 0;
+    memset(s, 0, sizeof *s);
+    if (em_type_row_bytes(c->tg, (uint64_t)H, &rg, &E) || em_type_row_bytes(c->tu, (uint64_t)H, &ru, &E) ||
+        em_type_row_bytes(c->td, (uint64_t)F, &rd, &E) ||
+        em_gpu_mat_upload(G, c->tg, X * F, H, (const uint8_t *)f->hg + (uint64_t)(e0 * F) * rg, "gate share", &s->gate, &E) ||
+        em_gpu_mat_upload(G, c->tu, X * F, H, (const uint8_t *)f->hu + (uint64_t)(e0 * F) * ru, "up share", &s->up, &E) ||
+        em_gpu_mat_upload(G, c->td, X * H, F, (const uint8_t *)f->hd + (uint64_t)(e0 * H) * rd, "down share", &s->down, &E))
+        return -1;
+    s->ex = f->ex;
+    s->ex.gate = &s->gate, s->ex.up = &s->up, s->ex.down = &s->down, s->ex.n_expert = (int)X;
+    return 0;
+}
+static void share_close(moe_share *s) { em_gpu_mat_free(G, &s->gate), em_gpu_mat_free(G, &s->up), em_gpu_mat_free(G, &s->down); }
+
+/* The experts split into three uneven shares, each run on its own (em_gpu_moe_share), then
+ * combined: memcmp-equal to em_gpu_moe (want: its rows, the one-row calls) at n = 1, 2, 16;
+ * and a share writes exactly the slots of the experts it holds. */
+static void test_moe_shares(moe_fix *f, const float *dx, const int32_t *di, const float *dw, const float *want) {
+    const moe_cfg *c = &f->c;
+    const int K = c->k, X = c->n_expert;
+    const int64_t H = c->hidden;
+    const int cut[4] = { 0, X / 4, X / 4 + (3 * X) / 8, X };
+    static const int widths[] = { 1, 2, R };
+    char nm[96], why[640] = "";
+    snprintf(nm, sizeof nm, "%s shares", c->name);
+    moe_share sh[3];
+    em_gpu_moe_parts parts = { .n = 3 };
+    float *dy = dalloc((uint64_t)R * H * 4), *got = xmalloc((size_t)R * H * 4), *hs = xmalloc((size_t)K * H * 4);
+    void *ds = dalloc(em_gpu_moe_scratch_bytes(X, K, c->ffn, H, R));
+    int opened = 0, written = 0;
+    for (; opened < 3 && !why[0]; opened++) {
+        if (share_open(f, cut[opened], cut[opened + 1], &sh[opened])) snprintf(why, sizeof why, "upload: %s", E.msg);
+        parts.out[opened] = dalloc((uint64_t)R * K * H * 4), parts.first[opened + 1] = cut[opened + 1];
+    }
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0] && !why[0]; w++) {
+        const int n = widths[w];
+        for (int r = 0; r < 3 && !why[0]; r++) {
+            poison((void *)parts.out[r], (uint64_t)n * K * H * 4);
+            if (em_gpu_moe_share(G, &sh[r].ex, cut[r], dx, H, n, NULL, di, K, ds, (float *)parts.out[r], &E))
+                snprintf(why, sizeof why, "share %d, %d rows: %s", r, n, E.msg);
+        }
+        poison(dy, (uint64_t)n * H * 4);
+        if (!why[0] && (em_gpu_moe_combine(G, &parts, di, dw, n, K, H, dy, H, &E) || down(got, dy, (uint64_t)n * H * 4)))
+            snprintf(why, sizeof why, "combine, %d rows: %s", n, E.msg);
+        else if (!why[0] && memcmp(got, want, (size_t)n * H * 4))
+            snprintf(why, sizeof why, "%d rows: the combined shares differ from em_gpu_moe", n);
+    }
+    /* the slots share 0 wrote for row 0 (its last run: 16 rows) */
+    int32_t ids[32];
+    if (!why[0] && (down(ids, di, (uint64_t)K * 4) || down(hs, parts.out[0], (uint64_t)K * H * 4)))
+        snprintf(why, sizeof why, "download: %s", E.msg);
+    for (int t = 0; t < K && !why[0]; t++) {
+        const int held = ids[t] >= cut[0] && ids[t] < cut[1];
+        written += held;
+        if (held != (unwritten(hs + (int64_t)t * H, H) == 0))
+            snprintf(why, sizeof why, "share 0 %s slot %d (expert %d)", held ? "left out" : "wrote", t, ids[t]);
+    }
+    if (why[0]) record(nm, 0, "%s", why);
+    else record(nm, 1, "3 shares (%d, %d, %d experts) combined memcmp-equal to em_gpu_moe at 1, 2, 16 rows; share 0 wrote "
+                       "the %d slots of row 0 it holds, no other", cut[1], cut[2] - cut[1], X - cut[2], written);
+    for (int r = 0; r < opened; r++) share_close(&sh[r]), em_gpu_free(G, (void *)parts.out[r]);
+    em_gpu_free(G, dy), em_gpu_free(G, ds);
+    free(got), free(hs);
+}
+
 static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     const moe_cfg *c = &f->c;
     const int K = c->k;
@@ -1435,6 +1509,7 @@ static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     snprintf(nm, sizeof nm, "%s width", name);
     record(nm, differ == 0 && unw == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten %lld", differ ? "NO" : "yes",
            (long long)unw);
+    test_moe_shares(f, dx, di, dw, one);
     /* one row that chose an expert twice, through down and the sum in one launch (Q8_0 down):
      * both slots' weights on the expert's one output, in slot order, as the dense composition
      * adds them (em_gpu_route never repeats an expert; the other paths assume it) */
@@ -1491,6 +1566,33 @@ static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     }
     em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dw), em_gpu_free(G, di), em_gpu_free(G, ds);
     free(x), free(ref), free(got), free(one);
+}
+
+/* The communicator of expert shares: one device needs no NCCL and exchanges nothing; a device
+ * listed twice, no device or too many are refused with a message; a combine of bad shares too. */
+static void test_ep(void) {
+    em_gpu_ep *ep = NULL;
+    em_gpu *g2 = NULL;
+    float *buf = dalloc(256);
+    void *bufs[1] = { buf };
+    const void *src[1] = { buf };
+    int rc = em_gpu_ep_open(&G, 1, &ep, &E);
+    record("ep one device", !rc && em_gpu_ep_devices(ep) == 1 && !em_gpu_ep_broadcast(ep, bufs, 256, &E) &&
+                                !em_gpu_ep_gather(ep, src, bufs, 256, &E),
+           "a communicator of one device, its exchanges no-ops: %s", rc ? E.msg : "ok");
+    em_gpu_ep_close(ep);
+    rc = em_gpu_open(em_gpu_get_info(G)->index, &g2, &E);
+    em_gpu *two[2] = { G, g2 };
+    rc = rc ? rc : em_gpu_ep_open(two, 2, &ep, &E);
+    record("ep device twice", rc == EM_EINVAL && strstr(E.msg, "listed twice") && !ep, "%s", E.msg);
+    em_gpu_close(g2);
+    rc = em_gpu_ep_open(&G, 0, &ep, &E);
+    record("ep no device", rc == EM_EINVAL && strstr(E.msg, "0 devices"), "%s", E.msg);
+    em_gpu_moe_parts parts = { .out = { buf }, .first = { 0, 0 }, .n = 1 };
+    int32_t *di = dalloc(64);
+    rc = em_gpu_moe_combine(G, &parts, di, buf, 1, 2, 32, buf, 32, &E);
+    record("moe combine empty share", rc == EM_EINVAL && strstr(E.msg, "share 0"), "%s", E.msg);
+    em_gpu_free(G, buf), em_gpu_free(G, di);
 }
 
 /* Bad MoE arguments: EM_EINVAL naming what is wrong, nothing launched. */
@@ -1723,6 +1825,7 @@ int main(int argc, char **argv) {
     test_rowops_k3();
     moe_fix mf;
     const int have_moe = test_moe_all(&mf);
+    test_ep();
     if (bench) {
         if (have_moe) bench_moe(&mf);
         bench_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN, "LM head 163840x2304");

@@ -55,12 +55,13 @@ extern "C" uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64
 /* One block of 1024 threads: thread e counts the (row, slot) pairs that chose expert e, in
  * ascending slot order; a block-wide prefix over the experts with rows gives each its union
  * position (ascending expert order). */
-__global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int n, int k, int n_expert, int *meta, int um) {
+__global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, int n, int k, int n_expert, int *meta,
+                                                    int um) {
     emc_kernel_begin();
     __shared__ int sid[EM_GPU_MAX_ROWS * MOE_MAX_K];
     __shared__ int wsum[32];
     const int nk = n * k, e = threadIdx.x, lane = e & 31, warp = e >> 5;
-    for (int p = e; p < nk; p += blockDim.x) sid[p] = ids[p];
+    for (int p = e; p < nk; p += blockDim.x) sid[p] = ids[p] - e0; /* local ids; others match no expert */
     __syncthreads();
     int cnt = 0, rows[EM_GPU_MAX_ROWS], slots[EM_GPU_MAX_ROWS];
     if (e < n_expert)
@@ -92,6 +93,7 @@ typedef struct moe_uref {
     int um;
     const int32_t *ids;
     int k, n_expert;
+    int e0; /* id of the first expert held (a share: em_gpu_moe_share); 0 for the whole stack */
 } moe_uref;
 
 /* One row's k ids as k_moe_union places them (ascending expert order, ids out of range
@@ -109,7 +111,7 @@ __device__ __forceinline__ moe_rank moe_row_rank(const moe_uref &ur) {
     const unsigned all = 0xffffffffu;
     const int lane = threadIdx.x & 31, k = ur.k;
     moe_rank r;
-    r.v = lane < k ? ur.ids[lane] : -1;
+    r.v = lane < k ? ur.ids[lane] - ur.e0 : -1; /* local expert; out of [0, n_expert): not held */
     const unsigned valid = __ballot_sync(all, lane < k && r.v >= 0 && r.v < ur.n_expert);
     r.same = __match_any_sync(all, r.v) & valid;
     r.first = (valid >> lane & 1u) && __ffs(r.same) - 1 == lane;
@@ -328,17 +330,30 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 3)
 }
 
 /* y[j][i] = 0; then + w * out for row j's experts in ascending id order (em_axpy's rounding:
- * the product rounded, then the sum). */
-__global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const float *out, int64_t cols, float *y,
+ * the product rounded, then the sum). A slot's output is in the buffer of the share that holds
+ * its expert (one share: the whole stack); a repeated expert's slots all read its first slot's
+ * output (the one a one-row down writes; a wider one writes the same values to each), and an
+ * expert no share holds adds nothing. */
+__global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, em_gpu_moe_parts parts, int64_t cols, float *y,
                           int64_t ldy) {
     emc_kernel_begin();
-    __shared__ int ord[MOE_MAX_K];
+    __shared__ int ord[MOE_MAX_K], first[MOE_MAX_K];
+    __shared__ const float *from[MOE_MAX_K];
     const int j = blockIdx.y;
     if (threadIdx.x == 0) { /* insertion sort of the row's k slots by expert id */
+        const int32_t *id = ids + j * k;
         for (int a = 0; a < k; a++) {
             int b = a;
-            while (b > 0 && ids[j * k + ord[b - 1]] > ids[j * k + a]) ord[b] = ord[b - 1], b--;
+            while (b > 0 && id[ord[b - 1]] > id[a]) ord[b] = ord[b - 1], b--;
             ord[b] = a;
+        }
+        for (int t = 0; t < k; t++) {
+            const int32_t e = id[ord[t]];
+            first[t] = t > 0 && e == id[ord[t - 1]] ? first[t - 1] : ord[t];
+            from[t] = NULL;
+#pragma unroll
+            for (int r = 0; r < EM_GPU_MAX_SHARES; r++) /* static indices: the parameters stay in constant memory */
+                if (r < parts.n && e >= parts.first[r] && e < parts.first[r + 1]) from[t] = parts.out[r];
         }
     }
     __syncthreads();
@@ -346,10 +361,8 @@ __global__ void k_moe_sum(const int32_t *ids, const float *wts, int k, const flo
     if (i >= cols) return;
     float acc = 0.0f;
 #pragma unroll 8
-    for (int t = 0; t < k; t++) {
-        const int s = j * k + ord[t];
-        acc = acc + wts[s] * out[(int64_t)s * cols + i];
-    }
+    for (int t = 0; t < k; t++)
+        if (from[t]) acc = acc + wts[j * k + ord[t]] * from[t][(int64_t)(j * k + first[t]) * cols + i];
     y[(int64_t)j * ldy + i] = acc;
 }
 
@@ -426,9 +439,10 @@ static void launch_down(int type, int n, const moe_mat &w, const moe_act &a, int
     }
 }
 
-/* The argument checks of em_gpu_moe (EM_EINVAL naming what is wrong). */
-static int moe_check(const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
-                     const float *d_wts, int k, const void *d_scratch, const float *d_y, int64_t ldy, em_err *err) {
+/* The argument checks of the MoE ops (EM_EINVAL naming what is wrong): the experts held
+ * (whole, or a share), the inputs, and what the op writes (y, or a share's slots). */
+static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+                     int k, const void *d_scratch, const void *d_out, int64_t ldy, em_err *err) {
     EMC_CHECK(x && x->gate && x->up && x->down && x->gate->data && x->up->data && x->down->data,
               "GPU MoE: missing expert matrices");
     EMC_CHECK(em_gpu_mat_type_ok(x->gate->type) && em_gpu_mat_type_ok(x->up->type) && em_gpu_mat_type_ok(x->down->type),
@@ -448,9 +462,9 @@ static int moe_check(const em_gpu_experts *x, const float *d_x, int64_t ldx, int
               (long long)x->gate->rows, (long long)cols, (long long)x->up->rows, (long long)x->up->cols,
               (long long)x->down->rows, (long long)x->down->cols, x->n_expert, x->ffn);
     EMC_CHECK(cols % 32 == 0, "GPU MoE: %lld columns, not a multiple of 32", (long long)cols);
-    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS && k >= 1 && k <= MOE_MAX_K && k <= x->n_expert,
+    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS && k >= 1 && k <= MOE_MAX_K && (share || k <= x->n_expert),
               "GPU MoE: %d rows (1..%d), top-%d (1..%d)", n, EM_GPU_MAX_ROWS, k, MOE_MAX_K);
-    EMC_CHECK(d_x && ldx >= cols && d_ids && d_wts && d_y && ldy >= cols && d_scratch && ((uintptr_t)d_scratch & 255) == 0,
+    EMC_CHECK(d_x && ldx >= cols && d_ids && d_out && (share || ldy >= cols) && d_scratch && ((uintptr_t)d_scratch & 255) == 0,
               "GPU MoE: missing buffer, ldx/ldy below %lld, or scratch not 256-byte aligned", (long long)cols);
     const bool fx = em_gpu_act_type(x->gate->type) == EM_TYPE_F32 || em_gpu_act_type(x->up->type) == EM_TYPE_F32;
     EMC_CHECK(!fx || (((uintptr_t)d_x & 15) == 0 && ldx % 4 == 0),
@@ -459,21 +473,24 @@ static int moe_check(const em_gpu_experts *x, const float *d_x, int64_t ldx, int
     return 0;
 }
 
-extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
-                                   const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k,
-                                   void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
-    int rc = moe_check(x, d_x, ldx, n, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
-    if (rc) return rc;
+/* The routed experts x holds (ids e0 .. e0 + x->n_expert - 1 of the routes) over the n rows:
+ * union, gate/up, the hidden rows and down, whose outputs go to the slots (row j, slot t) at
+ * (j k + t) cols of out. Then, with wts, the weighted sum into y (down and the sum in one launch
+ * for one row of Q8_0 down weights); without, that is all (a share). */
+static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x, int64_t ldx, int n,
+                   const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *out,
+                   float *d_y, int64_t ldy, em_err *err) {
     const int64_t cols = x->gate->cols, nk = (int64_t)n * k;
     EMC_CHECK(!x_act || (x_act->type == EM_TYPE_Q8_0 && x_act->n == n && x_act->cols == cols && x_act->qs && x_act->d),
               "GPU MoE: prepared inputs must be Q8_0 activations of the %d rows of %lld columns", n, (long long)cols);
-    if ((rc = emc_use(g, err))) return rc;
+    int rc = emc_use(g, err);
+    if (rc) return rc;
     const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n);
     uint8_t *sc = (uint8_t *)d_scratch;
-    const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert };
+    const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert, e0 };
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
     if (n > 1) { /* one row's union comes from its ids inside the products (moe_slot) */
-        emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
+        emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, e0, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
         if ((rc = emc_launched(err, "k_moe_union"))) return rc;
     }
     /* the input rows as gate and up take them: Q8_0 (the caller's, or quantized once here) or
@@ -511,19 +528,57 @@ extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const flo
                gt, hq, hd);
     if ((rc = emc_launched(err, "k_moe_act"))) return rc;
     const moe_act ah = q8_down ? moe_act{ hq, hd, NULL, 0 } : moe_act{ NULL, NULL, gt, x->ffn };
-    if (n == 1 && x->down->type == EM_TYPE_Q8_0) { /* down and the weighted sum in one launch */
+    if (d_wts && n == 1 && x->down->type == EM_TYPE_Q8_0) { /* down and the weighted sum in one launch */
         emc_launch(g, k_moe_down_sum, emc_blocks(cols, MM_WARPS), MM_WARPS * 32, 0, wd, ah, cols, ur, d_wts, d_y);
         return emc_launched(err, "k_moe_down_sum");
     }
-    launch_down(x->down->type, n, wd, ah, cols, ur, (float *)(sc + l.out), g);
-    if ((rc = emc_launched(err, "k_moe_down"))) return rc;
-    dim3 g3(emc_blocks(cols, 256), (unsigned)n);
-    emc_launch(g, k_moe_sum, g3, 256, 0, d_ids, d_wts, k, (const float *)(sc + l.out), cols, d_y, ldy);
+    launch_down(x->down->type, n, wd, ah, cols, ur, out, g);
+    if ((rc = emc_launched(err, "k_moe_down")) || !d_wts) return rc;
+    em_gpu_moe_parts whole = {};
+    whole.out[0] = out, whole.first[1] = x->n_expert, whole.n = 1;
+    emc_launch(g, k_moe_sum, dim3(emc_blocks(cols, 256), (unsigned)n), 256, 0, d_ids, d_wts, k, whole, cols, d_y, ldy);
     return emc_launched(err, "k_moe_sum");
+}
+
+extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                                   const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k,
+                                   void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
+    int rc = moe_check(x, false, d_x, ldx, n, d_ids, k, d_scratch, d_y, ldy, err);
+    if (!rc) EMC_CHECK(d_wts, "GPU MoE: missing routing weights");
+    if (rc) return rc;
+    uint8_t *sc = (uint8_t *)d_scratch;
+    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n).out);
+    return moe_run(g, x, 0, d_x, ldx, n, x_act, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
 }
 
 extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
                           const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
                           em_err *err) {
     return em_gpu_moe_prepared(g, x, d_x, ldx, n, NULL, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
+}
+
+extern "C" int em_gpu_moe_share(em_gpu *g, const em_gpu_experts *share, int first_expert, const float *d_x,
+                                int64_t ldx, int n, const em_gpu_act *x_act, const int32_t *d_ids, int k,
+                                void *d_scratch, float *d_slots, em_err *err) {
+    int rc = moe_check(share, true, d_x, ldx, n, d_ids, k, d_scratch, d_slots, 0, err);
+    if (!rc) EMC_CHECK(first_expert >= 0, "GPU MoE share: first expert %d", first_expert);
+    return rc ? rc : moe_run(g, share, first_expert, d_x, ldx, n, x_act, d_ids, NULL, k, d_scratch, d_slots, NULL, 0, err);
+}
+
+extern "C" int em_gpu_moe_combine(em_gpu *g, const em_gpu_moe_parts *parts, const int32_t *d_ids, const float *d_wts,
+                                  int n, int k, int64_t cols, float *d_y, int64_t ldy, em_err *err) {
+    EMC_CHECK(parts && parts->n >= 1 && parts->n <= EM_GPU_MAX_SHARES && parts->first[0] >= 0,
+              "GPU MoE combine: %d shares (1..%d)", parts ? parts->n : 0, EM_GPU_MAX_SHARES);
+    for (int r = 0; r < parts->n; r++)
+        EMC_CHECK(parts->out[r] && parts->first[r + 1] > parts->first[r],
+                  "GPU MoE combine: share %d has no slots, or experts %d..%d (none)", r, parts->first[r],
+                  parts->first[r + 1] - 1);
+    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS && k >= 1 && k <= MOE_MAX_K && cols >= 1 && d_ids && d_wts && d_y &&
+                  ldy >= cols,
+              "GPU MoE combine: %d rows (1..%d), top-%d (1..%d), %lld columns, ldy %lld, or a missing buffer", n,
+              EM_GPU_MAX_ROWS, k, MOE_MAX_K, (long long)cols, (long long)ldy);
+    int rc = emc_use(g, err);
+    if (rc) return rc;
+    emc_launch(g, k_moe_sum, dim3(emc_blocks(cols, 256), (unsigned)n), 256, 0, d_ids, d_wts, k, *parts, cols, d_y, ldy);
+    return emc_launched(err, "k_moe_sum (combine)");
 }

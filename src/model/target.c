@@ -31,8 +31,13 @@ static int resolve_opts(const em_model_opts *in, em_model_opts *o, em_err *err) 
     if (o->n_cuda_devices < 0 || o->n_cuda_devices > EM_GPU_MAX_SHARES || (o->n_cuda_devices > 0 && !o->cuda_devices))
         return em_err_set(err, EM_EINVAL, "model options: %d devices for the experts (at most %d)", o->n_cuda_devices,
                           EM_GPU_MAX_SHARES);
-    for (int i = 0; i < o->n_cuda_devices; i++)
+    for (int i = 0; i < o->n_cuda_devices; i++) {
         if (o->cuda_devices[i] < 0) return em_err_set(err, EM_EINVAL, "model options: device cuda:%d", o->cuda_devices[i]);
+        for (int j = 0; j < i; j++)
+            if (o->cuda_devices[j] == o->cuda_devices[i])
+                return em_err_set(err, EM_EINVAL, "--devices: cuda:%d is listed twice (each device holds one share)",
+                                  o->cuda_devices[i]);
+    }
     if (o->n_cuda_devices > 0) { /* the first holds the rest of the model */
         if (o->device == EM_DEVICE_CPU)
             return em_err_set(err, EM_EINVAL, "--devices puts the model on CUDA devices, and --device says cpu");

@@ -284,6 +284,44 @@ static void check_k3_logits(const char *label, const char *path) {
     em_target_close(c);
 }
 
+/* ---- routed experts in shares (--devices, model/kimi_cuda_ep.c) ------------------------------------ */
+
+/* --devices cuda:0 (one share of every expert, combined; passes without graphs): the logits of
+ * every row the same bits as the target's own experts. */
+static void check_shares(const char *label, const char *path) {
+    char name[128];
+    snprintf(name, sizeof name, "--devices cuda:0 %s", label);
+    em_err err = { 0 };
+    static const int one[1] = { 0 };
+    const em_model_opts shares = { .cuda_devices = one, .n_cuda_devices = 1 };
+    em_target *g = open_on(path, EM_DEVICE_CUDA, NULL, &err), *s = g ? open_on(path, EM_DEVICE_CUDA, &shares, &err) : NULL;
+    if (!s) {
+        record(name, 0, "%s", err.msg);
+        em_target_close(g);
+        return;
+    }
+    const int V = em_target_get_info(g)->n_vocab, n = 24;
+    int32_t tok[24];
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)((i * 37 + 5) % V);
+    float *lg = all_logits(g, tok, n, &err), *ls = lg ? all_logits(s, tok, n, &err) : NULL;
+    record(name, ls && !memcmp(lg, ls, (size_t)n * V * sizeof *lg), "%s%d rows' logits memcmp-equal to --device cuda:0",
+           ls ? "" : err.msg, n);
+    free(lg), free(ls);
+    em_target_close(s);
+    em_target_close(g);
+    /* the same device twice, and the CPU with --devices: refused */
+    static const int twice[2] = { 0, 0 };
+    em_model_opts o = { .device = EM_DEVICE_CUDA, .cuda_devices = twice, .n_cuda_devices = 2 };
+    em_target *t = NULL;
+    int rc = em_model_open(&t, path, &o, &err);
+    snprintf(name, sizeof name, "error: --devices cuda:0,cuda:0 %s", label);
+    record(name, rc == EM_EINVAL && strstr(err.msg, "listed twice") && !t, "%d: %s", rc, err.msg);
+    o = (em_model_opts){ .device = EM_DEVICE_CPU, .cuda_devices = one, .n_cuda_devices = 1 };
+    rc = em_model_open(&t, path, &o, &err);
+    snprintf(name, sizeof name, "error: --devices with --device cpu %s", label);
+    record(name, rc == EM_EINVAL && strstr(err.msg, "--device says cpu") && !t, "%d: %s", rc, err.msg);
+}
+
 /* ---- bad input --------------------------------------------------------------------------------- */
 
 static void check_errors(const char *path) {
@@ -360,10 +398,12 @@ int main(int argc, char **argv) {
     check_errors(path);
     snprintf(path, sizeof path, "%s/kimi_a_q8_0.gguf", models_dir);
     check_decoding("kimi_a q8_0", path);
+    check_shares("kimi_a q8_0", path);
     k3_synth_opts o = k3_synth_defaults();
     o.kda_head_dim = 32; /* the GPU's KDA takes head_dim 32, 64 or 128 */
     k3_file(path, sizeof path, "k3_gpu", &o);
     check_k3_logits("k3 (AttnRes, SiTU, latent MoE, gated MLA; f32)", path);
+    check_shares("k3 latent MoE", path);
     check_decoding("k3 f32", path);
     o.exp_types[0][0] = o.exp_types[0][1] = o.exp_types[0][2] = EM_TYPE_MXFP4;
     o.n_exp_sets = 1;

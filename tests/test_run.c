@@ -307,6 +307,14 @@ static void test_usage_errors(void **state) {
     expect_stderr("is not cpu, auto, cuda or cuda:N");
     assert_int_equal(run("-p a --device cuda:x"), 2);
     assert_int_equal(run("-p a --draft-device auto"), 2);
+    assert_int_equal(run("-p a --devices cuda:0,cuda:0"), 2);
+    expect_stderr("--devices: cuda:0 is listed twice");
+    assert_int_equal(run("-p a --devices cpu"), 2);
+    expect_stderr("'cpu' is not cuda:N");
+    assert_int_equal(run("-p a --devices cuda:0,cuda:1,cuda:2,cuda:3,cuda:4,cuda:5,cuda:6,cuda:7,cuda:8"), 2);
+    expect_stderr("more than 8 devices");
+    assert_int_equal(run("-p a --devices ,"), 2);
+    expect_stderr("no device in");
     assert_int_equal(run("-p a --moe-storage disk"), 2);
     assert_int_equal(run("-p a --expert-cache 12XB"), 2);
     assert_int_equal(em_test_sh(1, "'%s' run --help", g_bin), 0);

@@ -1237,13 +1237,11 @@ static int place_experts(gk *k, const em_model_opts *opts, uint64_t gpu0_reserve
                           em_gguf_path(k->g));
     gk_ep_layer *layers = calloc((size_t)k->n_moe, sizeof *layers);
     if (!layers) return em_err_set(err, EM_ENOMEM, "out of memory for the expert placement");
-    int64_t cols = hp->n_embd;
     for (int l = 0, m = 0; l < hp->n_layer; l++) {
         const kimi_ffn_w *f = &k->w.layers[l].ffn;
-        if (!f->moe) continue;
-        layers[m++] = (gk_ep_layer){ &f->gate_exps, &f->up_exps, &f->down_exps };
-        cols = f->gate_exps.cols; /* the model's width, or K3's latent */
+        if (f->moe) layers[m++] = (gk_ep_layer){ &f->gate_exps, &f->up_exps, &f->down_exps };
     }
+    const int64_t cols = layers[0].gate->cols; /* the model's width, or K3's latent */
     const gk_ep_spec spec = { .devices = opts->cuda_devices, .n_devices = opts->n_cuda_devices, .gpu0 = k->gpu,
                               .gpu0_reserved = gpu0_reserved, .layers = layers, .n_layers = k->n_moe,
                               .n_expert = hp->n_expert, .k = hp->n_expert_used, .ffn = hp->n_ff_exp, .cols = cols,
@@ -1272,7 +1270,7 @@ static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
     carver c = { 0 };
     carve_bufs(k, &c);
     if ((rc = fit_check(k, weights, state, c.at, err)) ||
-        (opts->n_cuda_devices > 0 && (rc = place_experts(k, opts, weights + state + c.at + GK_MARGIN_BYTES, err))) ||
+        (opts->n_cuda_devices > 0 && (rc = place_experts(k, opts, weights + state + c.at, err))) ||
         (rc = upload_weights(k, weights, err)) ||
         (rc = layer_vectors(k, err)) || (rc = make_state(k, log_bytes, cache_bytes, err)) ||
         (rc = em_gpu_alloc(k->gpu, c.at, "GPU pass buffers", &k->buf_mem, err)) ||

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EP_ROWS EM_GPU_MAX_ROWS
 #define EP_MARGIN_BYTES (512ull << 20) /* a device's CUDA context, launches (kimi_cuda.c's margin) */
@@ -63,7 +64,7 @@ static int bytes_per_expert(const gk_ep_spec *s, uint64_t *out, em_err *err) {
 static uint64_t buffer_bytes(const gk_ep *ep, int r, int n_expert_here) {
     const uint64_t rows = (uint64_t)EP_ROWS * (uint64_t)ep->s.cols * 4, ids = (uint64_t)EP_ROWS * (uint64_t)ep->s.k * 4;
     const uint64_t scratch = em_gpu_moe_scratch_bytes(n_expert_here, ep->s.k, ep->s.ffn, ep->s.cols, EP_ROWS);
-    return scratch + slot_bytes(ep) + (r == 0 ? (uint64_t)ep->n * slot_bytes(ep) : rows + ids) + 4 * 256;
+    return scratch + (r == 0 ? (uint64_t)ep->n * slot_bytes(ep) : slot_bytes(ep) + rows + ids) + 4 * 256;
 }
 
 /* Each device's range: in proportion to the experts its free memory takes, every device at
@@ -102,9 +103,10 @@ static int place(gk_ep *ep, uint64_t per_expert, em_err *err) {
     for (int r = 0; r < ep->n; r++) sum += c[r] = (int64_t)X * cap[r] / total;
     for (int r = 0; r < ep->n; r++) {
         if (c[r] > 0) continue;
+        char f[32];
         if (cap[r] == 0)
             return em_err_set(err, EM_ENOMEM, "%s: cuda:%d has no room for one expert of each MoE layer (%s free)",
-                              ep->s.path, em_gpu_get_info(ep->d[r].gpu)->index, em_format_size(free_b[r], (char[32]){ 0 }, 32));
+                              ep->s.path, em_gpu_get_info(ep->d[r].gpu)->index, em_format_size(free_b[r], f, sizeof f));
         int big = 0;
         for (int q = 1; q < ep->n; q++) big = c[q] > c[big] ? q : big;
         c[big]--, c[r]++;
@@ -116,30 +118,36 @@ static int place(gk_ep *ep, uint64_t per_expert, em_err *err) {
     return EM_OK;
 }
 
+/* Experts e0 .. e0 + cnt - 1 of stack m (rows_per rows each) onto d's device. */
+static int upload_experts(const ep_dev *d, const em_mat *m, int e0, int cnt, int64_t rows_per, const char *what, int layer,
+                          em_gpu_mat *out, em_err *err) {
+    char nm[96];
+    snprintf(nm, sizeof nm, "MoE layer %d %s experts %d..%d", layer, what, e0, e0 + cnt - 1);
+    const uint8_t *first = (const uint8_t *)m->data + m->row_bytes * (uint64_t)((int64_t)e0 * rows_per);
+    return em_gpu_mat_upload(d->gpu, m->type, (int64_t)cnt * rows_per, m->cols, first, nm, out, err);
+}
+
 static int upload_share(gk_ep *ep, int r, em_err *err) {
+    const bool tty = isatty(STDERR_FILENO);
     ep_dev *d = &ep->d[r];
     const int e0 = ep->first[r], cnt = ep->first[r + 1] - e0;
     d->share = calloc((size_t)ep->s.n_layers, sizeof *d->share);
     if (!d->share) return em_err_set(err, EM_ENOMEM, "out of memory for the expert shares");
     for (int l = 0; l < ep->s.n_layers; l++) {
         const gk_ep_layer *y = &ep->s.layers[l];
-        const int64_t down_rows = y->down->rows / ep->s.n_expert;
-        char nm[3][96];
-        snprintf(nm[0], sizeof nm[0], "MoE layer %d gate experts %d..%d", l, e0, e0 + cnt - 1);
-        snprintf(nm[1], sizeof nm[1], "MoE layer %d up experts %d..%d", l, e0, e0 + cnt - 1);
-        snprintf(nm[2], sizeof nm[2], "MoE layer %d down experts %d..%d", l, e0, e0 + cnt - 1);
-        const uint8_t *g = y->gate->data, *u = y->up->data, *dn = y->down->data;
-        int rc = em_gpu_mat_upload(d->gpu, y->gate->type, (int64_t)cnt * ep->s.ffn, y->gate->cols,
-                                   g + y->gate->row_bytes * (uint64_t)((int64_t)e0 * ep->s.ffn), nm[0], &d->share[l].gate, err);
-        if (!rc)
-            rc = em_gpu_mat_upload(d->gpu, y->up->type, (int64_t)cnt * ep->s.ffn, y->up->cols,
-                                   u + y->up->row_bytes * (uint64_t)((int64_t)e0 * ep->s.ffn), nm[1], &d->share[l].up, err);
-        if (!rc)
-            rc = em_gpu_mat_upload(d->gpu, y->down->type, (int64_t)cnt * down_rows, y->down->cols,
-                                   dn + y->down->row_bytes * (uint64_t)((int64_t)e0 * down_rows), nm[2], &d->share[l].down,
-                                   err);
-        if (rc) return rc;
-        d->expert_bytes += d->share[l].gate.bytes + d->share[l].up.bytes + d->share[l].down.bytes;
+        ep_share *sh = &d->share[l];
+        int rc = upload_experts(d, y->gate, e0, cnt, ep->s.ffn, "gate", l, &sh->gate, err);
+        if (!rc) rc = upload_experts(d, y->up, e0, cnt, ep->s.ffn, "up", l, &sh->up, err);
+        if (!rc) rc = upload_experts(d, y->down, e0, cnt, y->down->rows / ep->s.n_expert, "down", l, &sh->down, err);
+        if (rc) {
+            if (tty && l > 0) fputc('\n', stderr); /* after the progress line */
+            return rc;
+        }
+        d->expert_bytes += sh->gate.bytes + sh->up.bytes + sh->down.bytes;
+        if (tty)
+            fprintf(stderr, "\rcuda:%d: uploading experts %d..%d of MoE layer %d of %d   %s",
+                    em_gpu_get_info(d->gpu)->index, e0, e0 + cnt - 1, l + 1, ep->s.n_layers,
+                    l + 1 == ep->s.n_layers ? "\n" : "");
     }
     return EM_OK;
 }

@@ -182,7 +182,7 @@ int gk_ep_open(gk_ep **out, const gk_ep_spec *spec, em_err *err) {
     *out = NULL;
     if (!spec || spec->n_devices < 1 || spec->n_devices > EM_GPU_MAX_SHARES || !spec->gpu0 || spec->n_layers < 1 ||
         spec->n_expert < spec->n_devices || spec->k < 1 || spec->cols < 1)
-        return em_err_set(err, EM_EINVAL, "several GPUs: %d devices (1..%d, at most one a routed expert) for %d experts",
+        return em_err_set(err, EM_EINVAL, "several GPUs: %d devices (1..%d, and no more than the %d routed experts)",
                           spec ? spec->n_devices : 0, EM_GPU_MAX_SHARES, spec ? spec->n_expert : 0);
     gk_ep *ep = calloc(1, sizeof *ep);
     if (!ep) return em_err_set(err, EM_ENOMEM, "out of memory for several GPUs");
@@ -227,8 +227,6 @@ void gk_ep_close(gk_ep *ep) {
     }
     free(ep);
 }
-
-uint64_t gk_ep_gpu0_bytes(const gk_ep *ep) { return ep ? ep->d[0].expert_bytes : 0; }
 
 int gk_ep_moe(gk_ep *ep, int layer, const float *x, int64_t ldx, int n, const em_gpu_act *x_act, const int32_t *ids,
               const float *wts, float *y, int64_t ldy, em_err *err) {

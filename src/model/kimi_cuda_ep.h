@@ -42,7 +42,4 @@ void gk_ep_close(gk_ep *ep); /* NULL-safe */
 int gk_ep_moe(gk_ep *ep, int layer, const float *x, int64_t ldx, int n, const em_gpu_act *x_act, const int32_t *ids,
               const float *wts, float *y, int64_t ldy, em_err *err);
 
-/* Device bytes of the experts gpu0 holds (for the target's fit line). */
-uint64_t gk_ep_gpu0_bytes(const gk_ep *ep);
-
 #endif

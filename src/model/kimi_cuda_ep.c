@@ -97,28 +97,38 @@ static int place(gk_ep *ep, uint64_t per_expert, em_err *err) {
                           ep->s.path, em_format_size(per_expert * (uint64_t)X, need, sizeof need), X, ep->s.n_layers,
                           ep->n, (long long)total, X, line);
     }
-    /* in proportion to capacity (at most cap each, as X <= total), then one each for a device
-     * left without, taken from the largest; what rounding left over goes where there is room */
-    int64_t c[EM_GPU_MAX_SHARES], sum = 0;
-    for (int r = 0; r < ep->n; r++) sum += c[r] = (int64_t)X * cap[r] / total;
     for (int r = 0; r < ep->n; r++) {
-        if (c[r] > 0) continue;
         char f[32];
         if (cap[r] == 0)
             return em_err_set(err, EM_ENOMEM, "%s: cuda:%d has no room for one expert of each MoE layer (%s free)",
                               ep->s.path, em_gpu_get_info(ep->d[r].gpu)->index, em_format_size(free_b[r], f, sizeof f));
-        int big = 0;
-        for (int q = 1; q < ep->n; q++) big = c[q] > c[big] ? q : big;
-        c[big]--, c[r]++;
     }
-    for (int r = 0; sum < X; r = (r + 1) % ep->n)
-        if (c[r] < cap[r]) c[r]++, sum++;
-    ep->first[0] = 0;
-    for (int r = 0; r < ep->n; r++) ep->first[r + 1] = ep->first[r] + (int)c[r];
+    gk_ep_split(cap, ep->n, X, ep->first);
     return EM_OK;
 }
 
-/* Experts e0 .. e0 + cnt - 1 of stack m (rows_per rows each) onto d's device. */
+void gk_ep_split(const int64_t *cap, int n, int n_expert, int *first) {
+    /* one each, the rest in proportion to the room above that (at most cap - 1 each, as the
+     * room is at least the rest), then what rounding left over one at a time to the largest
+     * remainder where there is room */
+    int64_t c[EM_GPU_MAX_SHARES], rem[EM_GPU_MAX_SHARES], room = 0, sum = n;
+    const int64_t rest = n_expert - n;
+    for (int r = 0; r < n; r++) room += cap[r] - 1;
+    for (int r = 0; r < n; r++) {
+        c[r] = 1 + (room ? rest * (cap[r] - 1) / room : 0);
+        rem[r] = room ? rest * (cap[r] - 1) % room : 0;
+        sum += c[r] - 1;
+    }
+    while (sum < n_expert) {
+        int best = -1;
+        for (int r = 0; r < n; r++)
+            if (c[r] < cap[r] && (best < 0 || rem[r] > rem[best])) best = r;
+        c[best]++, sum++, rem[best] = -1;
+    }
+    first[0] = 0;
+    for (int r = 0; r < n; r++) first[r + 1] = first[r] + (int)c[r];
+}
+
 static int upload_experts(const ep_dev *d, const em_mat *m, int e0, int cnt, int64_t rows_per, const char *what, int layer,
                           em_gpu_mat *out, em_err *err) {
     char nm[96];

@@ -28,6 +28,11 @@ typedef struct gk_ep_spec {
 
 typedef struct gk_ep gk_ep;
 
+/* The experts' ranges: device r (of n, 1..EM_GPU_MAX_SHARES) gets experts first[r] ..
+ * first[r + 1] - 1 of n_expert, in proportion to cap[r] (the experts its memory takes), at
+ * least one and at most cap[r] each. Needs every cap[r] >= 1, their sum >= n_expert >= n. */
+void gk_ep_split(const int64_t *cap, int n, int n_expert, int *first);
+
 /* Opens the other devices, chooses each device's contiguous range of experts from its free
  * memory (the same ranges in every layer), uploads each device's share of every layer and
  * makes its buffers; logs the placement. A model whose experts do not fit the devices

@@ -1382,8 +1382,6 @@ static int moe_dense(const moe_fix *f, const float *dx, const int32_t *ids, cons
     return rc ? -1 : 0;
 }
 
-/* One layer: 16 rows against the CPU twin, bit-exact against the dense composition, width
- * invariance (n = 1..16 memcmp-equal to one-row calls, every output written), graph replay. */
 /* The experts [e0, e1) of f's stacks uploaded as a share of their own (em_gpu_moe_share). */
 typedef struct moe_share {
     em_gpu_mat gate, up, down;
@@ -1458,6 +1456,8 @@ static void test_moe_shares(moe_fix *f, const float *dx, const int32_t *di, cons
     free(got), free(hs);
 }
 
+/* One layer: 16 rows against the CPU twin, bit-exact against the dense composition, width
+ * invariance (n = 1..16 memcmp-equal to one-row calls, every output written), graph replay. */
 static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     const moe_cfg *c = &f->c;
     const int K = c->k;

@@ -14,7 +14,6 @@
 #include "backend/cuda/cuda_impl.cuh"
 
 #include <dlfcn.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

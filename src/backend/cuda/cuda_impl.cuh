@@ -25,6 +25,7 @@ struct em_gpu {
     int n_branches;       /* side streams forked and not yet joined */
     cudaEvent_t ev[2];
     bool pdl;             /* launches may overlap the kernel before them (emc_launch) */
+    int prio_main, prio_side; /* kernel priorities: a branch's above the main chain's (device.cu) */
     em_gpu_info info;
 };
 
@@ -68,19 +69,22 @@ __device__ __forceinline__ void emc_kernel_begin() {
     emc_wait_prior();
 }
 
-/* kernel<<<grid, block, smem, g->stream>>>(args...), with launch overlap when g->pdl. */
+/* kernel<<<grid, block, smem, g->stream>>>(args...), with launch overlap when g->pdl, at the
+ * stream's priority (kept by a captured graph's nodes). */
 template <typename... P, typename... A>
 static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = g->pdl ? 1 : 0;
+    at[1].id = cudaLaunchAttributePriority;
+    at[1].val.priority = g->stream == g->main ? g->prio_main : g->prio_side;
     cudaLaunchConfig_t c = {};
     c.gridDim = grid;
     c.blockDim = block;
     c.dynamicSmemBytes = smem;
     c.stream = g->stream;
     c.attrs = at;
-    c.numAttrs = 1;
+    c.numAttrs = 2;
     (void)cudaLaunchKernelEx(&c, kernel, args...); /* its error is the last error: emc_launched reads it */
 }
 

@@ -83,10 +83,19 @@ extern "C" int em_gpu_open(int index, em_gpu **out, em_err *err) {
     g->info.l2_bytes = (uint64_t)p.l2CacheSize;
     cudaDriverGetVersion(&g->info.driver_version);
     cudaError_t e = cudaSetDevice(index);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&g->main, cudaStreamNonBlocking);
+    /* A branch's kernels (a MoE layer's shared expert, a low-rank up) go before the main
+     * chain's when both wait for an SM: the branch is short and the chain's next steps need
+     * it at the join; decode 1.5% faster (docs/cuda.md run 55). EMBER_GPU_PRIORITY=0 gives all
+     * kernels one priority. */
+    int least = 0, greatest = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    const char *prio = getenv("EMBER_GPU_PRIORITY");
+    g->prio_main = least;
+    g->prio_side = prio && !strcmp(prio, "0") ? least : greatest;
+    if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&g->main, cudaStreamNonBlocking, g->prio_main);
     g->stream = g->main;
     for (int b = 0; b < EMC_BRANCHES && e == cudaSuccess; b++) {
-        e = cudaStreamCreateWithFlags(&g->side[b], cudaStreamNonBlocking);
+        e = cudaStreamCreateWithPriority(&g->side[b], cudaStreamNonBlocking, g->prio_side);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->join_ev[b], cudaEventDisableTiming);
     }
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->fork_ev, cudaEventDisableTiming);
@@ -274,7 +283,7 @@ extern "C" int em_gpu_capture_end(em_gpu *g, em_gpu_graph **out, em_err *err) {
     cudaGraph_t graph = NULL;
     EMC_TRY(cudaStreamEndCapture(g->main, &graph), "cudaStreamEndCapture (an op in the capture failed?)");
     cudaGraphExec_t exec = NULL;
-    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     if (e != cudaSuccess) {
         cudaGraphDestroy(graph);
         return emc_fail(err, e, "cudaGraphInstantiate");

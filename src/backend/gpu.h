@@ -90,7 +90,9 @@ int em_gpu_sync(em_gpu *g, em_err *err);
  * (1..n), or back to the main stream (0); join makes the main stream wait for every branch
  * and sends later ops to it. Downloads, syncs, uploads and capture_end need all branches
  * joined (EM_EINVAL otherwise). Results do not depend on the branches: each op computes what
- * it would alone; the caller keeps branches from sharing a buffer they write. */
+ * it would alone; the caller keeps branches from sharing a buffer they write. A side stream's
+ * kernels run at a higher priority than the main stream's (unless EMBER_GPU_PRIORITY=0): a
+ * branch is meant to be short and done by the join. */
 int em_gpu_fork(em_gpu *g, int n, em_err *err);
 int em_gpu_branch(em_gpu *g, int b, em_err *err);
 int em_gpu_join(em_gpu *g, em_err *err);

@@ -347,7 +347,8 @@ static void launch_mm_o(const em_gpu *g, const mm_jobs &js, unsigned blocks, con
     const int n = a->n;
     if (n <= 1) launch_mm_n<T, 1, OUTS>(g, js, blocks, a);
     else if (n <= 2) launch_mm_n<T, 2, OUTS>(g, js, blocks, a);
-    else if constexpr (OUTS == MM_OUTS) { /* wider passes take MM_OUTS (mm_outs) */
+    else if constexpr (OUTS == MM_OUTS || T == EM_TYPE_F32) { /* wider passes take MM_OUTS (mm_outs), or one
+                                                               * output a warp for small F32 products (mm_outs_w) */
         if (n <= 4) launch_mm_n<T, 4, OUTS>(g, js, blocks, a);
         else if (n <= 8) launch_mm_n<T, 8, OUTS>(g, js, blocks, a);
         else launch_mm_n<T, 16, OUTS>(g, js, blocks, a);
@@ -359,8 +360,18 @@ static bool mm_deep(const em_gpu *g, int n, int64_t cols, unsigned blocks) {
     return n == 1 && mm_outs(EM_TYPE_F32, n, cols) == MM_OUTS_NARROW && blocks <= (unsigned)g->info.sm_count;
 }
 
+/* The outputs a warp of a product of rows weight rows: mm_outs, or one for F32 products of
+ * at most MM_FEW_ROWS rows at any width (a MoE router, KDA's beta: with MM_OUTS, 256 outputs
+ * are eight blocks, each warp taking every row of a wide pass in turn). The arithmetic of an
+ * output is the same either way. */
+#define MM_FEW_ROWS 4096
+static int mm_outs_w(int type, int n, int64_t cols, int64_t rows) {
+    const int o = mm_outs(type, n, cols);
+    return type == EM_TYPE_F32 && rows <= MM_FEW_ROWS && cols > 32 * 4 ? MM_OUTS_NARROW : o;
+}
+
 template <int T>
-static void launch_mm_t(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+static void launch_mm_t(const em_gpu *g, const mm_jobs &js, unsigned blocks, const em_gpu_act *a, int outs) {
     if constexpr (T == EM_TYPE_F32) {
         if (mm_deep(g, a->n, js.cols, blocks)) {
             emc_launch(g, k_mm<T, 1, MM_OUTS_NARROW, MM_STEPS_DEEP>, blocks, MM_WARPS * 32, 0, js, a->qs, a->d, a->x,
@@ -369,7 +380,7 @@ static void launch_mm_t(const em_gpu *g, const mm_jobs &js, unsigned blocks, con
         }
     }
     if constexpr (mm_narrow_ok(T)) {
-        if (mm_outs(T, a->n, js.cols) == MM_OUTS_NARROW) {
+        if (outs == MM_OUTS_NARROW) {
             launch_mm_o<T, MM_OUTS_NARROW>(g, js, blocks, a);
             return;
         }
@@ -377,15 +388,15 @@ static void launch_mm_t(const em_gpu *g, const mm_jobs &js, unsigned blocks, con
     launch_mm_o<T, MM_OUTS>(g, js, blocks, a);
 }
 
-static void launch_mm(const em_gpu *g, int type, const mm_jobs &js, unsigned blocks, const em_gpu_act *a) {
+static void launch_mm(const em_gpu *g, int type, const mm_jobs &js, unsigned blocks, const em_gpu_act *a, int outs) {
     switch (type) {
-    case EM_TYPE_Q8_0: launch_mm_t<EM_TYPE_Q8_0>(g, js, blocks, a); break;
-    case EM_TYPE_Q4_K: launch_mm_t<EM_TYPE_Q4_K>(g, js, blocks, a); break;
-    case EM_TYPE_Q6_K: launch_mm_t<EM_TYPE_Q6_K>(g, js, blocks, a); break;
-    case EM_TYPE_MXFP4: launch_mm_t<EM_TYPE_MXFP4>(g, js, blocks, a); break;
-    case EM_TYPE_F32: launch_mm_t<EM_TYPE_F32>(g, js, blocks, a); break;
-    case EM_TYPE_F16: launch_mm_t<EM_TYPE_F16>(g, js, blocks, a); break;
-    default: launch_mm_t<EM_TYPE_BF16>(g, js, blocks, a); break;
+    case EM_TYPE_Q8_0: launch_mm_t<EM_TYPE_Q8_0>(g, js, blocks, a, outs); break;
+    case EM_TYPE_Q4_K: launch_mm_t<EM_TYPE_Q4_K>(g, js, blocks, a, outs); break;
+    case EM_TYPE_Q6_K: launch_mm_t<EM_TYPE_Q6_K>(g, js, blocks, a, outs); break;
+    case EM_TYPE_MXFP4: launch_mm_t<EM_TYPE_MXFP4>(g, js, blocks, a, outs); break;
+    case EM_TYPE_F32: launch_mm_t<EM_TYPE_F32>(g, js, blocks, a, outs); break;
+    case EM_TYPE_F16: launch_mm_t<EM_TYPE_F16>(g, js, blocks, a, outs); break;
+    default: launch_mm_t<EM_TYPE_BF16>(g, js, blocks, a, outs); break;
     }
 }
 
@@ -393,21 +404,27 @@ template <int N, int O1, int O2>
 static void launch_mixed_o(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a) {
     emc_launch(g, k_mm_mixed<N, O1, O2>, blocks, MM_WARPS * 32, 0, js, split, a->qs, a->d, a->x, a->ldx, a->n);
 }
+/* q1, f1: the Q8_0 and the F32 products take one output a warp (mm_outs_w). */
 template <int N>
-static void launch_mixed_n(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a) {
-    const bool q1 = mm_outs(EM_TYPE_Q8_0, a->n, js.cols) == MM_OUTS_NARROW, f1 = mm_outs(EM_TYPE_F32, a->n, js.cols) == MM_OUTS_NARROW;
+static void launch_mixed_n(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a,
+                           bool q1, bool f1) {
     if (q1 && f1) launch_mixed_o<N, MM_OUTS_NARROW, MM_OUTS_NARROW>(g, js, split, blocks, a);
     else if (q1) launch_mixed_o<N, MM_OUTS_NARROW, MM_OUTS>(g, js, split, blocks, a);
     else if (f1) launch_mixed_o<N, MM_OUTS, MM_OUTS_NARROW>(g, js, split, blocks, a);
     else launch_mixed_o<N, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
 }
-static void launch_mixed(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a) {
+static void launch_mixed(const em_gpu *g, const mm_jobs &js, unsigned split, unsigned blocks, const em_gpu_act *a,
+                         bool q1, bool f1) {
     const int n = a->n;
-    if (n <= 1) launch_mixed_n<1>(g, js, split, blocks, a);
-    else if (n <= 2) launch_mixed_n<2>(g, js, split, blocks, a);
-    else if (n <= 4) launch_mixed_o<4, MM_OUTS, MM_OUTS>(g, js, split, blocks, a); /* wider passes: mm_outs is MM_OUTS */
-    else if (n <= 8) launch_mixed_o<8, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
-    else launch_mixed_o<16, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
+    if (n <= 1) launch_mixed_n<1>(g, js, split, blocks, a, q1, f1);
+    else if (n <= 2) launch_mixed_n<2>(g, js, split, blocks, a, q1, f1);
+    /* wider passes: Q8_0 takes MM_OUTS (mm_outs) */
+    else if (n <= 4) f1 ? launch_mixed_o<4, MM_OUTS, MM_OUTS_NARROW>(g, js, split, blocks, a)
+                        : launch_mixed_o<4, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
+    else if (n <= 8) f1 ? launch_mixed_o<8, MM_OUTS, MM_OUTS_NARROW>(g, js, split, blocks, a)
+                        : launch_mixed_o<8, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
+    else f1 ? launch_mixed_o<16, MM_OUTS, MM_OUTS_NARROW>(g, js, split, blocks, a)
+            : launch_mixed_o<16, MM_OUTS, MM_OUTS>(g, js, split, blocks, a);
 }
 
 /* Whether products of these types go in one launch: one type, or Q8_0 and F32 together with
@@ -450,6 +467,14 @@ extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int cou
     memset(&js, 0, sizeof js);
     js.count = count;
     js.cols = w0->cols;
+    /* outputs a warp: one count per launch, or one per type in a mixed launch */
+    int64_t f32_rows = 0, rows = 0;
+    for (int i = 0; i < count; i++) {
+        rows = outs[i].w->rows > rows ? outs[i].w->rows : rows;
+        if (outs[i].w->type == EM_TYPE_F32 && outs[i].w->rows > f32_rows) f32_rows = outs[i].w->rows;
+    }
+    const int o_q8 = mm_outs(EM_TYPE_Q8_0, act->n, w0->cols), o_f32 = mm_outs_w(EM_TYPE_F32, act->n, w0->cols, f32_rows);
+    const int o_one = mm_outs_w(w0->type, act->n, w0->cols, rows);
     uint64_t blocks = 0, split = 0;
     /* mixed: the F32 products' blocks first, then the Q8_0 ones' (k_mm_mixed) */
     for (int pass = 0, m = 0; pass < (mixed ? 2 : 1); pass++) {
@@ -462,15 +487,15 @@ extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int cou
                       (long long)outs[i].ldy, (long long)w->rows);
             js.job[m++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
                                     outs[i].ldy, (unsigned)blocks };
-            blocks += emc_blocks(w->rows, MM_WARPS * mm_outs(w->type, act->n, w0->cols));
+            blocks += emc_blocks(w->rows, MM_WARPS * (!mixed ? o_one : w->type == EM_TYPE_F32 ? o_f32 : o_q8));
         }
         if (pass == 0) split = blocks;
     }
     EMC_CHECK(blocks < (1u << 31), "GPU matmul: %llu blocks in one launch", (unsigned long long)blocks);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    if (mixed) launch_mixed(g, js, (unsigned)split, (unsigned)blocks, act);
-    else launch_mm(g, w0->type, js, (unsigned)blocks, act);
+    if (mixed) launch_mixed(g, js, (unsigned)split, (unsigned)blocks, act, o_q8 == MM_OUTS_NARROW, o_f32 == MM_OUTS_NARROW);
+    else launch_mm(g, w0->type, js, (unsigned)blocks, act, o_one);
     return emc_launched(err, "em_gpu_matmul");
 }
 

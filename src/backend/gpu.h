@@ -365,6 +365,20 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
                         const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch,
                         float *d_y, int64_t ldy, em_err *err);
 
+/* ---- wide passes: a prompt's rows (prefill) --------------------------------------------
+ * em_gpu_moe over up to EM_GPU_WIDE_MAX_ROWS rows (n * k <= EM_GPU_WIDE_MAX_PAIRS), for a
+ * prefill whose other ops run in chunks of EM_GPU_MAX_ROWS: the union is built over all n rows,
+ * an expert chosen by more than 16 rows taking several union slots of up to 16, so each
+ * expert's weights are read once per call rather than once per 16 rows. Every slot runs
+ * em_gpu_moe's warp bodies and the sum is its sum, so row j's output is bit-identical to
+ * em_gpu_moe's for that row (in any chunk of rows: width invariance still holds). The inputs
+ * are quantized here (as em_gpu_act_prepare would). d_scratch: em_gpu_moe_wide_scratch_bytes. */
+#define EM_GPU_WIDE_MAX_ROWS 256
+#define EM_GPU_WIDE_MAX_PAIRS 8192
+uint64_t em_gpu_moe_wide_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);
+int em_gpu_moe_wide(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
+                    const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy, em_err *err);
+
 /* ---- experts in shares (expert parallelism; docs/cuda.md "Several GPUs") -----------------
  * A MoE layer's experts split into contiguous shares, each held by one device: share r holds
  * experts first[r] .. first[r + 1] - 1. em_gpu_moe_share runs the experts a share holds over

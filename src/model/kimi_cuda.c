@@ -33,6 +33,8 @@
 #include <unistd.h>
 
 #define GK_ROWS EM_GPU_MAX_ROWS
+/* Rows of a wide prefill pass (wide_pass): its routed experts over them all at once. */
+#define GK_WIDE EM_GPU_WIDE_MAX_ROWS
 /* Rows of features a call may leave on the device (em_rows.device_features): the decode loop's
  * prefill calls (decode/loop.c PREFILL_CHUNK). */
 #define GK_FEATURE_ROWS 128
@@ -87,6 +89,19 @@ typedef struct gk_bufs {
     uint64_t act_cap, act_used;
 } gk_bufs;
 
+/* A wide prefill pass's own buffers (allocated at the first one): GK_WIDE rows of the residual,
+ * the FFN's normed input, the routes and the FFN outputs, and each chunk's tokens and first
+ * position laid out as pass_inputs lays them. */
+typedef struct gk_wide {
+    void *mem;
+    int32_t *tok;                /* [GK_WIDE / GK_ROWS][GK_ROWS + 1] */
+    float *x, *h, *y, *ys, *feat;
+    int32_t *ids;                /* [GK_WIDE][K] */
+    float *wts;                  /* [GK_WIDE][K] */
+    void *moe;
+    bool failed;                 /* the allocation failed once: narrow passes only */
+} gk_wide;
+
 typedef struct gk {
     em_target base;
     em_gguf *g;
@@ -111,6 +126,8 @@ typedef struct gk {
     void *state_mem, *backup_mem, *log_mem, *cache_mem, *buf_mem;
     uint64_t state_bytes;    /* every KDA state, contiguous in state_mem */
     gk_bufs B;
+    gk_wide W;
+    int wide;                /* prefills of at least this many rows run wide passes (0: never) */
     em_gpu_graph *g_body[2][GK_ROWS + 1], *g_head[GK_ROWS + 1], *g_commit[GK_ROWS + 1];
     int32_t *replay_tok;     /* [n_ctx] tokens of the last wide verify */
     bool replay;
@@ -433,6 +450,20 @@ static int routed(gk *k, int moe_index, const em_gpu_experts *xs, const float *x
     return em_gpu_moe_prepared(k->gpu, xs, x, cols, n, xq, ids, k->B.wts, k->hp.n_expert_used, k->B.moe, out, cols, err);
 }
 
+static em_gpu_router router_of(const kimi_hparams *hp) {
+    return (em_gpu_router){ .n_expert = hp->n_expert, .k = hp->n_expert_used, .n_group = hp->n_group,
+                            .n_group_used = hp->n_group_used, .norm = hp->expert_norm, .scale = hp->expert_scale };
+}
+
+static em_gpu_experts experts_of(const gk *k, const kimi_ffn_w *w) {
+    const kimi_hparams *hp = &k->hp;
+    return (em_gpu_experts){
+        .gate = dmat(k, &w->gate_exps), .up = dmat(k, &w->up_exps), .down = dmat(k, &w->down_exps),
+        .n_expert = hp->n_expert, .ffn = hp->n_ff_exp, .act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU,
+        .situ_beta = hp->situ_beta, .situ_lin_beta = hp->situ_lin_beta,
+    };
+}
+
 static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_ffn_w *w = &k->w.layers[l].ffn;
@@ -442,8 +473,7 @@ static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
     const int64_t E = hp->n_embd;
     int32_t *ids = B->ids + (int64_t)moe_index * GK_ROWS * K;
     const int n = xa->n;
-    const em_gpu_router r = { .n_expert = X, .k = K, .n_group = hp->n_group, .n_group_used = hp->n_group_used,
-                              .norm = hp->expert_norm, .scale = hp->expert_scale };
+    const em_gpu_router r = router_of(hp);
     const bool shared = w->gate_sh.rows > 0, latent = w->routed_down.rows > 0;
     const int64_t L = w->routed_down.rows;
     int rc = EM_OK;
@@ -469,11 +499,7 @@ static int moe_layer(gk *k, int l, int moe_index, gk_acts *xa, em_err *err) {
         if (shared) em_gpu_join(k->gpu, err);
         return rc;
     }
-    const em_gpu_experts xs = {
-        .gate = dmat(k, &w->gate_exps), .up = dmat(k, &w->up_exps), .down = dmat(k, &w->down_exps),
-        .n_expert = X, .ffn = hp->n_ff_exp, .act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU,
-        .situ_beta = hp->situ_beta, .situ_lin_beta = hp->situ_lin_beta,
-    };
+    const em_gpu_experts xs = experts_of(k, w);
     rc = em_gpu_route(k->gpu, &r, B->logits_r, X, dl->router_bias, n, ids, B->wts, err);
     if (!rc && !latent) {
         rc = routed(k, moe_index, &xs, B->h, E, n, xa->have_q ? &xa->q : NULL, ids, B->y, err);
@@ -520,31 +546,35 @@ static int flush(gk *k, gk_residual *r, int n, em_err *err) {
     return rc;
 }
 
+/* out = RMSNorm(x += y (+ y2)) over n rows (ld n_embd; y NULL: x as it is) and its Q8_0 copy,
+ * as xa: the residual step and the norm in one launch. A new layer half: the bump region of
+ * activations starts over. */
+static int add_norm(gk *k, float *x, const float *y, const float *y2, const float *norm_w, int n, float *out,
+                    gk_acts *xa, em_err *err) {
+    const int64_t E = k->hp.n_embd;
+    k->B.act_used = 0;
+    *xa = acts_of(out, E, E, n);
+    void *q = NULL;
+    int rc = E % 32 == 0 ? bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, E, n), &q, err) : EM_OK;
+    if (!rc)
+        rc = em_gpu_add_rmsnorm(k->gpu, x, E, y, y2, E, norm_w, k->hp.rms_eps, n, E, out, E, q, q ? &xa->q : NULL, err);
+    xa->have_q = !rc && q;
+    return rc;
+}
+
 /* The normed input of a layer half (or of the LM head) for pass rows r0 .. r0 + n - 1 into
  * out, and its Q8_0 copy, as xa: the residual step and the norm in one launch, or (K3 AttnRes
  * with banks) the step, the mix over the banks and x, then the norm. */
 static int norm_input(gk *k, gk_residual *r, int n_bank, const float *res_w, const float *norm_w, int r0, int n,
                       float *out, gk_acts *xa, em_err *err) {
-    const kimi_hparams *hp = &k->hp;
-    const int64_t E = hp->n_embd;
-    gk_bufs *B = &k->B;
-    B->act_used = 0;
-    *xa = acts_of(out, E, E, n);
-    void *q = NULL;
-    int rc = E % 32 == 0 ? bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, E, n), &q, err) : EM_OK;
-    if (rc) return rc;
-    em_gpu_act *qa = q ? &xa->q : NULL;
-    if (hp->res_block > 0 && n_bank > 0 && res_w) {
-        const float *in = NULL;
-        if (!(rc = flush(k, r, n, err))) in = res_input(k, n_bank, B->x, res_w, r0, n, err, &rc);
-        if (!rc) rc = em_gpu_add_rmsnorm(k->gpu, (float *)in, E, NULL, NULL, 0, norm_w, hp->rms_eps, n, E, out, E, q, qa, err);
-    } else {
-        rc = em_gpu_add_rmsnorm(k->gpu, B->x + (int64_t)r0 * E, E, r->y, r->y2, E, norm_w, hp->rms_eps, n, E, out, E, q, qa,
-                                err);
-        r->y = NULL, r->y2 = NULL;
+    if (k->hp.res_block > 0 && n_bank > 0 && res_w) {
+        int rc = flush(k, r, n, err);
+        const float *in = rc ? NULL : res_input(k, n_bank, k->B.x, res_w, r0, n, err, &rc);
+        return rc ? rc : add_norm(k, (float *)in, NULL, NULL, norm_w, n, out, xa, err);
     }
-    xa->have_q = !rc && q;
-    return rc;
+    const float *y = r->y, *y2 = r->y2;
+    r->y = NULL, r->y2 = NULL;
+    return add_norm(k, k->B.x + (int64_t)r0 * k->hp.n_embd, y, y2, norm_w, n, out, xa, err);
 }
 
 /* Every layer over the n rows of B.tok at position *B.pos, leaving the residual rows in B.x
@@ -742,6 +772,155 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
     return EM_OK;
 }
 
+/* ---- wide prefill passes --------------------------------------------------------------------
+ * A pass of GK_ROWS rows reads every routed expert its rows chose: on a 48B-shaped model (256
+ * experts, top-8) about 100 experts a layer for each 16 rows of a prompt. A wide pass takes up
+ * to GK_WIDE rows through each layer: the attention half, the FFN's norm, router and shared
+ * expert in chunks of GK_ROWS (the narrow pass's own calls, on B, the chunk's tokens and
+ * position copied into B.tok first), then the routed experts of all its rows in one call
+ * (em_gpu_moe_wide: each expert read once), then the residual step. Each row gets the narrow
+ * passes' arithmetic, so states and outputs are bit-identical to narrow passes'
+ * (tests/cuda/test_gpu_target.c). Not captured in graphs: a wide pass's work hides its
+ * launches. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
+
+/* Whether a prefill of n rows asking o runs wide passes. */
+static bool wide_ok(const gk *k, const em_rows *o, int n) {
+    if (!k->wide || n < k->wide || k->W.failed || k->ep || k->hp.res_block > 0 || k->n_moe == 0 || (o && o->routes))
+        return false;
+    for (int l = 0; l < k->hp.n_layer; l++)
+        if (k->w.layers[l].ffn.routed_down.rows > 0) return false;
+    return true;
+}
+
+/* The wide buffers, at the first wide pass; on failure (device memory) narrow passes only. */
+static int wide_alloc(gk *k) {
+    gk_wide *W = &k->W;
+    if (W->mem) return EM_OK;
+    const kimi_hparams *hp = &k->hp;
+    const uint64_t R = GK_WIDE, E = (uint64_t)hp->n_embd, K = (uint64_t)hp->n_expert_used, F4 = sizeof(float);
+    const uint64_t nf = k->base.info.n_feat ? (uint64_t)k->base.info.n_feat : 1;
+    const uint64_t moe = em_gpu_moe_wide_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_embd, GK_WIDE);
+    const uint64_t sz[] = { R / GK_ROWS * (GK_ROWS + 1) * 4, R * E * F4, R * E * F4, R * E * F4, R * E * F4, R * nf * F4,
+                            R * K * 4, R * K * F4, moe };
+    uint64_t total = 0;
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) total += align256(sz[i]);
+    em_err e = { 0 };
+    if (em_gpu_alloc(k->gpu, total, "wide prefill buffers", &W->mem, &e)) {
+        em_log(EM_LOG_INFO, "%s: prefill in passes of %d rows (%s)", k->device, GK_ROWS, e.msg);
+        W->failed = true;
+        return EM_ENOMEM;
+    }
+    uint8_t *at = W->mem;
+    void **parts[] = { (void **)&W->tok, (void **)&W->x, (void **)&W->h, (void **)&W->y, (void **)&W->ys,
+                       (void **)&W->feat, (void **)&W->ids, (void **)&W->wts, &W->moe };
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) *parts[i] = at, at += align256(sz[i]);
+    return EM_OK;
+}
+
+/* The FFN's narrow part of a MoE layer for pass rows r.. (xa): the shared expert into W.ys and
+ * the routes into W.ids / W.wts (moe_layer's calls). */
+static int wide_routes(gk *k, int l, gk_acts *xa, int r, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const kimi_ffn_w *w = &k->w.layers[l].ffn;
+    gk_bufs *B = &k->B;
+    const int64_t E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used;
+    int rc = w->gate_sh.rows > 0 ? mlp(k, xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, k->W.ys + r * E, E, err)
+                                 : EM_OK;
+    const em_mat *router[1] = { &w->router };
+    float *logits[1] = { B->logits_r };
+    if (!rc) rc = mm_many(k, xa, router, logits, &X, 1, err); /* as moe_layer launches it */
+    const em_gpu_router rt = router_of(hp);
+    if (!rc) rc = em_gpu_route(k->gpu, &rt, B->logits_r, X, k->ld[l].router_bias, xa->n, k->W.ids + r * K,
+                               k->W.wts + r * K, err);
+    return rc;
+}
+
+/* Every layer over the m rows of W.tok (m <= GK_WIDE), committing, leaving the residual rows
+ * in W.x and the features in W.feat. Asynchronous. */
+static int wide_body(gk *k, int m, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const int64_t E = hp->n_embd, all = (int64_t)m * E;
+    gk_bufs *B = &k->B;
+    gk_wide *W = &k->W;
+    em_gpu *g = k->gpu;
+    int rc = EM_OK;
+    for (int l = 0; !rc && l < hp->n_layer; l++) {
+        const kimi_layer *ly = &k->w.layers[l];
+        const gk_layer_dev *dl = &k->ld[l];
+        for (int r = 0; !rc && r < m; r += GK_ROWS) {
+            const int mc = m - r < GK_ROWS ? m - r : GK_ROWS;
+            float *x = W->x + (int64_t)r * E, *h = W->h + (int64_t)r * E;
+            gk_acts xa;
+            if ((l == 0 || ly->kind == KIMI_MLA) && /* the chunk's tokens and first position */
+                (rc = em_gpu_copy(g, B->tok, W->tok + r / GK_ROWS * (GK_ROWS + 1), (GK_ROWS + 1) * sizeof(int32_t), err)))
+                break;
+            if ((l == 0 && (rc = em_gpu_embed(g, dmat(k, &k->w.tok_embd), B->tok, mc, x, E, err))) ||
+                (rc = add_norm(k, x, NULL, NULL, dl->attn_norm, mc, B->h, &xa, err)))
+                break;
+            rc = ly->kind == KIMI_KDA ? kda_layer(k, l, &xa, GK_COMMIT, err) : mla_layer(k, l, &xa, err);
+            if (!rc) rc = add_norm(k, x, B->y, NULL, dl->ffn_norm, mc, h, &xa, err);
+            if (!rc && ly->ffn.moe) rc = wide_routes(k, l, &xa, r, err);
+            else if (!rc) rc = mlp(k, &xa, &ly->ffn.gate, &ly->ffn.up, &ly->ffn.down, B->dg, B->du, W->y + (int64_t)r * E, E, err);
+            if (rc) return em_err_prefix(err, "layer %d, rows %d..%d of a wide pass", l, r, r + mc - 1);
+        }
+        if (!rc && ly->ffn.moe) {
+            const em_gpu_experts xs = experts_of(k, &ly->ffn);
+            rc = em_gpu_moe_wide(g, &xs, W->h, E, m, W->ids, W->wts, hp->n_expert_used, W->moe, W->y, E, err);
+            if (!rc && ly->ffn.gate_sh.rows > 0) rc = em_gpu_add(g, W->y, W->ys, all, W->y, err);
+        }
+        if (!rc) rc = em_gpu_add(g, W->x, W->y, all, W->x, err); /* flush()'s order: (y + ys), then x + that */
+        const uint64_t nf = (uint64_t)k->base.info.n_feat;
+        for (int f = 0; !rc && f < k->n_feature_layers; f++)
+            if (k->feature_layer[f] == l)
+                rc = em_gpu_copy_2d(g, W->feat + (int64_t)f * E, nf * sizeof(float), W->x, (uint64_t)E * sizeof(float),
+                                    (uint64_t)E * sizeof(float), (uint64_t)m, err);
+        if (rc) return em_err_prefix(err, "layer %d (%s) of a wide pass", l, ly->ffn.moe ? "routed experts" : "FFN");
+    }
+    return rc;
+}
+
+/* One wide committing pass of m rows at the target's position (request rows r0.. of n): the
+ * chunks' inputs in one upload, the layers, then per chunk what o asks (commit_pass's head and
+ * downloads, on the chunk's rows copied into B). */
+static int wide_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r0, int n, em_err *err) {
+    const int64_t E = k->hp.n_embd, nf = k->base.info.n_feat;
+    const int nc = (m + GK_ROWS - 1) / GK_ROWS;
+    int32_t in[GK_WIDE / GK_ROWS * (GK_ROWS + 1)] = { 0 };
+    for (int c = 0; c < nc; c++) {
+        const int r = c * GK_ROWS, mc = m - r < GK_ROWS ? m - r : GK_ROWS;
+        memcpy(in + c * (GK_ROWS + 1), tok + r, (size_t)mc * sizeof *tok);
+        in[c * (GK_ROWS + 1) + GK_ROWS] = (int32_t)(k->base.pos + r);
+    }
+    int rc = em_gpu_upload(k->gpu, k->W.tok, in, (uint64_t)nc * (GK_ROWS + 1) * sizeof *in, err);
+    if (!rc) rc = wide_body(k, m, err);
+    const bool feats = o && (o->features || o->device_features);
+    for (int c = 0; !rc && c < nc; c++) {
+        const int r = c * GK_ROWS, mc = m - r < GK_ROWS ? m - r : GK_ROWS;
+        const int h0 = head_from(o, r0 + r, mc, n);
+        if (h0 < 0 && !feats) continue;
+        if (h0 >= 0 && !(rc = em_gpu_copy(k->gpu, k->B.x, k->W.x + r * E, (uint64_t)mc * E * sizeof(float), err)))
+            rc = head(k, h0, mc - h0, err);
+        if (!rc && feats)
+            rc = em_gpu_copy(k->gpu, k->B.feat, k->W.feat + r * nf, (uint64_t)mc * nf * sizeof(float), err);
+        if (!rc) rc = download_rows(k, o, r0 + r, mc, n, h0 < 0 ? mc : h0, err);
+    }
+    if (!rc) rc = em_gpu_sync(k->gpu, err);
+    if (rc) return rc;
+    logs_mark(k, m - (nc - 1) * GK_ROWS, true);
+    k->base.pos += m;
+    return EM_OK;
+}
+
+/* A prefill's rows: wide passes, then the rows short of one in narrow passes. */
+static int run_wide(gk *k, const int32_t *tok, int n, const em_rows *o, em_err *err) {
+    int r0 = 0, rc = EM_OK;
+    for (; !rc && n - r0 >= k->wide; r0 += GK_WIDE)
+        rc = wide_pass(k, tok + r0, n - r0 < GK_WIDE ? n - r0 : GK_WIDE, o, r0, n, err);
+    for (; !rc && r0 < n; r0 += GK_ROWS)
+        rc = commit_pass(k, tok + r0, n - r0 < GK_ROWS ? n - r0 : GK_ROWS, o, r0, n, err);
+    return rc;
+}
+
 /* ---- cost model ------------------------------------------------------------------------------ */
 
 /* Dense products of n rows against one row, measured on big Q8_0 matrices (docs/cuda.md run 2). */
@@ -858,7 +1037,7 @@ static int gk_prefill(em_target *t, const int32_t *tok, int n, const em_rows *ou
     if (rc) return rc;
     t->pending = -1;
     const int64_t pos0 = t->pos;
-    rc = run_commit(k, tok, n, out, err);
+    rc = wide_ok(k, out, n) && !wide_alloc(k) ? run_wide(k, tok, n, out, err) : run_commit(k, tok, n, out, err);
     if (rc) {
         em_err_prefix(err, "%s: prefill of %d rows at position %lld (sequence reset)", k->device, n, (long long)pos0);
         gk_reset(t);
@@ -919,6 +1098,7 @@ static void gk_close(em_target *t) {
     em_gpu_free(k->gpu, k->log_mem);
     em_gpu_free(k->gpu, k->cache_mem);
     em_gpu_free(k->gpu, k->buf_mem);
+    em_gpu_free(k->gpu, k->W.mem);
     em_gpu_close(k->gpu);
     free(k->tab.w);
     free(k->tab.slot);
@@ -1166,6 +1346,11 @@ static void cost_setup(gk *k) {
     k->dense_bytes = dense;
     k->expert_bytes = k->n_moe && k->hp.n_expert ? experts / ((uint64_t)k->n_moe * (uint64_t)k->hp.n_expert) : 0;
     k->cost_scale = 1.0;
+    /* wide prefill passes where routed experts are most of what a pass reads (a layer's stack
+     * of 64 MiB or more); EMBER_GPU_WIDE=N: from N rows on (0: never) */
+    const char *env = getenv("EMBER_GPU_WIDE");
+    k->wide = env ? atoi(env) : k->expert_bytes * (uint64_t)k->hp.n_expert >= (64ull << 20) ? 2 * GK_ROWS : 0;
+    if (k->wide < 0) k->wide = 0;
 }
 
 static int set_info(gk *k, const em_model_opts *opts, em_err *err) {

@@ -54,6 +54,10 @@ fi
 # drafter on cuda:0 (tests/test_default_pair.c; the old-callback comparisons are CPU-only)
 [ -x "$dir/bin/test_default_pair" ] && step default_pair_gpu env EMBER_SRC="$PWD" EMBER_TEST_DEVICE=cuda:0 \
   EMBER_TEST_DRAFT_DEVICE=cuda:0 "$dir/bin/test_default_pair"
+# the same with every prompt prefilled in wide passes (model/kimi_cuda.c; by default only models
+# whose routed experts are large take them)
+[ -x "$dir/bin/test_default_pair" ] && step default_pair_gpu_wide env EMBER_GPU_WIDE=1 EMBER_SRC="$PWD" \
+  EMBER_TEST_DEVICE=cuda:0 EMBER_TEST_DRAFT_DEVICE=cuda:0 "$dir/bin/test_default_pair"
 if [ -x "$dir/bin/ember" ]; then
   # greedy `ember run` on cpu and cuda:0: the same tokens; speculative (the default pair's
   # drafter) equal to plain on cuda:0

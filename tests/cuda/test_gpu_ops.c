@@ -1456,6 +1456,69 @@ static void test_moe_shares(moe_fix *f, const float *dx, const int32_t *di, cons
     free(got), free(hs);
 }
 
+/* em_gpu_moe_wide over NW rows whose first half all chose experts 0..k-1 (each of those takes
+ * several union slots of 16 rows) and the rest random: memcmp-equal to em_gpu_moe over each
+ * 16-row chunk, every output written; rows past the limit refused. At the 48B shape with Q8_0
+ * experts, its time against the chunks' (uniform routes). */
+#define NW EM_GPU_WIDE_MAX_ROWS
+static void test_moe_wide(moe_fix *f) {
+    const moe_cfg *c = &f->c;
+    const int K = c->k;
+    const int64_t H = c->hidden;
+    char nm[96], why[768] = "";
+    snprintf(nm, sizeof nm, "%s wide", c->name);
+    int32_t *ids = xmalloc((size_t)NW * K * 4);
+    float *w = xmalloc((size_t)NW * K * 4), *x = xmalloc((size_t)NW * H * 4);
+    float *got = xmalloc((size_t)NW * H * 4), *want = xmalloc((size_t)NW * H * 4);
+    random_routes(ids, w, NW, K, c->n_expert, 1);
+    for (int j = 0; j < NW / 2; j++)
+        for (int i = 0; i < K; i++) ids[j * K + i] = i;
+    fill(x, (int64_t)NW * H, 1.0f);
+    float *dx = dalloc((uint64_t)NW * H * 4), *dy = dalloc((uint64_t)NW * H * 4), *dw = dalloc((uint64_t)NW * K * 4);
+    int32_t *di = dalloc((uint64_t)NW * K * 4);
+    void *ds = dalloc(em_gpu_moe_scratch_bytes(c->n_expert, K, c->ffn, H, R));
+    void *dsw = dalloc(em_gpu_moe_wide_scratch_bytes(c->n_expert, K, c->ffn, H, NW));
+    up(dx, x, (uint64_t)NW * H * 4), up(di, ids, (uint64_t)NW * K * 4), up(dw, w, (uint64_t)NW * K * 4);
+    for (int r = 0; r < NW && !why[0]; r += R)
+        if (em_gpu_moe(G, &f->ex, dx + (int64_t)r * H, H, R, di + r * K, dw + r * K, K, ds, dy + (int64_t)r * H, H, &E))
+            snprintf(why, sizeof why, "em_gpu_moe, rows %d..: %s", r, E.msg);
+    if (!why[0] && down(want, dy, (uint64_t)NW * H * 4)) snprintf(why, sizeof why, "download: %s", E.msg);
+    poison(dy, (uint64_t)NW * H * 4);
+    if (!why[0] && (em_gpu_moe_wide(G, &f->ex, dx, H, NW, di, dw, K, dsw, dy, H, &E) || down(got, dy, (uint64_t)NW * H * 4)))
+        snprintf(why, sizeof why, "em_gpu_moe_wide: %s", E.msg);
+    const int64_t unw = why[0] ? 0 : unwritten(got, (int64_t)NW * H);
+    if (!why[0] && (memcmp(got, want, (size_t)NW * H * 4) || unw))
+        snprintf(why, sizeof why, "%d rows differ from em_gpu_moe's chunks of 16 (%lld outputs unwritten)", NW, (long long)unw);
+    const int rc = em_gpu_moe_wide(G, &f->ex, dx, H, NW + 1, di, dw, K, dsw, dy, H, &E);
+    if (!why[0] && rc != EM_EINVAL) snprintf(why, sizeof why, "%d rows not refused (rc %d)", NW + 1, rc);
+    if (why[0]) record(nm, 0, "%s", why);
+    else record(nm, 1, "%d rows (half on experts 0..%d: %d slots each) memcmp-equal to em_gpu_moe in chunks of %d; "
+                       "%d rows refused", NW, K - 1, NW / 2 / R, R, NW + 1);
+    if (!why[0] && c->n_expert == N_EXPERT && c->tg == EM_TYPE_Q8_0 && c->td == EM_TYPE_Q8_0) {
+        random_routes(ids, w, NW, K, c->n_expert, 0);
+        up(di, ids, (uint64_t)NW * K * 4);
+        float t[2][7];
+        for (int rep = -1; rep < 7; rep++)
+            for (int v = 0; v < 2; v++) {
+                em_gpu_mark(G, 0, &E);
+                if (v) em_gpu_moe_wide(G, &f->ex, dx, H, NW, di, dw, K, dsw, dy, H, &E);
+                else
+                    for (int r = 0; r < NW; r += R)
+                        em_gpu_moe(G, &f->ex, dx + (int64_t)r * H, H, R, di + r * K, dw + r * K, K, ds,
+                                   dy + (int64_t)r * H, H, &E);
+                em_gpu_mark(G, 1, &E);
+                float ms = 0;
+                em_gpu_elapsed_ms(G, &ms, &E);
+                if (rep >= 0) t[v][rep] = ms;
+            }
+        qsort(t[0], 7, sizeof t[0][0], cmp_float), qsort(t[1], 7, sizeof t[1][0], cmp_float);
+        printf("info %s: %d rows (uniform routes, median of 7): %d calls of %d rows %.3f ms, one wide call %.3f ms\n",
+               c->name, NW, NW / R, R, t[0][3], t[1][3]);
+    }
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dw), em_gpu_free(G, di), em_gpu_free(G, ds), em_gpu_free(G, dsw);
+    free(ids), free(w), free(x), free(got), free(want);
+}
+
 /* One layer: 16 rows against the CPU twin, bit-exact against the dense composition, width
  * invariance (n = 1..16 memcmp-equal to one-row calls, every output written), graph replay. */
 static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
@@ -1510,6 +1573,7 @@ static void test_moe(moe_fix *f, double tol_l2, double tol_max) {
     record(nm, differ == 0 && unw == 0, "n=1..16 rows memcmp-equal to n=1: %s; unwritten %lld", differ ? "NO" : "yes",
            (long long)unw);
     test_moe_shares(f, dx, di, dw, one);
+    test_moe_wide(f);
     /* one row that chose an expert twice, through down and the sum in one launch (Q8_0 down):
      * both slots' weights on the expert's one output, in slot order, as the dense composition
      * adds them (em_gpu_route never repeats an expert; the other paths assume it) */

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAXN 20 /* the widest verify checked (past max_verify 16) */
 
@@ -251,6 +252,58 @@ static void check_features(const char *path) {
     em_target_close(c);
 }
 
+/* ---- wide prefill passes ----------------------------------------------------------------------- */
+
+/* The target opened with EMBER_GPU_WIDE=wide (its prefills from that many rows on go wide). */
+static em_target *open_wide(const char *path, const char *wide, const em_model_opts *o, em_err *err) {
+    setenv("EMBER_GPU_WIDE", wide, 1);
+    em_target *t = open_on(path, EM_DEVICE_CUDA, o, err);
+    unsetenv("EMBER_GPU_WIDE");
+    return t;
+}
+
+/* A prompt of N_WIDE rows through wide passes (256 rows, then the rest) against narrow passes
+ * only: every row's logits, the features of layers 0..2, and then three one-row steps (so the
+ * KDA states and the MLA cache the prompt left) memcmp-equal. */
+#define N_WIDE 300
+static void check_wide(const char *label, const char *path) {
+    char name[160];
+    snprintf(name, sizeof name, "wide prefill %s", label);
+    const int layers[] = { 0, 1, 2 };
+    const em_model_opts o = { .feature_layers = layers, .n_feature_layers = 3, .n_ctx = 1024 };
+    em_err err = { 0 };
+    em_target *t[2] = { open_wide(path, "0", &o, &err), NULL };
+    if (t[0]) t[1] = open_wide(path, "1", &o, &err);
+    if (!t[1]) {
+        record(name, 0, "open: %s", err.msg);
+        em_target_close(t[0]);
+        return;
+    }
+    const int V = em_target_get_info(t[0])->n_vocab, F = em_target_get_info(t[0])->n_feat;
+    int32_t tok[N_WIDE];
+    for (int i = 0; i < N_WIDE; i++) tok[i] = (int32_t)((i * 7919 + 13) % V);
+    float *lg[2], *ft[2], *st[2];
+    int rc = 0;
+    for (int v = 0; v < 2; v++) {
+        lg[v] = xcalloc((size_t)N_WIDE * (size_t)V, sizeof(float));
+        ft[v] = xcalloc((size_t)N_WIDE * (size_t)F, sizeof(float));
+        st[v] = xcalloc((size_t)3 * (size_t)V, sizeof(float));
+        if (!rc) rc = em_target_prefill(t[v], tok, N_WIDE, &(em_rows){ .logits = lg[v], .features = ft[v] }, &err);
+        for (int s = 0; s < 3 && !rc; s++) {
+            int32_t next = (int32_t)em_argmax(s ? st[v] + (int64_t)(s - 1) * V : lg[v] + (int64_t)(N_WIDE - 1) * V, V);
+            rc = em_target_verify(t[v], &next, 1, &(em_rows){ .logits = st[v] + (int64_t)s * V }, &err);
+            if (!rc) rc = em_target_commit(t[v], 1, &err);
+        }
+    }
+    const bool same_l = !rc && !memcmp(lg[0], lg[1], (size_t)N_WIDE * (size_t)V * sizeof(float));
+    const bool same_f = !rc && !memcmp(ft[0], ft[1], (size_t)N_WIDE * (size_t)F * sizeof(float));
+    const bool same_s = !rc && !memcmp(st[0], st[1], (size_t)3 * (size_t)V * sizeof(float));
+    record(name, same_l && same_f && same_s, "%s logits of %d rows %s, features %s, 3 steps after %s", rc ? err.msg : "",
+           N_WIDE, same_l ? "memcmp-equal to narrow passes'" : "DIFFER", same_f ? "equal" : "DIFFER",
+           same_s ? "equal" : "DIFFER");
+    for (int v = 0; v < 2; v++) free(lg[v]), free(ft[v]), free(st[v]), em_target_close(t[v]);
+}
+
 /* ---- K3 ---------------------------------------------------------------------------------------- */
 
 static void k3_file(char *path, size_t cap, const char *name, const k3_synth_opts *o) {
@@ -399,6 +452,10 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/kimi_a_q8_0.gguf", models_dir);
     check_decoding("kimi_a q8_0", path);
     check_shares("kimi_a q8_0", path);
+    check_wide("kimi_a q8_0", path);
+    snprintf(path, sizeof path, "%s/kimi_b_f32.gguf", models_dir);
+    check_wide("kimi_b f32", path);
+    if (access("models/kimi-linear-19m-q8_0.gguf", R_OK) == 0) check_wide("19M default target", "models/kimi-linear-19m-q8_0.gguf");
     k3_synth_opts o = k3_synth_defaults();
     o.kda_head_dim = 32; /* the GPU's KDA takes head_dim 32, 64 or 128 */
     k3_file(path, sizeof path, "k3_gpu", &o);

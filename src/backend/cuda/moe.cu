@@ -21,7 +21,8 @@
 #define MOE_MAX_EXPERTS 1024
 #define MOE_MAX_K 32
 
-/* The scratch's pieces, each 256-byte aligned. um = min(n * k, n_expert) union slots. */
+/* The scratch's pieces, each 256-byte aligned. um union slots: min(n * k, n_expert), or for a
+ * wide call (an expert may take several slots of up to 16 rows) that plus n * k / 16. */
 typedef struct moe_layout {
     int um;
     uint64_t meta, xq, xd, gt, up, hq, hd, out, total;
@@ -29,10 +30,10 @@ typedef struct moe_layout {
 
 static uint64_t al(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
 
-static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n) {
+static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n, bool wide) {
     moe_layout l;
     const uint64_t nk = (uint64_t)n * (uint64_t)k;
-    l.um = (int)(nk < (uint64_t)n_expert ? nk : (uint64_t)n_expert);
+    l.um = (int)(nk < (uint64_t)n_expert ? nk : (uint64_t)n_expert) + (wide ? (int)(nk / 16) : 0);
     uint64_t at = 0;
     /* meta: count, then expert[um], cnt[um], rows[um][16], slots[um][16] */
     l.meta = at, at += al(4 * (1 + 2 * (uint64_t)l.um + 2 * 16 * (uint64_t)l.um));
@@ -49,7 +50,12 @@ static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n) {
 
 extern "C" uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
     if (n_expert <= 0 || k <= 0 || ffn <= 0 || cols <= 0 || n <= 0) return 0;
-    return layout(n_expert, k, ffn, cols, n).total;
+    return layout(n_expert, k, ffn, cols, n, false).total;
+}
+
+extern "C" uint64_t em_gpu_moe_wide_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
+    if (n_expert <= 0 || k <= 0 || ffn <= 0 || cols <= 0 || n <= 0) return 0;
+    return layout(n_expert, k, ffn, cols, n, true).total;
 }
 
 /* One block of 1024 threads: thread e counts the (row, slot) pairs that chose expert e, in
@@ -78,6 +84,49 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, 
         expert[pos] = e;
         count[pos] = cnt;
         for (int i = 0; i < cnt; i++) urows[pos * 16 + i] = rows[i], uslots[pos * 16 + i] = slots[i];
+    }
+    if (e == blockDim.x - 1) {
+        int total = 0;
+        for (int w = 0; w < 32; w++) total += wsum[w];
+        meta[0] = total < um ? total : um;
+    }
+}
+
+/* k_moe_union for a wide call (nk = n k <= EM_GPU_WIDE_MAX_PAIRS (row, slot) pairs): thread e
+ * takes expert e's pairs in ascending order, 16 to a union slot, the slots of all experts in
+ * ascending expert order (a block-wide prefix over the slots each needs). The same meta. */
+__global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int nk, int k, int n_expert, int *meta,
+                                                         int um) {
+    emc_kernel_begin();
+    __shared__ int sid[EM_GPU_WIDE_MAX_PAIRS];
+    __shared__ int wsum[32];
+    const unsigned all = 0xffffffffu;
+    const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+    for (int p = e; p < nk; p += blockDim.x) sid[p] = ids[p];
+    __syncthreads();
+    int cnt = 0;
+    if (e < n_expert)
+#pragma unroll 16
+        for (int p = 0; p < nk; p++) cnt += sid[p] == e;
+    const int ns = (cnt + 15) / 16;
+    int incl = ns; /* inclusive prefix of the slots over the warp, then over the warps before */
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(all, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) wsum[warp] = incl;
+    __syncthreads();
+    int base = incl - ns;
+    for (int w = 0; w < warp; w++) base += wsum[w];
+    int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
+    for (int p = 0, i = 0; ns > 0 && i < cnt; p++) {
+        if (sid[p] != e) continue;
+        const int s = base + i / 16, t = i % 16;
+        if (s < um) {
+            urows[s * 16 + t] = p / k, uslots[s * 16 + t] = p;
+            if (t == 0) expert[s] = e, count[s] = cnt - i < 16 ? cnt - i : 16;
+        }
+        i++;
     }
     if (e == blockDim.x - 1) {
         int total = 0;
@@ -441,8 +490,8 @@ static void launch_down(int type, int n, const moe_mat &w, const moe_act &a, int
 
 /* The argument checks of the MoE ops (EM_EINVAL naming what is wrong): the experts held
  * (whole, or a share), the inputs, and what the op writes (y, or a share's slots). */
-static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,
-                     int k, const void *d_scratch, const void *d_out, int64_t ldy, em_err *err) {
+static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int64_t ldx, int n, int max_rows,
+                     const int32_t *d_ids, int k, const void *d_scratch, const void *d_out, int64_t ldy, em_err *err) {
     EMC_CHECK(x && x->gate && x->up && x->down && x->gate->data && x->up->data && x->down->data,
               "GPU MoE: missing expert matrices");
     EMC_CHECK(em_gpu_mat_type_ok(x->gate->type) && em_gpu_mat_type_ok(x->up->type) && em_gpu_mat_type_ok(x->down->type),
@@ -462,8 +511,10 @@ static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int6
               (long long)x->gate->rows, (long long)cols, (long long)x->up->rows, (long long)x->up->cols,
               (long long)x->down->rows, (long long)x->down->cols, x->n_expert, x->ffn);
     EMC_CHECK(cols % 32 == 0, "GPU MoE: %lld columns, not a multiple of 32", (long long)cols);
-    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS && k >= 1 && k <= MOE_MAX_K && (share || k <= x->n_expert),
-              "GPU MoE: %d rows (1..%d), top-%d (1..%d)", n, EM_GPU_MAX_ROWS, k, MOE_MAX_K);
+    EMC_CHECK(n >= 1 && n <= max_rows && k >= 1 && k <= MOE_MAX_K && (share || k <= x->n_expert) &&
+                  (max_rows <= EM_GPU_MAX_ROWS || n * k <= EM_GPU_WIDE_MAX_PAIRS),
+              "GPU MoE: %d rows (1..%d), top-%d (1..%d; at most %d rows x top-k in a wide call)", n, max_rows, k,
+              MOE_MAX_K, EM_GPU_WIDE_MAX_PAIRS);
     EMC_CHECK(d_x && ldx >= cols && d_ids && d_out && (share || ldy >= cols) && d_scratch && ((uintptr_t)d_scratch & 255) == 0,
               "GPU MoE: missing buffer, ldx/ldy below %lld, or scratch not 256-byte aligned", (long long)cols);
     const bool fx = em_gpu_act_type(x->gate->type) == EM_TYPE_F32 || em_gpu_act_type(x->up->type) == EM_TYPE_F32;
@@ -476,8 +527,9 @@ static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int6
 /* The routed experts x holds (ids e0 .. e0 + x->n_expert - 1 of the routes) over the n rows:
  * union, gate/up, the hidden rows and down, whose outputs go to the slots (row j, slot t) at
  * (j k + t) cols of out. Then, with wts, the weighted sum into y (down and the sum in one launch
- * for one row of Q8_0 down weights); without, that is all (a share). */
-static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x, int64_t ldx, int n,
+ * for one row of Q8_0 down weights); without, that is all (a share). wide: the union of a wide
+ * call (k_moe_union_wide; slots of up to 16 rows, so the 16-row kernels). */
+static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x, int64_t ldx, int n, bool wide,
                    const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *out,
                    float *d_y, int64_t ldy, em_err *err) {
     const int64_t cols = x->gate->cols, nk = (int64_t)n * k;
@@ -485,11 +537,15 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
               "GPU MoE: prepared inputs must be Q8_0 activations of the %d rows of %lld columns", n, (long long)cols);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n);
+    const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n, wide);
     uint8_t *sc = (uint8_t *)d_scratch;
     const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert, e0 };
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
-    if (n > 1) { /* one row's union comes from its ids inside the products (moe_slot) */
+    const int nb = wide ? EM_GPU_MAX_ROWS : n; /* the row bucket of the products: rows a slot holds at most */
+    if (wide) {
+        emc_launch(g, k_moe_union_wide, 1, 1024, 0, d_ids, (int)nk, k, x->n_expert, (int *)(sc + l.meta), l.um);
+        if ((rc = emc_launched(err, "k_moe_union_wide"))) return rc;
+    } else if (n > 1) { /* one row's union comes from its ids inside the products (moe_slot) */
         emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, e0, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
         if ((rc = emc_launched(err, "k_moe_union"))) return rc;
     }
@@ -511,11 +567,11 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     const moe_act ag = em_gpu_act_type(tg) == EM_TYPE_Q8_0 ? xq : xf, au = em_gpu_act_type(tu) == EM_TYPE_Q8_0 ? xq : xf;
     const moe_mat wg = mat_of(x->gate), wu = mat_of(x->up), wd = mat_of(x->down);
     if (tg == tu) {
-        launch_gate_up(tg, n, wg, ag, gt, wu, au, upb, 2, x->ffn, ur, g);
+        launch_gate_up(tg, nb, wg, ag, gt, wu, au, upb, 2, x->ffn, ur, g);
     } else {
-        launch_gate_up(tg, n, wg, ag, gt, wg, ag, gt, 1, x->ffn, ur, g);
+        launch_gate_up(tg, nb, wg, ag, gt, wg, ag, gt, 1, x->ffn, ur, g);
         if ((rc = emc_launched(err, "k_moe_gate_up (gate)"))) return rc;
-        launch_gate_up(tu, n, wu, au, upb, wu, au, upb, 1, x->ffn, ur, g);
+        launch_gate_up(tu, nb, wu, au, upb, wu, au, upb, 1, x->ffn, ur, g);
     }
     if ((rc = emc_launched(err, "k_moe_gate_up"))) return rc;
     /* the hidden rows (slot-indexed, ffn apart) as down takes them: act(gate, up), and their
@@ -528,11 +584,11 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
                gt, hq, hd);
     if ((rc = emc_launched(err, "k_moe_act"))) return rc;
     const moe_act ah = q8_down ? moe_act{ hq, hd, NULL, 0 } : moe_act{ NULL, NULL, gt, x->ffn };
-    if (d_wts && n == 1 && x->down->type == EM_TYPE_Q8_0) { /* down and the weighted sum in one launch */
+    if (d_wts && n == 1 && !wide && x->down->type == EM_TYPE_Q8_0) { /* down and the weighted sum in one launch */
         emc_launch(g, k_moe_down_sum, emc_blocks(cols, MM_WARPS), MM_WARPS * 32, 0, wd, ah, cols, ur, d_wts, d_y);
         return emc_launched(err, "k_moe_down_sum");
     }
-    launch_down(x->down->type, n, wd, ah, cols, ur, out, g);
+    launch_down(x->down->type, nb, wd, ah, cols, ur, out, g);
     if ((rc = emc_launched(err, "k_moe_down")) || !d_wts) return rc;
     em_gpu_moe_parts whole = {};
     whole.out[0] = out, whole.first[1] = x->n_expert, whole.n = 1;
@@ -543,12 +599,23 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
 extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
                                    const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k,
                                    void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
-    int rc = moe_check(x, false, d_x, ldx, n, d_ids, k, d_scratch, d_y, ldy, err);
+    int rc = moe_check(x, false, d_x, ldx, n, EM_GPU_MAX_ROWS, d_ids, k, d_scratch, d_y, ldy, err);
     if (!rc) EMC_CHECK(d_wts, "GPU MoE: missing routing weights");
     if (rc) return rc;
     uint8_t *sc = (uint8_t *)d_scratch;
-    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n).out);
-    return moe_run(g, x, 0, d_x, ldx, n, x_act, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
+    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, false).out);
+    return moe_run(g, x, 0, d_x, ldx, n, false, x_act, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
+}
+
+extern "C" int em_gpu_moe_wide(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                               const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
+                               em_err *err) {
+    int rc = moe_check(x, false, d_x, ldx, n, EM_GPU_WIDE_MAX_ROWS, d_ids, k, d_scratch, d_y, ldy, err);
+    if (!rc) EMC_CHECK(d_wts, "GPU MoE: missing routing weights");
+    if (rc) return rc;
+    uint8_t *sc = (uint8_t *)d_scratch;
+    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, true).out);
+    return moe_run(g, x, 0, d_x, ldx, n, true, NULL, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
 }
 
 extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
@@ -560,9 +627,10 @@ extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, 
 extern "C" int em_gpu_moe_share(em_gpu *g, const em_gpu_experts *share, int first_expert, const float *d_x,
                                 int64_t ldx, int n, const em_gpu_act *x_act, const int32_t *d_ids, int k,
                                 void *d_scratch, float *d_slots, em_err *err) {
-    int rc = moe_check(share, true, d_x, ldx, n, d_ids, k, d_scratch, d_slots, 0, err);
+    int rc = moe_check(share, true, d_x, ldx, n, EM_GPU_MAX_ROWS, d_ids, k, d_scratch, d_slots, 0, err);
     if (!rc) EMC_CHECK(first_expert >= 0, "GPU MoE share: first expert %d", first_expert);
-    return rc ? rc : moe_run(g, share, first_expert, d_x, ldx, n, x_act, d_ids, NULL, k, d_scratch, d_slots, NULL, 0, err);
+    return rc ? rc : moe_run(g, share, first_expert, d_x, ldx, n, false, x_act, d_ids, NULL, k, d_scratch, d_slots, NULL, 0,
+                             err);
 }
 
 extern "C" int em_gpu_moe_combine(em_gpu *g, const em_gpu_moe_parts *parts, const int32_t *d_ids, const float *d_wts,

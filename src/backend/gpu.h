@@ -368,8 +368,9 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
 /* ---- wide passes: a prompt's rows (prefill) --------------------------------------------
  * em_gpu_moe over up to EM_GPU_WIDE_MAX_ROWS rows (n * k <= EM_GPU_WIDE_MAX_PAIRS), for a
  * prefill whose other ops run in chunks of EM_GPU_MAX_ROWS: the union is built over all n rows,
- * an expert chosen by more than 16 rows taking several union slots of up to 16, so each
- * expert's weights are read once per call rather than once per 16 rows. Every slot runs
+ * an expert chosen by more than 4 rows taking several union slots of up to 4 (4-row kernels
+ * measured fastest), so that each expert runs once per call, its slots side by side in one
+ * launch, rather than once per 16 rows. Every slot runs
  * em_gpu_moe's warp bodies and the sum is its sum, so row j's output is bit-identical to
  * em_gpu_moe's for that row (in any chunk of rows: width invariance still holds). The inputs
  * are quantized here (as em_gpu_act_prepare would). d_scratch: em_gpu_moe_wide_scratch_bytes. */

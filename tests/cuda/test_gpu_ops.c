@@ -1457,7 +1457,7 @@ static void test_moe_shares(moe_fix *f, const float *dx, const int32_t *di, cons
 }
 
 /* em_gpu_moe_wide over NW rows whose first half all chose experts 0..k-1 (each of those takes
- * several union slots of 16 rows) and the rest random: memcmp-equal to em_gpu_moe over each
+ * many union slots) and the rest random: memcmp-equal to em_gpu_moe over each
  * 16-row chunk, every output written; rows past the limit refused. At the 48B shape with Q8_0
  * experts, its time against the chunks' (uniform routes). */
 #define NW EM_GPU_WIDE_MAX_ROWS
@@ -1492,8 +1492,8 @@ static void test_moe_wide(moe_fix *f) {
     const int rc = em_gpu_moe_wide(G, &f->ex, dx, H, NW + 1, di, dw, K, dsw, dy, H, &E);
     if (!why[0] && rc != EM_EINVAL) snprintf(why, sizeof why, "%d rows not refused (rc %d)", NW + 1, rc);
     if (why[0]) record(nm, 0, "%s", why);
-    else record(nm, 1, "%d rows (half on experts 0..%d: %d slots each) memcmp-equal to em_gpu_moe in chunks of %d; "
-                       "%d rows refused", NW, K - 1, NW / 2 / R, R, NW + 1);
+    else record(nm, 1, "%d rows (%d of them on each of experts 0..%d) memcmp-equal to em_gpu_moe in chunks of %d; "
+                       "%d rows refused", NW, NW / 2, K - 1, R, NW + 1);
     if (!why[0] && c->n_expert == N_EXPERT && c->tg == EM_TYPE_Q8_0 && c->td == EM_TYPE_Q8_0) {
         random_routes(ids, w, NW, K, c->n_expert, 0);
         up(di, ids, (uint64_t)NW * K * 4);

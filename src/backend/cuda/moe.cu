@@ -19,10 +19,15 @@
 #include <string.h>
 
 #define MOE_MAX_EXPERTS 1024
+/* Rows of a wide call's union slot at most: an expert chosen by more rows takes several slots,
+ * each run by the 4-row kernels (one wide 48B-shaped layer of 256 rows: 1.81 ms with slots of
+ * 4, 2.31 of 8, 2.57 of 16, 3.51 of 2; docs/cuda.md runs 61-62). */
+#define MOE_WIDE_SLOT 4
 #define MOE_MAX_K 32
 
 /* The scratch's pieces, each 256-byte aligned. um union slots: min(n * k, n_expert), or for a
- * wide call (an expert may take several slots of up to 16 rows) that plus n * k / 16. */
+ * wide call (an expert may take several slots of up to MOE_WIDE_SLOT rows) that plus
+ * n * k / MOE_WIDE_SLOT. */
 typedef struct moe_layout {
     int um;
     uint64_t meta, xq, xd, gt, up, hq, hd, out, total;
@@ -33,7 +38,7 @@ static uint64_t al(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
 static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n, bool wide) {
     moe_layout l;
     const uint64_t nk = (uint64_t)n * (uint64_t)k;
-    l.um = (int)(nk < (uint64_t)n_expert ? nk : (uint64_t)n_expert) + (wide ? (int)(nk / 16) : 0);
+    l.um = (int)(nk < (uint64_t)n_expert ? nk : (uint64_t)n_expert) + (wide ? (int)(nk / MOE_WIDE_SLOT) : 0);
     uint64_t at = 0;
     /* meta: count, then expert[um], cnt[um], rows[um][16], slots[um][16] */
     l.meta = at, at += al(4 * (1 + 2 * (uint64_t)l.um + 2 * 16 * (uint64_t)l.um));
@@ -93,10 +98,12 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, 
 }
 
 /* k_moe_union for a wide call (nk = n k <= EM_GPU_WIDE_MAX_PAIRS (row, slot) pairs): thread e
- * takes expert e's pairs in ascending order, 16 to a union slot, the slots of all experts in
- * ascending expert order (a block-wide prefix over the slots each needs). The same meta. */
+ * takes expert e's pairs in ascending order, MOE_WIDE_SLOT to a union slot, the slots of all
+ * experts in ascending expert order (a block-wide prefix over the slots each needs). The same
+ * meta. */
 __global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int nk, int k, int n_expert, int *meta,
                                                          int um) {
+    constexpr int cap = MOE_WIDE_SLOT;
     emc_kernel_begin();
     __shared__ int sid[EM_GPU_WIDE_MAX_PAIRS];
     __shared__ int wsum[32];
@@ -108,7 +115,7 @@ __global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int
     if (e < n_expert)
 #pragma unroll 16
         for (int p = 0; p < nk; p++) cnt += sid[p] == e;
-    const int ns = (cnt + 15) / 16;
+    const int ns = (cnt + cap - 1) / cap;
     int incl = ns; /* inclusive prefix of the slots over the warp, then over the warps before */
     for (int o = 1; o < 32; o <<= 1) {
         const int v = __shfl_up_sync(all, incl, o);
@@ -121,10 +128,10 @@ __global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int
     int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
     for (int p = 0, i = 0; ns > 0 && i < cnt; p++) {
         if (sid[p] != e) continue;
-        const int s = base + i / 16, t = i % 16;
+        const int s = base + i / cap, t = i % cap;
         if (s < um) {
             urows[s * 16 + t] = p / k, uslots[s * 16 + t] = p;
-            if (t == 0) expert[s] = e, count[s] = cnt - i < 16 ? cnt - i : 16;
+            if (t == 0) expert[s] = e, count[s] = cnt - i < cap ? cnt - i : cap;
         }
         i++;
     }
@@ -528,7 +535,7 @@ static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int6
  * union, gate/up, the hidden rows and down, whose outputs go to the slots (row j, slot t) at
  * (j k + t) cols of out. Then, with wts, the weighted sum into y (down and the sum in one launch
  * for one row of Q8_0 down weights); without, that is all (a share). wide: the union of a wide
- * call (k_moe_union_wide; slots of up to 16 rows, so the 16-row kernels). */
+ * call (k_moe_union_wide; slots of up to MOE_WIDE_SLOT rows, so the kernels of that many). */
 static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x, int64_t ldx, int n, bool wide,
                    const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *out,
                    float *d_y, int64_t ldy, em_err *err) {
@@ -541,7 +548,7 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     uint8_t *sc = (uint8_t *)d_scratch;
     const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert, e0 };
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
-    const int nb = wide ? EM_GPU_MAX_ROWS : n; /* the row bucket of the products: rows a slot holds at most */
+    const int nb = wide ? MOE_WIDE_SLOT : n; /* the row bucket of the products: rows a slot holds at most */
     if (wide) {
         emc_launch(g, k_moe_union_wide, 1, 1024, 0, d_ids, (int)nk, k, x->n_expert, (int *)(sc + l.meta), l.um);
         if ((rc = emc_launched(err, "k_moe_union_wide"))) return rc;

@@ -5,10 +5,12 @@
  * for op, on device buffers: the CPU target stays the reference it is tested against.
  *
  * Invariants:
- * - A pass is at most EM_GPU_MAX_ROWS rows. A verify of n <= max_verify rows is one pass whose
- *   layers are one CUDA graph per width n (captured the first time that width runs, replayed
- *   after), its LM head another, and commit(k) a third per k: buffers are fixed, and the
- *   tokens and the position are uploaded to fixed device slots before a replay.
+ * - A pass is at most EM_GPU_MAX_ROWS rows (a prefill's wide passes run up to GK_WIDE rows as
+ *   chunks of that many, their routed experts in one call). A verify of n <= max_verify rows
+ *   is one pass whose layers are one CUDA graph per width n (captured the first time that
+ *   width runs, replayed after), its LM head another, and commit(k) a third per k: buffers
+ *   are fixed, and the tokens and the position are uploaded to fixed device slots before a
+ *   replay.
  * - Nothing returns to the host inside a pass: routing, the union of routed experts and the
  *   argmaxes are made on the device; at its end only what em_rows asks for is downloaded
  *   (argmaxes: 4 bytes a row).
@@ -778,7 +780,7 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
  * to GK_WIDE rows through each layer: the attention half, the FFN's norm, router and shared
  * expert in chunks of GK_ROWS (the narrow pass's own calls, on B, the chunk's tokens and
  * position copied into B.tok first), then the routed experts of all its rows in one call
- * (em_gpu_moe_wide: each expert read once), then the residual step. Each row gets the narrow
+ * (em_gpu_moe_wide: each expert once per pass), then the residual step. Each row gets the narrow
  * passes' arithmetic, so states and outputs are bit-identical to narrow passes'
  * (tests/cuda/test_gpu_target.c). Not captured in graphs: a wide pass's work hides its
  * launches. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
@@ -1346,8 +1348,12 @@ static void cost_setup(gk *k) {
     k->dense_bytes = dense;
     k->expert_bytes = k->n_moe && k->hp.n_expert ? experts / ((uint64_t)k->n_moe * (uint64_t)k->hp.n_expert) : 0;
     k->cost_scale = 1.0;
-    /* wide prefill passes where routed experts are most of what a pass reads (a layer's stack
-     * of 64 MiB or more); EMBER_GPU_WIDE=N: from N rows on (0: never) */
+}
+
+/* Prefills from how many rows on take wide passes: 32 where routed experts are most of what a
+ * pass reads (a layer's stack of 64 MiB or more), else never (small models: graphs of narrow
+ * passes are faster); EMBER_GPU_WIDE=N sets N (0: never). */
+static void wide_setup(gk *k) {
     const char *env = getenv("EMBER_GPU_WIDE");
     k->wide = env ? atoi(env) : k->expert_bytes * (uint64_t)k->hp.n_expert >= (64ull << 20) ? 2 * GK_ROWS : 0;
     if (k->wide < 0) k->wide = 0;
@@ -1467,6 +1473,7 @@ static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
     c = (carver){ .base = k->buf_mem };
     carve_bufs(k, &c);
     cost_setup(k);
+    wide_setup(k);
     return em_gpu_sync(k->gpu, err);
 }
 

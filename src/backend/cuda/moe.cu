@@ -603,26 +603,29 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     return emc_launched(err, "k_moe_sum");
 }
 
-extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
-                                   const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k,
-                                   void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
-    int rc = moe_check(x, false, d_x, ldx, n, EM_GPU_MAX_ROWS, d_ids, k, d_scratch, d_y, ldy, err);
+/* The whole stack's routed experts with their weighted sum: em_gpu_moe_prepared, or wide. */
+static int moe_whole(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, bool wide,
+                     const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y,
+                     int64_t ldy, em_err *err) {
+    int rc = moe_check(x, false, d_x, ldx, n, wide ? EM_GPU_WIDE_MAX_ROWS : EM_GPU_MAX_ROWS, d_ids, k, d_scratch, d_y, ldy,
+                       err);
     if (!rc) EMC_CHECK(d_wts, "GPU MoE: missing routing weights");
     if (rc) return rc;
     uint8_t *sc = (uint8_t *)d_scratch;
-    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, false).out);
-    return moe_run(g, x, 0, d_x, ldx, n, false, x_act, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
+    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, wide).out);
+    return moe_run(g, x, 0, d_x, ldx, n, wide, x_act, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
+}
+
+extern "C" int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
+                                   const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k,
+                                   void *d_scratch, float *d_y, int64_t ldy, em_err *err) {
+    return moe_whole(g, x, d_x, ldx, n, false, x_act, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
 }
 
 extern "C" int em_gpu_moe_wide(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,
                                const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *d_y, int64_t ldy,
                                em_err *err) {
-    int rc = moe_check(x, false, d_x, ldx, n, EM_GPU_WIDE_MAX_ROWS, d_ids, k, d_scratch, d_y, ldy, err);
-    if (!rc) EMC_CHECK(d_wts, "GPU MoE: missing routing weights");
-    if (rc) return rc;
-    uint8_t *sc = (uint8_t *)d_scratch;
-    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, true).out);
-    return moe_run(g, x, 0, d_x, ldx, n, true, NULL, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
+    return moe_whole(g, x, d_x, ldx, n, true, NULL, d_ids, d_wts, k, d_scratch, d_y, ldy, err);
 }
 
 extern "C" int em_gpu_moe(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n,

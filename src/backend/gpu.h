@@ -370,10 +370,10 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
  * prefill whose other ops run in chunks of EM_GPU_MAX_ROWS: the union is built over all n rows,
  * an expert chosen by more than 4 rows taking several union slots of up to 4 (4-row kernels
  * measured fastest), so that each expert runs once per call, its slots side by side in one
- * launch, rather than once per 16 rows. Every slot runs
- * em_gpu_moe's warp bodies and the sum is its sum, so row j's output is bit-identical to
- * em_gpu_moe's for that row (in any chunk of rows: width invariance still holds). The inputs
- * are quantized here (as em_gpu_act_prepare would). d_scratch: em_gpu_moe_wide_scratch_bytes. */
+ * launch, rather than once per 16 rows. Every slot runs em_gpu_moe's warp bodies and the sum
+ * is its sum, so row j's output is bit-identical to em_gpu_moe's for that row (in any chunk
+ * of rows: width invariance still holds). The inputs are quantized here (as
+ * em_gpu_act_prepare would). d_scratch: em_gpu_moe_wide_scratch_bytes. */
 #define EM_GPU_WIDE_MAX_ROWS 256
 #define EM_GPU_WIDE_MAX_PAIRS 8192
 uint64_t em_gpu_moe_wide_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);

@@ -142,6 +142,18 @@ typedef struct gk {
 
 static uint64_t align256(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
 
+/* Device buffers laid out from base, 256-byte aligned (base NULL: only measured). */
+typedef struct carver {
+    uint8_t *base;
+    uint64_t at;
+} carver;
+
+static void *carve(carver *c, uint64_t bytes) {
+    const uint64_t o = c->at;
+    c->at += align256(bytes ? bytes : 1);
+    return c->base ? c->base + o : NULL;
+}
+
 static int table_add(gk_table *t, const gk_weight *w, em_err *err) {
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 256;
@@ -794,28 +806,32 @@ static bool wide_ok(const gk *k, const em_rows *o, int n) {
     return true;
 }
 
-/* The wide buffers, at the first wide pass; on failure (device memory) narrow passes only. */
-static int wide_alloc(gk *k) {
-    gk_wide *W = &k->W;
-    if (W->mem) return EM_OK;
+/* The wide pass buffers, laid out from c. */
+static void carve_wide(gk *k, carver *c) {
     const kimi_hparams *hp = &k->hp;
     const uint64_t R = GK_WIDE, E = (uint64_t)hp->n_embd, K = (uint64_t)hp->n_expert_used, F4 = sizeof(float);
     const uint64_t nf = k->base.info.n_feat ? (uint64_t)k->base.info.n_feat : 1;
-    const uint64_t moe = em_gpu_moe_wide_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_embd, GK_WIDE);
-    const uint64_t sz[] = { R / GK_ROWS * (GK_ROWS + 1) * 4, R * E * F4, R * E * F4, R * E * F4, R * E * F4, R * nf * F4,
-                            R * K * 4, R * K * F4, moe };
-    uint64_t total = 0;
-    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) total += align256(sz[i]);
+    gk_wide *W = &k->W;
+    W->tok = carve(c, R / GK_ROWS * (GK_ROWS + 1) * 4);
+    W->x = carve(c, R * E * F4), W->h = carve(c, R * E * F4), W->y = carve(c, R * E * F4), W->ys = carve(c, R * E * F4);
+    W->feat = carve(c, R * nf * F4);
+    W->ids = carve(c, R * K * 4), W->wts = carve(c, R * K * F4);
+    W->moe = carve(c, em_gpu_moe_wide_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_embd, GK_WIDE));
+}
+
+/* The wide buffers, at the first wide pass; on failure (device memory) narrow passes only. */
+static int wide_alloc(gk *k) {
+    if (k->W.mem) return EM_OK;
+    carver c = { 0 };
+    carve_wide(k, &c);
     em_err e = { 0 };
-    if (em_gpu_alloc(k->gpu, total, "wide prefill buffers", &W->mem, &e)) {
+    if (em_gpu_alloc(k->gpu, c.at, "wide prefill buffers", &k->W.mem, &e)) {
         em_log(EM_LOG_INFO, "%s: prefill in passes of %d rows (%s)", k->device, GK_ROWS, e.msg);
-        W->failed = true;
+        k->W.failed = true;
         return EM_ENOMEM;
     }
-    uint8_t *at = W->mem;
-    void **parts[] = { (void **)&W->tok, (void **)&W->x, (void **)&W->h, (void **)&W->y, (void **)&W->ys,
-                       (void **)&W->feat, (void **)&W->ids, (void **)&W->wts, &W->moe };
-    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) *parts[i] = at, at += align256(sz[i]);
+    c = (carver){ .base = k->W.mem };
+    carve_wide(k, &c);
     return EM_OK;
 }
 
@@ -1138,17 +1154,6 @@ static const em_target_ops gk_ops = {
 };
 
 /* ---- open ------------------------------------------------------------------------------------ */
-
-typedef struct carver {
-    uint8_t *base;
-    uint64_t at;
-} carver;
-
-static void *carve(carver *c, uint64_t bytes) {
-    const uint64_t o = c->at;
-    c->at += align256(bytes ? bytes : 1);
-    return c->base ? c->base + o : NULL;
-}
 
 static uint64_t maxu(uint64_t a, uint64_t b) { return a > b ? a : b; }
 

@@ -138,8 +138,8 @@ static void test_seq_sizes(void **state) {
     assert_int_equal(em_gpu_mla_scratch_floats(&m, 0), 0);
 }
 
-/* The K3 row ops and the MoE layer check their arguments on the host before touching a
- * device (no context needed): bad ones are EM_EINVAL naming the argument; a build without
+/* The K3 row ops and the MoE layer (narrow and wide) check their arguments on the host before
+ * touching a device (no context needed): bad ones are EM_EINVAL naming the argument; a build without
  * CUDA answers EM_EUNSUPPORTED. */
 static void test_k3_ops_args(void **state) {
     (void)state;
@@ -155,6 +155,14 @@ static void test_k3_ops_args(void **state) {
     const em_gpu_experts ex = { .n_expert = 8, .ffn = 64, .act = EM_GPU_ACT_SITU, .situ_beta = 1.0f };
     assert_int_equal(em_gpu_moe(NULL, &ex, f, 4, 1, NULL, f, 2, f, f, 4, &err), want);
     if (want == EM_EINVAL) assert_non_null(strstr(err.msg, "missing expert matrices"));
+    assert_int_equal(em_gpu_moe_wide(NULL, &ex, f, 4, 100, NULL, f, 2, f, f, 4, &err), want);
+    if (want == EM_EINVAL) assert_non_null(strstr(err.msg, "missing expert matrices"));
+    /* a wide call's scratch grows with its rows and holds a narrow call's; none without CUDA */
+    const uint64_t w16 = em_gpu_moe_wide_scratch_bytes(256, 8, 1024, 2304, 16);
+    const uint64_t w256 = em_gpu_moe_wide_scratch_bytes(256, 8, 1024, 2304, 256);
+    if (em_gpu_built()) assert_true(w256 > w16 && w16 >= em_gpu_moe_scratch_bytes(256, 8, 1024, 2304, 16));
+    else assert_true(w16 == 0 && w256 == 0);
+    assert_int_equal(em_gpu_moe_wide_scratch_bytes(256, 8, 1024, 2304, 0), 0);
 }
 
 int main(void) {

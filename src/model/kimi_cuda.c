@@ -797,13 +797,9 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
  * (tests/cuda/test_gpu_target.c). Not captured in graphs: a wide pass's work hides its
  * launches. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
 
-/* Whether a prefill of n rows asking o runs wide passes. */
+/* Whether a prefill of n rows asking o runs wide passes (the model's side: wide_setup). */
 static bool wide_ok(const gk *k, const em_rows *o, int n) {
-    if (!k->wide || n < k->wide || k->W.failed || k->ep || k->hp.res_block > 0 || k->n_moe == 0 || (o && o->routes))
-        return false;
-    for (int l = 0; l < k->hp.n_layer; l++)
-        if (k->w.layers[l].ffn.routed_down.rows > 0) return false;
-    return true;
+    return k->wide && n >= k->wide && !k->W.failed && !(o && o->routes);
 }
 
 /* The wide pass buffers, laid out from c. */
@@ -1357,11 +1353,14 @@ static void cost_setup(gk *k) {
 
 /* Prefills from how many rows on take wide passes: 32 where routed experts are most of what a
  * pass reads (a layer's stack of 64 MiB or more), else never (small models: graphs of narrow
- * passes are faster); EMBER_GPU_WIDE=N sets N (0: never). */
+ * passes are faster); EMBER_GPU_WIDE=N sets N (0: never). Never for what wide passes do not
+ * run: no routed experts, K3's AttnRes banks or latent MoE, experts over several devices. */
 static void wide_setup(gk *k) {
     const char *env = getenv("EMBER_GPU_WIDE");
     k->wide = env ? atoi(env) : k->expert_bytes * (uint64_t)k->hp.n_expert >= (64ull << 20) ? 2 * GK_ROWS : 0;
-    if (k->wide < 0) k->wide = 0;
+    bool latent = false;
+    for (int l = 0; l < k->hp.n_layer; l++) latent |= k->w.layers[l].ffn.routed_down.rows > 0;
+    if (k->wide < 0 || k->n_moe == 0 || k->hp.res_block > 0 || latent || k->ep) k->wide = 0;
 }
 
 static int set_info(gk *k, const em_model_opts *opts, em_err *err) {

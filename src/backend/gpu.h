@@ -11,7 +11,9 @@
  * - Ops never allocate: scratch comes from the caller, so a pass can be captured as a graph.
  * - Multi-row ops take n rows, 1 <= n <= EM_GPU_MAX_ROWS, and compute each row with the same
  *   arithmetic in the same order whatever n is (width invariance): row j of an n-row call is
- *   bit-identical to a one-row call on that row alone.
+ *   bit-identical to a one-row call on that row alone. Those a wide prefill pass runs over all
+ *   its rows (activations, products, the residual norm, routed experts) take up to
+ *   EM_GPU_WIDE_MAX_ROWS, with the same guarantee.
  * - Errors are argument checks done on the host before the launch (EM_EINVAL naming the
  *   argument), and CUDA errors, which name the CUDA call and the CUDA error string.
  * A device error inside a stream (a faulting kernel) is sticky in CUDA: the context is then
@@ -26,6 +28,7 @@ extern "C" {
 #endif
 
 #define EM_GPU_MAX_ROWS 16
+#define EM_GPU_WIDE_MAX_ROWS 256
 
 /* ---- devices (gpu_common.c; device counting in the backend) --------------------------- */
 
@@ -182,7 +185,7 @@ void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m);
  * as floats holding the fp16-rounded scale). */
 typedef struct em_gpu_act {
     int type;              /* EM_TYPE_F32 or EM_TYPE_Q8_0 */
-    int n;                 /* rows, 1..EM_GPU_MAX_ROWS */
+    int n;                 /* rows, 1..EM_GPU_MAX_ROWS (..EM_GPU_WIDE_MAX_ROWS for em_gpu_matmul(_multi)) */
     int64_t cols;
     const float *x;        /* F32 */
     int64_t ldx;
@@ -215,9 +218,9 @@ bool em_gpu_act_in_block(int wtype, const float *d_x, const float *d_up, int64_t
 /* Scratch bytes em_gpu_act_prepare needs for n rows of cols values meeting weights of type
  * wtype (0 for float weights). */
 uint64_t em_gpu_act_bytes(int wtype, int64_t cols, int n);
-/* Prepares n rows of cols floats (device, row j at d_x + j * ldx) for weights of type wtype,
- * quantizing into d_scratch (em_gpu_act_bytes, 16-byte aligned) when em_gpu_act_type(wtype)
- * is Q8_0. */
+/* Prepares n rows (1..EM_GPU_WIDE_MAX_ROWS) of cols floats (device, row j at d_x + j * ldx) for
+ * weights of type wtype, quantizing into d_scratch (em_gpu_act_bytes, 16-byte aligned) when
+ * em_gpu_act_type(wtype) is Q8_0. */
 int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
                        void *d_scratch, em_gpu_act *out, em_err *err);
 
@@ -225,7 +228,9 @@ int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int6
 
 /* y[j][r] = W[r, :] . act[j] for j < act->n, r < w->rows; row j of y at d_y + j * ldy. Each
  * weight byte is read once for all rows; fp32 accumulation; row j's result does not depend on
- * act->n (same per-thread order, same fixed warp reduction). */
+ * act->n (same per-thread order, same fixed warp reduction). Above EM_GPU_MAX_ROWS rows (up to
+ * EM_GPU_WIDE_MAX_ROWS, activations not made in block), Q8_0 weights run on the tensor cores
+ * with the same bits, other types in calls of EM_GPU_MAX_ROWS rows. */
 int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err);
 
 /* Several products of the same activations in one launch (the projections of one input):
@@ -266,7 +271,7 @@ int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, const float *d
  * h = em_gpu_rmsnorm_rows of x with weight w (NULL: none), and when q is not NULL also h's
  * Q8_0 activations, exactly as em_gpu_act_prepare makes them, into d_scratch
  * (em_gpu_act_bytes(EM_TYPE_Q8_0, n, rows), 16-byte aligned; n a multiple of 32), described in
- * *q. rows 1..EM_GPU_MAX_ROWS. */
+ * *q. rows 1..EM_GPU_WIDE_MAX_ROWS (a block a row: each row's arithmetic is its own). */
 int em_gpu_add_rmsnorm(em_gpu *g, float *d_x, int64_t ldx, const float *d_y, const float *d_y2, int64_t ldy,
                        const float *d_w, float eps, int rows, int64_t n, float *d_h, int64_t ldh, void *d_scratch,
                        em_gpu_act *q, em_err *err);
@@ -374,7 +379,6 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
  * is its sum, so row j's output is bit-identical to em_gpu_moe's for that row (in any chunk
  * of rows: width invariance still holds). The inputs are quantized here (as
  * em_gpu_act_prepare would). d_scratch: em_gpu_moe_wide_scratch_bytes. */
-#define EM_GPU_WIDE_MAX_ROWS 256
 #define EM_GPU_WIDE_MAX_PAIRS 8192
 uint64_t em_gpu_moe_wide_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);
 int em_gpu_moe_wide(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,

@@ -91,16 +91,10 @@ typedef struct gk_bufs {
     uint64_t act_cap, act_used;
 } gk_bufs;
 
-/* A wide prefill pass's own buffers (allocated at the first one): GK_WIDE rows of the residual,
- * the FFN's normed input, the routes and the FFN outputs, and each chunk's tokens and first
- * position laid out as pass_inputs lays them. */
+/* A wide prefill pass's own buffers (allocated at the first one; carve_bufs with wide). */
 typedef struct gk_wide {
     void *mem;
-    int32_t *tok;                /* [GK_WIDE / GK_ROWS][GK_ROWS + 1] */
-    float *x, *h, *y, *ys, *feat;
-    int32_t *ids;                /* [GK_WIDE][K] */
-    float *wts;                  /* [GK_WIDE][K] */
-    void *moe;
+    gk_bufs b;
     bool failed;                 /* the allocation failed once: narrow passes only */
 } gk_wide;
 
@@ -129,6 +123,7 @@ typedef struct gk {
     uint64_t state_bytes;    /* every KDA state, contiguous in state_mem */
     gk_bufs B;
     gk_wide W;
+    gk_bufs *P;              /* the buffers the layers run on: &B, or &W.b during a wide pass */
     int wide;                /* prefills of at least this many rows run wide passes (0: never) */
     em_gpu_graph *g_body[2][GK_ROWS + 1], *g_head[GK_ROWS + 1], *g_commit[GK_ROWS + 1];
     int32_t *replay_tok;     /* [n_ctx] tokens of the last wide verify */
@@ -152,6 +147,70 @@ static void *carve(carver *c, uint64_t bytes) {
     const uint64_t o = c->at;
     c->at += align256(bytes ? bytes : 1);
     return c->base ? c->base + o : NULL;
+}
+
+static uint64_t maxu(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/* Pass buffers of R rows laid out from c (c->base NULL: only measured): a narrow pass's (B,
+ * GK_ROWS), or a wide pass's (wide: R = GK_WIDE rows of what its layers run over all rows; the
+ * tokens and first position of each chunk of GK_ROWS, laid out as pass_inputs lays them; none
+ * of what only chunks or the head use, which come from B). */
+static void carve_bufs(gk *k, carver *c, gk_bufs *B, uint64_t R, bool wide) {
+    const kimi_hparams *hp = &k->hp;
+    const uint64_t E = (uint64_t)hp->n_embd, D = (uint64_t)hp->d_inner, F4 = sizeof(float);
+    const uint64_t H = (uint64_t)hp->mla_heads, C = (uint64_t)hp->kv_lora + (uint64_t)hp->rope;
+    const uint64_t qk = (uint64_t)hp->nope + (uint64_t)hp->rope, ldo = H * (uint64_t)hp->v_head;
+    const uint64_t K = (uint64_t)hp->n_expert_used, X = (uint64_t)hp->n_expert;
+    uint64_t lat = 0, f_sh = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        lat = maxu(lat, (uint64_t)k->w.layers[l].ffn.routed_down.rows);
+        f_sh = maxu(f_sh, (uint64_t)k->w.layers[l].ffn.gate_sh.rows);
+    }
+    memset(B, 0, sizeof *B);
+    const uint64_t chunks = R / GK_ROWS;
+    B->tok = carve(c, chunks * (GK_ROWS + 1) * 4); /* the tokens, then the first position: one upload */
+    B->pos = c->base ? B->tok + GK_ROWS : NULL;
+    B->ids = carve(c, (uint64_t)(k->n_moe && !wide ? k->n_moe : 1) * R * (K ? K : 1) * 4);
+    B->x = carve(c, R * E * F4), B->h = carve(c, R * E * F4), B->y = carve(c, R * E * F4);
+    if (hp->n_kda) {
+        B->qkv = carve(c, R * 3 * D * F4), B->f = carve(c, R * D * F4), B->g2 = carve(c, R * D * F4);
+        B->o = carve(c, R * D * F4), B->b = carve(c, R * (uint64_t)hp->kda_heads * F4);
+        B->low_f = carve(c, R * (uint64_t)hp->kda_head_dim * F4), B->low_g = carve(c, R * (uint64_t)hp->kda_head_dim * F4);
+    }
+    if (hp->n_mla) {
+        B->q = carve(c, R * H * qk * F4), B->q_lora = carve(c, R * (uint64_t)hp->q_lora * F4);
+        B->kv = carve(c, R * C * F4), B->mo = carve(c, R * ldo * F4), B->mgate = carve(c, R * ldo * F4);
+    }
+    B->dg = carve(c, R * (uint64_t)hp->n_ff * F4), B->du = carve(c, R * (uint64_t)hp->n_ff * F4);
+    if (k->n_moe) {
+        B->logits_r = carve(c, R * X * F4), B->wts = carve(c, R * K * F4);
+        B->sg = carve(c, R * f_sh * F4), B->su = carve(c, R * f_sh * F4), B->ys = carve(c, R * E * F4);
+        B->moe = carve(c, wide ? em_gpu_moe_wide_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp, E, GK_WIDE)
+                              : em_gpu_moe_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp,
+                                                         (int64_t)(lat ? lat : E), GK_ROWS));
+    }
+    B->feat = carve(c, R * (uint64_t)(k->base.info.n_feat ? k->base.info.n_feat : 1) * F4);
+    if (!wide) { /* what only a narrow pass, a wide pass's chunks or the head use */
+        B->argmax = carve(c, R * 4);
+        B->hh = carve(c, R * E * F4);
+        if (hp->n_mla) {
+            B->qa = carve(c, R * H * C * F4), B->ctx = carve(c, R * H * (uint64_t)hp->kv_lora * F4);
+            B->attn = carve(c, em_gpu_mla_scratch_floats(&k->md, GK_ROWS) * F4);
+        }
+        if (k->n_moe) B->lx = carve(c, R * lat * F4), B->ls = carve(c, R * lat * F4);
+        if (hp->res_block > 0) B->bank = carve(c, (uint64_t)k->max_banks * R * E * F4), B->mix = carve(c, R * E * F4);
+        B->feat_out = carve(c, (k->base.info.n_feat ? GK_FEATURE_ROWS : 1) * (uint64_t)k->base.info.n_feat * F4);
+        B->logits = carve(c, R * (uint64_t)hp->n_vocab * F4);
+    }
+    /* activations of a layer half: at most eight Q8_0 inputs of the widest row, and the
+     * per-head products' own */
+    uint64_t widest = maxu(maxu(E, D), maxu(maxu((uint64_t)hp->n_ff, f_sh), maxu(ldo, maxu(lat, (uint64_t)hp->q_lora))));
+    widest = maxu(widest, maxu((uint64_t)hp->n_ff_exp, H * (uint64_t)hp->kv_lora));
+    B->act_cap = 8 * align256(em_gpu_act_bytes(EM_TYPE_Q8_0, (int64_t)widest, (int)R)) +
+                 2 * align256(em_gpu_matmul_heads_scratch_bytes(EM_TYPE_Q8_0, hp->mla_heads ? hp->mla_heads : 1,
+                                                               (int64_t)maxu((uint64_t)hp->kv_lora, (uint64_t)hp->nope),
+                                                               GK_ROWS) + 65536);
+    B->act = carve(c, B->act_cap);
 }
 
 static int table_add(gk_table *t, const gk_weight *w, em_err *err) {
@@ -239,11 +298,12 @@ static gk_acts acts_of(const float *x, int64_t ldx, int64_t cols, int n) {
 
 static int bump(gk *k, uint64_t bytes, void **out, em_err *err) {
     bytes = align256(bytes);
-    if (k->B.act_used + bytes > k->B.act_cap)
+    gk_bufs *B = k->P;
+    if (B->act_used + bytes > B->act_cap)
         return em_err_set(err, EM_ENOMEM, "GPU activation scratch: %llu bytes needed past %llu",
-                          (unsigned long long)(k->B.act_used + bytes), (unsigned long long)k->B.act_cap);
-    *out = k->B.act + k->B.act_used;
-    k->B.act_used += bytes;
+                          (unsigned long long)(B->act_used + bytes), (unsigned long long)B->act_cap);
+    *out = B->act + B->act_used;
+    B->act_used += bytes;
     return EM_OK;
 }
 
@@ -349,15 +409,24 @@ static int glu(gk *k, float *g, const float *u, int64_t count, em_err *err) {
     return em_gpu_swiglu(k->gpu, g, u, count, g, err);
 }
 
-/* The layers take their normed input as xa (B.h, with its Q8_0 copy when the norm made one). */
+/* The device slot of the first position of the chunk holding pass row r (pass_inputs' layout,
+ * once per chunk of GK_ROWS in a wide pass). */
+static const int32_t *chunk_pos(const gk_bufs *B, int r) { return B->tok + r / GK_ROWS * (GK_ROWS + 1) + GK_ROWS; }
+
+/* The layers take their normed input as xa (k->P->h, with its Q8_0 copy when the norm made
+ * one) and run on k->P's buffers: a narrow pass's, or a wide pass's over all its rows (then
+ * what runs per GK_ROWS rows, the KDA recurrence and the MLA cache and attention, loops over
+ * chunks). */
 static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_layer *ly = &k->w.layers[l];
     const kimi_kda_w *w = &ly->kda;
     const int64_t D = hp->d_inner, hd = hp->kda_head_dim;
     const int n = xa->n;
-    gk_bufs *B = &k->B;
+    gk_bufs *B = k->P;
     const bool full_gate = w->g.rows > 0; /* K3: g2 = ssm_g x, no low-rank pair */
+    if (n > GK_ROWS && mode != GK_COMMIT)
+        return em_err_set(err, EM_EINVAL, "GPU target: %d KDA rows in one logged pass (at most %d)", n, GK_ROWS);
     /* the six products of the normed input in one launch, then the two low-rank ups side by side */
     gk_acts fa = acts_of(B->low_f, hd, hd, n), ga = acts_of(B->low_g, hd, hd, n);
     em_gpu *g = k->gpu;
@@ -374,18 +443,23 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     if (rc || (rc = rc2)) return rc;
     em_gpu_kda_state *st = &k->kst[ly->slot];
     em_gpu_kda_log *log = &k->klog[ly->slot];
-    /* the output's Q8_0 activations in the forward's launch when the output projection takes them */
+    /* the output's Q8_0 activations in the forward's launch when the output projection takes them
+     * (a pass of GK_ROWS rows at most; a wide pass's product quantizes all its rows at once,
+     * with the same bits) */
     gk_acts oa = acts_of(B->o, D, D, n);
     const em_gpu_mat *dout = dmat(k, &w->out);
     void *q8 = NULL;
-    if (dout && em_gpu_act_type(dout->type) == EM_TYPE_Q8_0 &&
+    if (n <= GK_ROWS && dout && em_gpu_act_type(dout->type) == EM_TYPE_Q8_0 &&
         (rc = bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, D, n), &q8, err)))
         return rc;
-    if ((rc = em_gpu_kda_forward(k->gpu, &k->kd, &k->ld[l].kda, st, n, B->qkv, B->f, B->b, B->g2, B->o, q8,
-                                 q8 ? &oa.q : NULL, log, err)))
-        return rc;
+    for (int r = 0; r < n && !rc; r += GK_ROWS) { /* the recurrence in chunks of the logs' rows */
+        const int m = n - r < GK_ROWS ? n - r : GK_ROWS;
+        rc = em_gpu_kda_forward(k->gpu, &k->kd, &k->ld[l].kda, st, m, B->qkv + r * 3 * D, B->f + r * D,
+                                B->b + r * hp->kda_heads, B->g2 + r * D, B->o + r * D, q8, q8 ? &oa.q : NULL, log, err);
+        if (!rc && mode == GK_COMMIT) rc = em_gpu_kda_commit(k->gpu, &k->kd, st, log, m, err);
+    }
+    if (rc) return rc;
     oa.have_q = q8 != NULL;
-    if (mode == GK_COMMIT && (rc = em_gpu_kda_commit(k->gpu, &k->kd, st, log, n, err))) return rc;
     return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
 }
 
@@ -394,7 +468,7 @@ static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_mla_w *w = &k->w.layers[l].mla;
     const gk_layer_dev *dl = &k->ld[l];
-    gk_bufs *B = &k->B;
+    gk_bufs *B = k->P, *N = &k->B; /* N: a chunk's attention scratch */
     const int H = hp->mla_heads, R = hp->kv_lora, C = hp->kv_lora + hp->rope, qk = hp->nope + hp->rope;
     const int64_t ldq = (int64_t)H * qk, ldo = (int64_t)H * hp->v_head;
     float *cache = k->cache[k->w.layers[l].slot];
@@ -413,18 +487,29 @@ static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
                                        B->q_lora, hp->q_lora, err)))
             rc = mm(k, &la, &w->q_b, B->q, ldq, err);
     }
+    /* the new cache rows, chunk by chunk (pass_inputs' layout: a chunk's first position after
+     * its GK_ROWS tokens) */
     if (!rc && !(rc = em_gpu_branch(g, 1, err)))
-        rc = em_gpu_mla_append(g, &k->md, cache, B->pos, n, B->kv, C, dl->kv_a_norm, KIMI_MLA_NORM_EPS, err);
+        for (int r = 0; r < n && !rc; r += GK_ROWS)
+            rc = em_gpu_mla_append(g, &k->md, cache, chunk_pos(B, r), n - r < GK_ROWS ? n - r : GK_ROWS,
+                                   B->kv + (int64_t)r * C, C, dl->kv_a_norm, KIMI_MLA_NORM_EPS, err);
     int rc2 = em_gpu_join(g, err);
     if (rc || (rc = rc2)) return rc;
-    /* absorbed queries [W_UK_h^T q_nope_h | q_pe_h] per head, then attention over the cache */
-    if ((rc = mm_heads(k, &w->k_b, R, B->q, ldq, qk, hp->nope, n, B->qa, (int64_t)H * C, C, err)) ||
-        (rc = em_gpu_copy_2d(k->gpu, B->qa + R, (uint64_t)C * sizeof(float), B->q + hp->nope,
-                             (uint64_t)qk * sizeof(float), (uint64_t)hp->rope * sizeof(float), (uint64_t)n * H, err)) ||
-        (rc = em_gpu_mla_attend(k->gpu, &k->md, cache, B->pos, n, B->qa, (int64_t)H * C, B->attn, B->ctx,
-                                (int64_t)H * R, err)) ||
-        (rc = mm_heads(k, &w->v_b, hp->v_head, B->ctx, (int64_t)H * R, R, R, n, B->mo, ldo, hp->v_head, err)))
-        return rc;
+    /* per chunk: absorbed queries [W_UK_h^T q_nope_h | q_pe_h] per head, attention over the
+     * cache (each row up to its own position), the value up-projection */
+    for (int r = 0; r < n && !rc; r += GK_ROWS) {
+        const int m = n - r < GK_ROWS ? n - r : GK_ROWS;
+        const float *q = B->q + (int64_t)r * ldq;
+        if ((rc = mm_heads(k, &w->k_b, R, q, ldq, qk, hp->nope, m, N->qa, (int64_t)H * C, C, err)) ||
+            (rc = em_gpu_copy_2d(k->gpu, N->qa + R, (uint64_t)C * sizeof(float), q + hp->nope,
+                                 (uint64_t)qk * sizeof(float), (uint64_t)hp->rope * sizeof(float), (uint64_t)m * H, err)) ||
+            (rc = em_gpu_mla_attend(k->gpu, &k->md, cache, chunk_pos(B, r), m, N->qa, (int64_t)H * C, N->attn, N->ctx,
+                                    (int64_t)H * R, err)))
+            return rc;
+        rc = mm_heads(k, &w->v_b, hp->v_head, N->ctx, (int64_t)H * R, R, R, m, B->mo + (int64_t)r * ldo, ldo, hp->v_head,
+                      err);
+    }
+    if (rc) return rc;
     if (w->gate.rows > 0 && /* K3 output gate */
         ((rc = mm(k, xa, &w->gate, B->mgate, ldo, err)) ||
          (rc = em_gpu_sigmoid_mul(k->gpu, B->mo, B->mgate, (int64_t)n * ldo, err))))
@@ -566,7 +651,7 @@ static int flush(gk *k, gk_residual *r, int n, em_err *err) {
 static int add_norm(gk *k, float *x, const float *y, const float *y2, const float *norm_w, int n, float *out,
                     gk_acts *xa, em_err *err) {
     const int64_t E = k->hp.n_embd;
-    k->B.act_used = 0;
+    k->P->act_used = 0;
     *xa = acts_of(out, E, E, n);
     void *q = NULL;
     int rc = E % 32 == 0 ? bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, E, n), &q, err) : EM_OK;
@@ -787,13 +872,13 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
 }
 
 /* ---- wide prefill passes --------------------------------------------------------------------
- * A pass of GK_ROWS rows reads every routed expert its rows chose: on a 48B-shaped model (256
- * experts, top-8) about 100 experts a layer for each 16 rows of a prompt. A wide pass takes up
- * to GK_WIDE rows through each layer: the attention half, the FFN's norm, router and shared
- * expert in chunks of GK_ROWS (the narrow pass's own calls, on B, the chunk's tokens and
- * position copied into B.tok first), then the routed experts of all its rows in one call
- * (em_gpu_moe_wide: each expert once per pass), then the residual step. Each row gets the narrow
- * passes' arithmetic, so states and outputs are bit-identical to narrow passes'
+ * A pass of GK_ROWS rows reads every weight once for its rows: every dense matrix, and on a
+ * 48B-shaped model (256 experts, top-8) about 100 routed experts a layer for each 16 rows of a
+ * prompt. A wide pass takes up to GK_WIDE rows through each layer on its own buffers (W.b):
+ * the norms, the products (Q8_0 on the tensor cores, em_gpu_matmul) and the routed experts
+ * (em_gpu_moe_wide: each expert once per pass) over all its rows, what carries state from row to
+ * row (the KDA recurrence, the MLA cache and attention) in chunks of GK_ROWS. Each row gets the
+ * narrow passes' arithmetic, so states and outputs are bit-identical to narrow passes'
  * (tests/cuda/test_gpu_target.c). Not captured in graphs: a wide pass's work hides its
  * launches. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
 
@@ -802,24 +887,11 @@ static bool wide_ok(const gk *k, const em_rows *o, int n) {
     return k->wide && n >= k->wide && !k->W.failed && !(o && o->routes);
 }
 
-/* The wide pass buffers, laid out from c. */
-static void carve_wide(gk *k, carver *c) {
-    const kimi_hparams *hp = &k->hp;
-    const uint64_t R = GK_WIDE, E = (uint64_t)hp->n_embd, K = (uint64_t)hp->n_expert_used, F4 = sizeof(float);
-    const uint64_t nf = k->base.info.n_feat ? (uint64_t)k->base.info.n_feat : 1;
-    gk_wide *W = &k->W;
-    W->tok = carve(c, R / GK_ROWS * (GK_ROWS + 1) * 4);
-    W->x = carve(c, R * E * F4), W->h = carve(c, R * E * F4), W->y = carve(c, R * E * F4), W->ys = carve(c, R * E * F4);
-    W->feat = carve(c, R * nf * F4);
-    W->ids = carve(c, R * K * 4), W->wts = carve(c, R * K * F4);
-    W->moe = carve(c, em_gpu_moe_wide_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_embd, GK_WIDE));
-}
-
 /* The wide buffers, at the first wide pass; on failure (device memory) narrow passes only. */
 static int wide_alloc(gk *k) {
     if (k->W.mem) return EM_OK;
     carver c = { 0 };
-    carve_wide(k, &c);
+    carve_bufs(k, &c, &k->W.b, GK_WIDE, true);
     em_err e = { 0 };
     if (em_gpu_alloc(k->gpu, c.at, "wide prefill buffers", &k->W.mem, &e)) {
         em_log(EM_LOG_INFO, "%s: prefill in passes of %d rows (%s)", k->device, GK_ROWS, e.msg);
@@ -827,68 +899,58 @@ static int wide_alloc(gk *k) {
         return EM_ENOMEM;
     }
     c = (carver){ .base = k->W.mem };
-    carve_wide(k, &c);
+    carve_bufs(k, &c, &k->W.b, GK_WIDE, true);
     return EM_OK;
 }
 
-/* The FFN's narrow part of a MoE layer for pass rows r.. (xa): the shared expert into W.ys and
- * the routes into W.ids / W.wts (moe_layer's calls). */
-static int wide_routes(gk *k, int l, gk_acts *xa, int r, em_err *err) {
+/* The FFN of MoE layer l over the wide pass's rows (xa): the shared expert, the router and
+ * its routes (moe_layer's calls), every row's routed experts in one call, then y += ys. */
+static int wide_moe(gk *k, int l, gk_acts *xa, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const kimi_ffn_w *w = &k->w.layers[l].ffn;
-    gk_bufs *B = &k->B;
+    gk_bufs *B = k->P;
     const int64_t E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used;
-    int rc = w->gate_sh.rows > 0 ? mlp(k, xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, k->W.ys + r * E, E, err)
-                                 : EM_OK;
+    const bool shared = w->gate_sh.rows > 0;
+    int rc = shared ? mlp(k, xa, &w->gate_sh, &w->up_sh, &w->down_sh, B->sg, B->su, B->ys, E, err) : EM_OK;
     const em_mat *router[1] = { &w->router };
     float *logits[1] = { B->logits_r };
     if (!rc) rc = mm_many(k, xa, router, logits, &X, 1, err); /* as moe_layer launches it */
     const em_gpu_router rt = router_of(hp);
-    if (!rc) rc = em_gpu_route(k->gpu, &rt, B->logits_r, X, k->ld[l].router_bias, xa->n, k->W.ids + r * K,
-                               k->W.wts + r * K, err);
+    if (!rc) rc = em_gpu_route(k->gpu, &rt, B->logits_r, X, k->ld[l].router_bias, xa->n, B->ids, B->wts, err);
+    const em_gpu_experts xs = experts_of(k, w);
+    if (!rc) rc = em_gpu_moe_wide(k->gpu, &xs, B->h, E, xa->n, B->ids, B->wts, (int)K, B->moe, B->y, E, err);
+    if (!rc && shared) rc = em_gpu_add(k->gpu, B->y, B->ys, (int64_t)xa->n * E, B->y, err); /* flush()'s order */
     return rc;
 }
 
-/* Every layer over the m rows of W.tok (m <= GK_WIDE), committing, leaving the residual rows
- * in W.x and the features in W.feat. Asynchronous. */
+/* Every layer over the m rows of k->P (the wide buffers; m <= GK_WIDE), committing, leaving the
+ * residual rows in x and the features in feat. Asynchronous. */
 static int wide_body(gk *k, int m, em_err *err) {
     const kimi_hparams *hp = &k->hp;
     const int64_t E = hp->n_embd, all = (int64_t)m * E;
-    gk_bufs *B = &k->B;
-    gk_wide *W = &k->W;
+    const uint64_t nf = (uint64_t)k->base.info.n_feat;
+    gk_bufs *B = k->P;
     em_gpu *g = k->gpu;
+    gk_acts xa;
     int rc = EM_OK;
+    for (int r = 0; r < m && !rc; r += GK_ROWS)
+        rc = em_gpu_embed(g, dmat(k, &k->w.tok_embd), B->tok + r / GK_ROWS * (GK_ROWS + 1),
+                          m - r < GK_ROWS ? m - r : GK_ROWS, B->x + r * E, E, err);
     for (int l = 0; !rc && l < hp->n_layer; l++) {
         const kimi_layer *ly = &k->w.layers[l];
         const gk_layer_dev *dl = &k->ld[l];
-        for (int r = 0; !rc && r < m; r += GK_ROWS) {
-            const int mc = m - r < GK_ROWS ? m - r : GK_ROWS;
-            float *x = W->x + (int64_t)r * E, *h = W->h + (int64_t)r * E;
-            gk_acts xa;
-            if ((l == 0 || ly->kind == KIMI_MLA) && /* the chunk's tokens and first position */
-                (rc = em_gpu_copy(g, B->tok, W->tok + r / GK_ROWS * (GK_ROWS + 1), (GK_ROWS + 1) * sizeof(int32_t), err)))
-                break;
-            if ((l == 0 && (rc = em_gpu_embed(g, dmat(k, &k->w.tok_embd), B->tok, mc, x, E, err))) ||
-                (rc = add_norm(k, x, NULL, NULL, dl->attn_norm, mc, B->h, &xa, err)))
-                break;
-            rc = ly->kind == KIMI_KDA ? kda_layer(k, l, &xa, GK_COMMIT, err) : mla_layer(k, l, &xa, err);
-            if (!rc) rc = add_norm(k, x, B->y, NULL, dl->ffn_norm, mc, h, &xa, err);
-            if (!rc && ly->ffn.moe) rc = wide_routes(k, l, &xa, r, err);
-            else if (!rc) rc = mlp(k, &xa, &ly->ffn.gate, &ly->ffn.up, &ly->ffn.down, B->dg, B->du, W->y + (int64_t)r * E, E, err);
-            if (rc) return em_err_prefix(err, "layer %d, rows %d..%d of a wide pass", l, r, r + mc - 1);
-        }
-        if (!rc && ly->ffn.moe) {
-            const em_gpu_experts xs = experts_of(k, &ly->ffn);
-            rc = em_gpu_moe_wide(g, &xs, W->h, E, m, W->ids, W->wts, hp->n_expert_used, W->moe, W->y, E, err);
-            if (!rc && ly->ffn.gate_sh.rows > 0) rc = em_gpu_add(g, W->y, W->ys, all, W->y, err);
-        }
-        if (!rc) rc = em_gpu_add(g, W->x, W->y, all, W->x, err); /* flush()'s order: (y + ys), then x + that */
-        const uint64_t nf = (uint64_t)k->base.info.n_feat;
+        if ((rc = add_norm(k, B->x, NULL, NULL, dl->attn_norm, m, B->h, &xa, err))) break;
+        rc = ly->kind == KIMI_KDA ? kda_layer(k, l, &xa, GK_COMMIT, err) : mla_layer(k, l, &xa, err);
+        if (!rc) rc = add_norm(k, B->x, B->y, NULL, dl->ffn_norm, m, B->h, &xa, err);
+        if (!rc && ly->ffn.moe) rc = wide_moe(k, l, &xa, err);
+        else if (!rc) rc = mlp(k, &xa, &ly->ffn.gate, &ly->ffn.up, &ly->ffn.down, B->dg, B->du, B->y, E, err);
+        if (!rc) rc = em_gpu_add(g, B->x, B->y, all, B->x, err); /* flush()'s order: (y + ys), then x + that */
         for (int f = 0; !rc && f < k->n_feature_layers; f++)
             if (k->feature_layer[f] == l)
-                rc = em_gpu_copy_2d(g, W->feat + (int64_t)f * E, nf * sizeof(float), W->x, (uint64_t)E * sizeof(float),
+                rc = em_gpu_copy_2d(g, B->feat + (int64_t)f * E, nf * sizeof(float), B->x, (uint64_t)E * sizeof(float),
                                     (uint64_t)E * sizeof(float), (uint64_t)m, err);
-        if (rc) return em_err_prefix(err, "layer %d (%s) of a wide pass", l, ly->ffn.moe ? "routed experts" : "FFN");
+        if (rc) return em_err_prefix(err, "layer %d (%s) of a wide pass of %d rows", l,
+                                     ly->kind == KIMI_KDA ? "KDA" : "MLA", m);
     }
     return rc;
 }
@@ -899,23 +961,26 @@ static int wide_body(gk *k, int m, em_err *err) {
 static int wide_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r0, int n, em_err *err) {
     const int64_t E = k->hp.n_embd, nf = k->base.info.n_feat;
     const int nc = (m + GK_ROWS - 1) / GK_ROWS;
+    gk_bufs *W = &k->W.b;
     int32_t in[GK_WIDE / GK_ROWS * (GK_ROWS + 1)] = { 0 };
     for (int c = 0; c < nc; c++) {
         const int r = c * GK_ROWS, mc = m - r < GK_ROWS ? m - r : GK_ROWS;
         memcpy(in + c * (GK_ROWS + 1), tok + r, (size_t)mc * sizeof *tok);
         in[c * (GK_ROWS + 1) + GK_ROWS] = (int32_t)(k->base.pos + r);
     }
-    int rc = em_gpu_upload(k->gpu, k->W.tok, in, (uint64_t)nc * (GK_ROWS + 1) * sizeof *in, err);
+    int rc = em_gpu_upload(k->gpu, W->tok, in, (uint64_t)nc * (GK_ROWS + 1) * sizeof *in, err);
+    k->P = W;
     if (!rc) rc = wide_body(k, m, err);
+    k->P = &k->B;
     const bool feats = o && (o->features || o->device_features);
     for (int c = 0; !rc && c < nc; c++) {
         const int r = c * GK_ROWS, mc = m - r < GK_ROWS ? m - r : GK_ROWS;
         const int h0 = head_from(o, r0 + r, mc, n);
         if (h0 < 0 && !feats) continue;
-        if (h0 >= 0 && !(rc = em_gpu_copy(k->gpu, k->B.x, k->W.x + r * E, (uint64_t)mc * E * sizeof(float), err)))
+        if (h0 >= 0 && !(rc = em_gpu_copy(k->gpu, k->B.x, W->x + r * E, (uint64_t)mc * E * sizeof(float), err)))
             rc = head(k, h0, mc - h0, err);
         if (!rc && feats)
-            rc = em_gpu_copy(k->gpu, k->B.feat, k->W.feat + r * nf, (uint64_t)mc * nf * sizeof(float), err);
+            rc = em_gpu_copy(k->gpu, k->B.feat, W->feat + r * nf, (uint64_t)mc * nf * sizeof(float), err);
         if (!rc) rc = download_rows(k, o, r0 + r, mc, n, h0 < 0 ? mc : h0, err);
     }
     if (!rc) rc = em_gpu_sync(k->gpu, err);
@@ -1150,60 +1215,6 @@ static const em_target_ops gk_ops = {
 };
 
 /* ---- open ------------------------------------------------------------------------------------ */
-
-static uint64_t maxu(uint64_t a, uint64_t b) { return a > b ? a : b; }
-
-/* The pass buffers, laid out from c (c->base NULL: only measured). */
-static void carve_bufs(gk *k, carver *c) {
-    const kimi_hparams *hp = &k->hp;
-    const uint64_t R = GK_ROWS, E = (uint64_t)hp->n_embd, D = (uint64_t)hp->d_inner, F4 = sizeof(float);
-    const uint64_t H = (uint64_t)hp->mla_heads, C = (uint64_t)hp->kv_lora + (uint64_t)hp->rope;
-    const uint64_t qk = (uint64_t)hp->nope + (uint64_t)hp->rope, ldo = H * (uint64_t)hp->v_head;
-    const uint64_t K = (uint64_t)hp->n_expert_used, X = (uint64_t)hp->n_expert;
-    uint64_t lat = 0, f_sh = 0;
-    for (int l = 0; l < hp->n_layer; l++) {
-        lat = maxu(lat, (uint64_t)k->w.layers[l].ffn.routed_down.rows);
-        f_sh = maxu(f_sh, (uint64_t)k->w.layers[l].ffn.gate_sh.rows);
-    }
-    gk_bufs *B = &k->B;
-    B->tok = carve(c, (R + 1) * 4); /* the tokens, then the first position: one upload */
-    B->pos = c->base ? B->tok + R : NULL;
-    B->argmax = carve(c, R * 4);
-    B->ids = carve(c, (uint64_t)(k->n_moe ? k->n_moe : 1) * R * (K ? K : 1) * 4);
-    B->x = carve(c, R * E * F4), B->h = carve(c, R * E * F4), B->y = carve(c, R * E * F4), B->hh = carve(c, R * E * F4);
-    if (hp->n_kda) {
-        B->qkv = carve(c, R * 3 * D * F4), B->f = carve(c, R * D * F4), B->g2 = carve(c, R * D * F4);
-        B->o = carve(c, R * D * F4), B->b = carve(c, R * (uint64_t)hp->kda_heads * F4);
-        B->low_f = carve(c, R * (uint64_t)hp->kda_head_dim * F4), B->low_g = carve(c, R * (uint64_t)hp->kda_head_dim * F4);
-    }
-    if (hp->n_mla) {
-        B->q = carve(c, R * H * qk * F4), B->q_lora = carve(c, R * (uint64_t)hp->q_lora * F4);
-        B->kv = carve(c, R * C * F4), B->qa = carve(c, R * H * C * F4), B->ctx = carve(c, R * H * (uint64_t)hp->kv_lora * F4);
-        B->mo = carve(c, R * ldo * F4), B->mgate = carve(c, R * ldo * F4);
-        B->attn = carve(c, em_gpu_mla_scratch_floats(&k->md, GK_ROWS) * F4);
-    }
-    B->dg = carve(c, R * (uint64_t)hp->n_ff * F4), B->du = carve(c, R * (uint64_t)hp->n_ff * F4);
-    if (k->n_moe) {
-        B->logits_r = carve(c, R * X * F4), B->wts = carve(c, R * K * F4);
-        B->sg = carve(c, R * f_sh * F4), B->su = carve(c, R * f_sh * F4), B->ys = carve(c, R * E * F4);
-        B->lx = carve(c, R * lat * F4), B->ls = carve(c, R * lat * F4);
-        B->moe = carve(c, em_gpu_moe_scratch_bytes(hp->n_expert, hp->n_expert_used, hp->n_ff_exp,
-                                                   (int64_t)(lat ? lat : E), GK_ROWS));
-    }
-    if (hp->res_block > 0) B->bank = carve(c, (uint64_t)k->max_banks * R * E * F4), B->mix = carve(c, R * E * F4);
-    B->feat = carve(c, R * (uint64_t)(k->base.info.n_feat ? k->base.info.n_feat : 1) * F4);
-    B->feat_out = carve(c, (k->base.info.n_feat ? GK_FEATURE_ROWS : 1) * (uint64_t)k->base.info.n_feat * F4);
-    B->logits = carve(c, R * (uint64_t)hp->n_vocab * F4);
-    /* activations of a layer half: at most eight Q8_0 inputs of the widest row, and the
-     * per-head products' own */
-    uint64_t widest = maxu(maxu(E, D), maxu(maxu((uint64_t)hp->n_ff, f_sh), maxu(ldo, maxu(lat, (uint64_t)hp->q_lora))));
-    widest = maxu(widest, maxu((uint64_t)hp->n_ff_exp, H * (uint64_t)hp->kv_lora));
-    B->act_cap = 8 * align256(em_gpu_act_bytes(EM_TYPE_Q8_0, (int64_t)widest, GK_ROWS)) +
-                 2 * align256(em_gpu_matmul_heads_scratch_bytes(EM_TYPE_Q8_0, hp->mla_heads ? hp->mla_heads : 1,
-                                                               (int64_t)maxu((uint64_t)hp->kv_lora, (uint64_t)hp->nope),
-                                                               GK_ROWS) + 65536);
-    B->act = carve(c, B->act_cap);
-}
 
 static uint64_t weight_bytes(const gk *k, int i, em_err *err, int *rc) {
     const gk_weight *w = &k->tab.w[i];
@@ -1463,7 +1474,7 @@ static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
     if (rc) return em_err_prefix(err, "%s", em_gguf_path(k->g));
     const uint64_t state = state_sizes(k, &log_bytes, &cache_bytes);
     carver c = { 0 };
-    carve_bufs(k, &c);
+    carve_bufs(k, &c, &k->B, GK_ROWS, false);
     if ((rc = fit_check(k, weights, state, c.at, err)) ||
         (opts->n_cuda_devices > 0 && (rc = place_experts(k, opts, weights + state + c.at, err))) ||
         (rc = upload_weights(k, weights, err)) ||
@@ -1475,7 +1486,8 @@ static int load_and_upload(gk *k, const em_model_opts *opts, em_err *err) {
         (rc = em_gpu_memset(k->gpu, k->buf_mem, 0, c.at, err)))
         return rc;
     c = (carver){ .base = k->buf_mem };
-    carve_bufs(k, &c);
+    carve_bufs(k, &c, &k->B, GK_ROWS, false);
+    k->P = &k->B;
     cost_setup(k);
     wide_setup(k);
     return em_gpu_sync(k->gpu, err);

@@ -1165,6 +1165,134 @@ static void test_matmul_multi(const int types[4], const char *name) {
     free(x);
 }
 
+/* ---- products of many rows (wide prefill passes) ------------------------------------------- */
+
+/* y = W x over n rows of dx (cols values) in calls of R rows each: the reference a wide call
+ * must equal bit for bit. */
+static int mm_chunks(const em_gpu_mat *w, const float *dx, int64_t cols, int n, void *ds, float *dy, int64_t ldy) {
+    for (int r = 0; r < n; r += R) {
+        const int m = n - r < R ? n - r : R;
+        em_gpu_act a;
+        int rc = em_gpu_act_prepare(G, w->type, dx + (int64_t)r * cols, cols, cols, m, ds, &a, &E);
+        if (!rc) rc = em_gpu_matmul(G, w, &a, dy + (int64_t)r * ldy, ldy, &E);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* em_gpu_matmul over n > R rows (Q8_0 on the tensor cores, other types in chunks) memcmp-equal
+ * to calls of R rows, every output written, for n = 17, 100 and 256. */
+static void test_matmul_wide(int type, int64_t rows, int64_t cols) {
+    const int NW = EM_GPU_WIDE_MAX_ROWS;
+    char name[64];
+    snprintf(name, sizeof name, "matmul wide %s %lldx%lld", em_type_name(type), (long long)rows, (long long)cols);
+    void *hw = make_weights(type, rows, cols, 0.05f);
+    em_gpu_mat gm;
+    TRY(name, em_gpu_mat_upload(G, type, rows, cols, hw, name, &gm, &E));
+    const uint64_t yb = (uint64_t)NW * rows * 4;
+    float *x = xmalloc((size_t)NW * cols * 4), *got = xmalloc(yb), *want = xmalloc(yb);
+    fill(x, (int64_t)NW * cols, 1.0f);
+    float *dx = dalloc((uint64_t)NW * cols * 4), *dy = dalloc(yb);
+    const uint64_t sb = em_gpu_act_bytes(type, cols, NW);
+    void *ds = sb ? dalloc(sb) : NULL;
+    up(dx, x, (uint64_t)NW * cols * 4);
+    const int widths[] = { 17, 100, NW };
+    char why[768] = "";
+    for (int i = 0; i < 3 && !why[0]; i++) {
+        const int n = widths[i];
+        const uint64_t b = (uint64_t)n * rows * 4;
+        poison(dy, yb);
+        em_gpu_act a;
+        if (mm_chunks(&gm, dx, cols, n, ds, dy, rows) || down(want, dy, b)) {
+            snprintf(why, sizeof why, "chunks of %d rows: %s", R, E.msg);
+            break;
+        }
+        poison(dy, yb);
+        if (em_gpu_act_prepare(G, type, dx, cols, cols, n, ds, &a, &E) || em_gpu_matmul(G, &gm, &a, dy, rows, &E) ||
+            down(got, dy, b)) {
+            snprintf(why, sizeof why, "%d rows: %s", n, E.msg);
+            break;
+        }
+        const int64_t unw = unwritten(got, (int64_t)n * rows);
+        if (memcmp(got, want, b) || unw) {
+            int64_t first = 0;
+            while (first < (int64_t)n * rows && !memcmp(&got[first], &want[first], 4)) first++;
+            snprintf(why, sizeof why, "%d rows differ from chunks of %d (first at row %lld output %lld: %.9g vs %.9g; "
+                     "%lld unwritten)", n, R, (long long)(first / rows), (long long)(first % rows),
+                     first < (int64_t)n * rows ? got[first] : 0.0, first < (int64_t)n * rows ? want[first] : 0.0,
+                     (long long)unw);
+        }
+    }
+    if (why[0]) record(name, 0, "%s", why);
+    else record(name, 1, "n = 17, 100, %d memcmp-equal to calls of %d rows, every output written", NW, R);
+    if (!why[0] && type == EM_TYPE_Q8_0 && rows >= 4096) { /* what a wide pass gains on this product */
+        em_gpu_act a;
+        float t[2][7];
+        for (int rep = -1; rep < 7; rep++)
+            for (int v = 0; v < 2; v++) {
+                em_gpu_mark(G, 0, &E);
+                if (v) em_gpu_act_prepare(G, type, dx, cols, cols, NW, ds, &a, &E), em_gpu_matmul(G, &gm, &a, dy, rows, &E);
+                else mm_chunks(&gm, dx, cols, NW, ds, dy, rows);
+                em_gpu_mark(G, 1, &E);
+                float ms = 0;
+                em_gpu_elapsed_ms(G, &ms, &E);
+                if (rep >= 0) t[v][rep] = ms;
+            }
+        qsort(t[0], 7, sizeof t[0][0], cmp_float), qsort(t[1], 7, sizeof t[1][0], cmp_float);
+        printf("info %s: %d rows (median of 7): %d calls of %d rows %.3f ms, one wide call %.3f ms\n", name, NW, NW / R, R,
+               t[0][3], t[1][3]);
+    }
+    em_gpu_mat_free(G, &gm), em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, ds);
+    free(hw), free(x), free(got), free(want);
+}
+
+/* em_gpu_matmul_multi over 256 rows of a KDA layer's Q8_0 projections with its F32 beta (the
+ * Q8_0 ones on the tensor cores, the F32 one in chunks), each memcmp-equal to its own calls of
+ * R rows; then 257 rows and in-block activations over R rows refused. */
+static void test_matmul_multi_wide(void) {
+    const char *name = "matmul multi wide q8_0 + f32";
+    const int NW = EM_GPU_WIDE_MAX_ROWS, types[3] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_Q8_0 };
+    const int64_t cols = HIDDEN, rows[3] = { KDA_HEADS * KDA_DIM, KDA_HEADS, KDA_DIM };
+    em_gpu_mat gm[3];
+    void *hw[3];
+    float *dy[3];
+    for (int i = 0; i < 3; i++) {
+        hw[i] = make_weights(types[i], rows[i], cols, 0.05f);
+        TRY(name, em_gpu_mat_upload(G, types[i], rows[i], cols, hw[i], name, &gm[i], &E));
+        dy[i] = dalloc((uint64_t)NW * rows[i] * 4);
+    }
+    float *x = xmalloc((size_t)NW * cols * 4);
+    fill(x, (int64_t)NW * cols, 1.0f);
+    float *dx = dalloc((uint64_t)NW * cols * 4);
+    void *ds = dalloc(em_gpu_act_bytes(EM_TYPE_Q8_0, cols, NW));
+    up(dx, x, (uint64_t)NW * cols * 4);
+    em_gpu_act act;
+    TRY(name, em_gpu_act_prepare(G, EM_TYPE_Q8_0, dx, cols, cols, NW, ds, &act, &E));
+    em_gpu_mm_out outs[3];
+    for (int i = 0; i < 3; i++) poison(dy[i], (uint64_t)NW * rows[i] * 4), outs[i] = (em_gpu_mm_out){ &gm[i], dy[i], rows[i] };
+    TRY(name, em_gpu_matmul_multi(G, outs, 3, &act, &E));
+    int differ = 0;
+    for (int i = 0; i < 3; i++) {
+        const uint64_t b = (uint64_t)NW * rows[i] * 4;
+        float *a = xmalloc(b), *c = xmalloc(b);
+        TRY(name, down(a, dy[i], b));
+        TRY(name, mm_chunks(&gm[i], dx, cols, NW, ds, dy[i], rows[i]));
+        TRY(name, down(c, dy[i], b));
+        differ += memcmp(a, c, b) != 0 || unwritten(a, (int64_t)NW * rows[i]);
+        free(a), free(c);
+    }
+    record(name, differ == 0, "%d of 3 products (%d rows) differ from their own calls of %d rows", differ, NW, R);
+    act.n = NW + 1;
+    int rc = em_gpu_matmul_multi(G, outs, 3, &act, &E);
+    record("matmul: 257 rows refused", rc == EM_EINVAL && strstr(E.msg, "257 rows"), "%s", E.msg);
+    em_gpu_act ib;
+    if (em_gpu_act_in_block(EM_TYPE_Q8_0, dx, NULL, cols, KDA_DIM, R + 1, EM_GPU_ACT_SWIGLU, 0, 0, &ib))
+        record("matmul: in-block over 16 rows", 0, "em_gpu_act_in_block accepted %d rows", R + 1);
+    for (int i = 0; i < 3; i++) em_gpu_mat_free(G, &gm[i]), em_gpu_free(G, dy[i]), free(hw[i]);
+    em_gpu_free(G, dx), em_gpu_free(G, ds);
+    free(x);
+}
+
 /* em_gpu_add_rmsnorm against the launches it replaces (two adds, the norm, the Q8_0
  * quantization), memcmp; and against the CPU twins. */
 static void test_add_rmsnorm(void) {
@@ -1833,6 +1961,14 @@ static void test_all_but_moe(void) {
         }
         test_matmul_multi(mix, "matmul multi q8_0 + f32 (4 products)");
     }
+    test_matmul_wide(EM_TYPE_Q8_0, KDA_HEADS * KDA_DIM, HIDDEN); /* a KDA projection */
+    test_matmul_wide(EM_TYPE_Q8_0, HIDDEN, KDA_HEADS * KDA_DIM); /* its output */
+    test_matmul_wide(EM_TYPE_Q8_0, FFN_EXP, HIDDEN);             /* a shared expert's gate */
+    test_matmul_wide(EM_TYPE_Q8_0, 256, 256);   /* the default target: 8 blocks a row, most lanes idle */
+    test_matmul_wide(EM_TYPE_Q8_0, 1001, 96);   /* 3 blocks a row, outputs past a block's 32 */
+    test_matmul_wide(EM_TYPE_Q4_K, 1001, 512);  /* other types: chunks */
+    test_matmul_wide(EM_TYPE_F32, N_EXPERT, HIDDEN);
+    test_matmul_multi_wide();
     test_in_block(EM_TYPE_Q8_0, HIDDEN, FFN_EXP); /* a shared expert's down */
     test_in_block(EM_TYPE_Q8_0, KDA_HEADS * KDA_DIM, KDA_DIM); /* a KDA low-rank up */
     test_in_block(EM_TYPE_Q4_K, 1001, 512);

@@ -16,9 +16,13 @@
  *   waits for the ones before it (launch overlap); activations are loaded once per lane and
  *   step for the warp's outputs and come from L1/L2.
  * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
- *   smallest N >= n, and rows j >= n are skipped (not computed, not written). */
+ *   smallest N >= n, and rows j >= n are skipped (not computed, not written).
+ * - calls of more rows (up to EM_GPU_WIDE_MAX_ROWS: wide prefill passes) run Q8_0 weights on
+ *   the tensor cores (mm_tc.cuh: the same bits) and every other product in chunks of
+ *   EM_GPU_MAX_ROWS rows, so each row still gets the arithmetic of a one-row call. */
 #include "backend/cuda/mm_kernels.cuh"
 #include "backend/cuda/mm_quant.cuh"
+#include "backend/cuda/mm_tc.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +183,7 @@ extern "C" void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) {
 extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
                                   void *d_scratch, em_gpu_act *out, em_err *err) {
     memset(out, 0, sizeof *out);
-    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS, "GPU activations: %d rows (1..%d)", n, EM_GPU_MAX_ROWS);
+    EMC_CHECK(n >= 1 && n <= EM_GPU_WIDE_MAX_ROWS, "GPU activations: %d rows (1..%d)", n, EM_GPU_WIDE_MAX_ROWS);
     EMC_CHECK(cols > 0 && ldx >= cols && d_x, "GPU activations: %lld columns, ldx %lld", (long long)cols, (long long)ldx);
     EMC_CHECK(em_gpu_mat_type_ok(wtype), "GPU activations for weights of type %s", em_type_name(wtype));
     out->n = n;
@@ -440,11 +444,79 @@ static bool mm_types_ok(const em_gpu_mm_out *outs, int count, const em_gpu_act *
     return !other || (*mixed && act->type == EM_TYPE_Q8_0 && act->x);
 }
 
+/* ---- products of many rows (wide prefill passes) ------------------------------------------- */
+
+/* A block of TC_WM x TC_WN warps takes TC_ROWS rows (blockIdx.y) of TC_OUTS outputs of its
+ * product (blockIdx.x, as k_mm's blocks pick theirs); warp w the rows 16 (w % TC_WM) .. and the
+ * outputs 8 TC_NT (w / TC_WM) .. of those. */
+__global__ void __launch_bounds__(TC_WM * TC_WN * 32) k_mm_tc(mm_jobs js, const int8_t *xq, const float *xd, int n) {
+    emc_kernel_begin();
+    const mm_job w = mm_pick(js);
+    const int warp = threadIdx.x >> 5;
+    const int j0 = (int)blockIdx.y * TC_ROWS + (warp % TC_WM) * 16;
+    const int64_t o0 = ((int64_t)(blockIdx.x - w.block0) * TC_WN + warp / TC_WM) * 8 * TC_NT;
+    if (j0 >= n || o0 >= w.rows) return;
+    const int ja = j0 + ((threadIdx.x & 31) >> 2), jb = ja + 8; /* A rows g and g + 8 (mm_tc.cuh) */
+    mm_q8_0_tc_warp((const int8_t *)w.data, (const __half *)w.scales, w.rows, js.cols, o0, xq, xd, min(ja, n - 1),
+                    min(jb, n - 1), w.y, w.ldy, ja < n ? ja : -1, jb < n ? jb : -1);
+}
+
+/* Rows r0 .. r0 + m - 1 of a (as F32 rows when f32: the F32 products of a mixed call). */
+static em_gpu_act act_rows(const em_gpu_act *a, int r0, int m, bool f32) {
+    em_gpu_act c = *a;
+    c.n = m;
+    if (a->x) c.x = a->x + (int64_t)r0 * a->ldx;
+    if (f32) {
+        c.type = EM_TYPE_F32, c.qs = NULL, c.d = NULL;
+    } else if (a->type == EM_TYPE_Q8_0) {
+        c.qs = a->qs + (int64_t)r0 * a->cols;
+        c.d = a->d + (int64_t)r0 * (a->cols / 32);
+    }
+    return c;
+}
+
+/* em_gpu_matmul_multi of more than EM_GPU_MAX_ROWS rows (checked by the caller): the Q8_0
+ * products in one tensor-core launch, the others in calls of EM_GPU_MAX_ROWS rows. */
+static int mm_wide(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu_act *act, em_err *err) {
+    EMC_CHECK(!act->in_block, "GPU matmul: activations made in block for %d rows (1..%d)", act->n, EM_GPU_MAX_ROWS);
+    mm_jobs js;
+    memset(&js, 0, sizeof js);
+    js.cols = act->cols;
+    em_gpu_mm_out rest[EM_GPU_MULTI_MAX];
+    int n_rest = 0;
+    uint64_t blocks = 0;
+    for (int i = 0; i < count; i++) {
+        const em_gpu_mat *w = outs[i].w;
+        if (w->type != EM_TYPE_Q8_0 || act->type != EM_TYPE_Q8_0) {
+            rest[n_rest++] = outs[i];
+            continue;
+        }
+        js.job[js.count++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
+                                       outs[i].ldy, (unsigned)blocks };
+        blocks += emc_blocks(w->rows, TC_OUTS);
+    }
+    int rc = emc_use(g, err);
+    if (!rc && js.count) {
+        const dim3 grid((unsigned)blocks, emc_blocks(act->n, TC_ROWS));
+        emc_launch(g, k_mm_tc, grid, TC_WM * TC_WN * 32, 0, js, act->qs, act->d, act->n);
+        rc = emc_launched(err, "k_mm_tc");
+    }
+    const bool f32 = n_rest && rest[0].w->type == EM_TYPE_F32 && act->type == EM_TYPE_Q8_0; /* a mixed call's F32 */
+    for (int r0 = 0; !rc && n_rest && r0 < act->n; r0 += EM_GPU_MAX_ROWS) {
+        const int m = act->n - r0 < EM_GPU_MAX_ROWS ? act->n - r0 : EM_GPU_MAX_ROWS;
+        em_gpu_mm_out part[EM_GPU_MULTI_MAX];
+        for (int i = 0; i < n_rest; i++) part[i] = (em_gpu_mm_out){ rest[i].w, rest[i].d_y + (int64_t)r0 * rest[i].ldy, rest[i].ldy };
+        const em_gpu_act c = act_rows(act, r0, m, f32);
+        rc = em_gpu_matmul_multi(g, part, n_rest, &c, err);
+    }
+    return rc;
+}
+
 extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu_act *act, em_err *err) {
     EMC_CHECK(outs && count >= 1 && count <= EM_GPU_MULTI_MAX, "GPU matmul: %d products in one launch (1..%d)", count,
               EM_GPU_MULTI_MAX);
-    EMC_CHECK(act && act->n >= 1 && act->n <= EM_GPU_MAX_ROWS, "GPU matmul: activations of %d rows (1..%d)",
-              act ? act->n : 0, EM_GPU_MAX_ROWS);
+    EMC_CHECK(act && act->n >= 1 && act->n <= EM_GPU_WIDE_MAX_ROWS, "GPU matmul: activations of %d rows (1..%d)",
+              act ? act->n : 0, EM_GPU_WIDE_MAX_ROWS);
     for (int i = 0; i < count; i++)
         EMC_CHECK(outs[i].w && outs[i].w->data && em_gpu_mat_type_ok(outs[i].w->type),
                   "GPU matmul: product %d has no matrix, or one of an unsupported type", i);
@@ -463,6 +535,12 @@ extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int cou
     if (want == EM_TYPE_F32 || mixed)
         EMC_CHECK(((uintptr_t)act->x & 15) == 0 && act->ldx % 4 == 0,
                   "GPU matmul: F32 activations must be 16-byte aligned with ldx a multiple of 4");
+    for (int i = 0; i < count; i++)
+        EMC_CHECK(outs[i].w->cols == act->cols && outs[i].d_y && outs[i].ldy >= outs[i].w->rows,
+                  "GPU matmul: product %d: activations of %lld columns for a matrix of %lld x %lld, output %s, ldy %lld", i,
+                  (long long)act->cols, (long long)outs[i].w->rows, (long long)outs[i].w->cols,
+                  outs[i].d_y ? "set" : "missing", (long long)outs[i].ldy);
+    if (act->n > EM_GPU_MAX_ROWS) return mm_wide(g, outs, count, act, err);
     mm_jobs js;
     memset(&js, 0, sizeof js);
     js.count = count;
@@ -481,10 +559,6 @@ extern "C" int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *outs, int cou
         for (int i = 0; i < count; i++) {
             const em_gpu_mat *w = outs[i].w;
             if (mixed && (w->type == EM_TYPE_F32) != (pass == 0)) continue;
-            EMC_CHECK(w->cols == act->cols, "GPU matmul: activations of %lld columns for a matrix of %lld",
-                      (long long)act->cols, (long long)w->cols);
-            EMC_CHECK(outs[i].d_y && outs[i].ldy >= w->rows, "GPU matmul: output missing or ldy %lld < %lld rows",
-                      (long long)outs[i].ldy, (long long)w->rows);
             js.job[m++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
                                     outs[i].ldy, (unsigned)blocks };
             blocks += emc_blocks(w->rows, MM_WARPS * (!mixed ? o_one : w->type == EM_TYPE_F32 ? o_f32 : o_q8));

@@ -97,8 +97,8 @@ extern "C" int em_gpu_rmsnorm_rows(em_gpu *g, const float *d_x, int64_t ldx, con
 extern "C" int em_gpu_add_rmsnorm(em_gpu *g, float *d_x, int64_t ldx, const float *d_y, const float *d_y2, int64_t ldy,
                                   const float *d_w, float eps, int rows, int64_t n, float *d_h, int64_t ldh, void *d_scratch,
                                   em_gpu_act *q, em_err *err) {
-    EMC_CHECK(d_x && d_h && rows >= 1 && rows <= EM_GPU_MAX_ROWS && n > 0 && ldx >= n && ldh >= n && (!d_y || ldy >= n),
-              "GPU add_rmsnorm: %d rows (1..%d) of %lld (ldx %lld, ldy %lld, ldh %lld)", rows, EM_GPU_MAX_ROWS,
+    EMC_CHECK(d_x && d_h && rows >= 1 && rows <= EM_GPU_WIDE_MAX_ROWS && n > 0 && ldx >= n && ldh >= n && (!d_y || ldy >= n),
+              "GPU add_rmsnorm: %d rows (1..%d) of %lld (ldx %lld, ldy %lld, ldh %lld)", rows, EM_GPU_WIDE_MAX_ROWS,
               (long long)n, (long long)ldx, (long long)ldy, (long long)ldh);
     EMC_CHECK(!q || (n % 32 == 0 && d_scratch && ((uintptr_t)d_scratch & 15) == 0),
               "GPU add_rmsnorm: Q8_0 activations need n a multiple of 32 (%lld) and 16-byte aligned scratch", (long long)n);

@@ -532,14 +532,16 @@ static int step(gen *g, int32_t *anchor, em_err *err) {
     return EM_OK;
 }
 
-/* The prompt in chunks: the last chunk's last row (its argmax when greedy, else its logits),
- * every row's features. */
+/* The prompt, in chunks of PREFILL_CHUNK rows while a drafter takes their features (else in
+ * one call: a target runs it in passes of its own, and a GPU target's wide passes read each
+ * routed expert once per up to 256 rows): the last row's argmax when greedy, else its logits. */
 static int prefill(gen *g, const int32_t *prompt, int n_prompt, em_err *err) {
     em_decode *s = g->s;
     drafter_parks(g, (int64_t)g->p->n_max - 1); /* the first token comes from the prompt */
     const bool feeds = s->drafter && !g->parked;
-    for (int r0 = 0; r0 < n_prompt; r0 += PREFILL_CHUNK) {
-        int m = n_prompt - r0 < PREFILL_CHUNK ? n_prompt - r0 : PREFILL_CHUNK;
+    const int chunk = feeds ? PREFILL_CHUNK : n_prompt;
+    for (int r0 = 0; r0 < n_prompt; r0 += chunk) {
+        int m = n_prompt - r0 < chunk ? n_prompt - r0 : chunk;
         const bool last = r0 + m == n_prompt;
         em_rows rows = { .logits = last && !g->greedy ? s->logits : NULL, .argmax = last && g->greedy ? s->argmax : NULL,
                          .last_only = true, .features = feeds && !s->device_feats ? s->feats : NULL,

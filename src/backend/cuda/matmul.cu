@@ -461,14 +461,41 @@ __global__ void __launch_bounds__(TC_WM * TC_WN * 32) k_mm_tc(mm_jobs js, const 
                     min(jb, n - 1), w.y, w.ldy, ja < n ? ja : -1, jb < n ? jb : -1);
 }
 
-/* Rows r0 .. r0 + m - 1 of a (as F32 rows when f32: the F32 products of a mixed call). */
-static em_gpu_act act_rows(const em_gpu_act *a, int r0, int m, bool f32) {
+/* F32 weights x F32 rows over many rows (a MoE router, KDA's beta in a wide pass): thread
+ * (row j, output o), a warp 32 outputs of one row, a block 8 rows. mm_float_warp gives lane l
+ * the 16-byte pieces l, l + 32, ... of an output, one fma chain over their values in order,
+ * then the butterfly; here a thread runs the 32 lanes' chains in bit-reversed lane order and
+ * folds them as the butterfly adds them (tc_fold, mm_tc.cuh), so the same bits. */
+__global__ void __launch_bounds__(256) k_mm_f32_wide(mm_jobs js, const float *x, int64_t ldx, int n) {
+    emc_kernel_begin();
+    const mm_job w = mm_pick(js);
+    const int64_t o = (int64_t)(blockIdx.x - w.block0) * 32 + (threadIdx.x & 31);
+    const int j = (int)blockIdx.y * 8 + (int)(threadIdx.x >> 5);
+    if (o >= w.rows || j >= n) return; /* no warp-wide steps below */
+    const int64_t pieces = js.cols / 4;
+    const float4 *wr = (const float4 *)(const void *)w.data + o * pieces, *xr = (const float4 *)(x + (int64_t)j * ldx);
+    float s[5][1], v[1];
+    for (int i = 0; i < 32; i++) {
+        float a = 0.0f;
+        for (int64_t p = (int64_t)(__brev((unsigned)i) >> 27); p < pieces; p += 32) {
+            const float4 f = __ldg(wr + p), xa = xr[p];
+            a = __fmaf_rn(f.x, xa.x, a);
+            a = __fmaf_rn(f.y, xa.y, a);
+            a = __fmaf_rn(f.z, xa.z, a);
+            a = __fmaf_rn(f.w, xa.w, a);
+        }
+        v[0] = a;
+        tc_fold<1>(i, v, s);
+    }
+    w.y[(int64_t)j * w.ldy + o] = v[0];
+}
+
+/* Rows r0 .. r0 + m - 1 of a. */
+static em_gpu_act act_rows(const em_gpu_act *a, int r0, int m) {
     em_gpu_act c = *a;
     c.n = m;
     if (a->x) c.x = a->x + (int64_t)r0 * a->ldx;
-    if (f32) {
-        c.type = EM_TYPE_F32, c.qs = NULL, c.d = NULL;
-    } else if (a->type == EM_TYPE_Q8_0) {
+    if (a->type == EM_TYPE_Q8_0) {
         c.qs = a->qs + (int64_t)r0 * a->cols;
         c.d = a->d + (int64_t)r0 * (a->cols / 32);
     }
@@ -476,37 +503,44 @@ static em_gpu_act act_rows(const em_gpu_act *a, int r0, int m, bool f32) {
 }
 
 /* em_gpu_matmul_multi of more than EM_GPU_MAX_ROWS rows (checked by the caller): the Q8_0
- * products in one tensor-core launch, the others in calls of EM_GPU_MAX_ROWS rows. */
+ * products in one tensor-core launch, the F32 ones in one k_mm_f32_wide launch, the others in
+ * calls of EM_GPU_MAX_ROWS rows. */
 static int mm_wide(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu_act *act, em_err *err) {
     EMC_CHECK(!act->in_block, "GPU matmul: activations made in block for %d rows (1..%d)", act->n, EM_GPU_MAX_ROWS);
-    mm_jobs js;
-    memset(&js, 0, sizeof js);
-    js.cols = act->cols;
+    mm_jobs jq, jf; /* Q8_0 on the tensor cores, F32 */
+    memset(&jq, 0, sizeof jq), memset(&jf, 0, sizeof jf);
+    jq.cols = jf.cols = act->cols;
     em_gpu_mm_out rest[EM_GPU_MULTI_MAX];
     int n_rest = 0;
-    uint64_t blocks = 0;
+    uint64_t bq = 0, bf = 0;
     for (int i = 0; i < count; i++) {
         const em_gpu_mat *w = outs[i].w;
-        if (w->type != EM_TYPE_Q8_0 || act->type != EM_TYPE_Q8_0) {
+        const bool q8 = w->type == EM_TYPE_Q8_0 && act->type == EM_TYPE_Q8_0, f32 = w->type == EM_TYPE_F32 && act->x;
+        if (!q8 && !f32) {
             rest[n_rest++] = outs[i];
             continue;
         }
-        js.job[js.count++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
-                                       outs[i].ldy, (unsigned)blocks };
-        blocks += emc_blocks(w->rows, TC_OUTS);
+        mm_jobs *js = q8 ? &jq : &jf;
+        uint64_t *blocks = q8 ? &bq : &bf;
+        js->job[js->count++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
+                                         outs[i].ldy, (unsigned)*blocks };
+        *blocks += emc_blocks(w->rows, q8 ? TC_OUTS : 32);
     }
     int rc = emc_use(g, err);
-    if (!rc && js.count) {
-        const dim3 grid((unsigned)blocks, emc_blocks(act->n, TC_ROWS));
-        emc_launch(g, k_mm_tc, grid, TC_WM * TC_WN * 32, 0, js, act->qs, act->d, act->n);
+    if (!rc && jq.count) {
+        const dim3 grid((unsigned)bq, emc_blocks(act->n, TC_ROWS));
+        emc_launch(g, k_mm_tc, grid, TC_WM * TC_WN * 32, 0, jq, act->qs, act->d, act->n);
         rc = emc_launched(err, "k_mm_tc");
     }
-    const bool f32 = n_rest && rest[0].w->type == EM_TYPE_F32 && act->type == EM_TYPE_Q8_0; /* a mixed call's F32 */
+    if (!rc && jf.count) {
+        emc_launch(g, k_mm_f32_wide, dim3((unsigned)bf, emc_blocks(act->n, 8)), 256, 0, jf, act->x, act->ldx, act->n);
+        rc = emc_launched(err, "k_mm_f32_wide");
+    }
     for (int r0 = 0; !rc && n_rest && r0 < act->n; r0 += EM_GPU_MAX_ROWS) {
         const int m = act->n - r0 < EM_GPU_MAX_ROWS ? act->n - r0 : EM_GPU_MAX_ROWS;
         em_gpu_mm_out part[EM_GPU_MULTI_MAX];
         for (int i = 0; i < n_rest; i++) part[i] = (em_gpu_mm_out){ rest[i].w, rest[i].d_y + (int64_t)r0 * rest[i].ldy, rest[i].ldy };
-        const em_gpu_act c = act_rows(act, r0, m, f32);
+        const em_gpu_act c = act_rows(act, r0, m);
         rc = em_gpu_matmul_multi(g, part, n_rest, &c, err);
     }
     return rc;

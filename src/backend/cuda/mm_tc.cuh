@@ -21,6 +21,9 @@
  * the first four as the PTX layout's k = 4q .. 4q + 3, the last four as k = 16 + 4q .. 16 + 4q + 3.
  * Every k meets its own k, so the dot is the block's.
  *
+ * tc_fold also serves the F32 products of wide passes (matmul.cu, k_mm_f32_wide), whose warp
+ * body's lane chains meet in the same butterfly.
+ *
  * Internal to backend/cuda/. */
 #ifndef EM_MM_TC_CUH
 #define EM_MM_TC_CUH
@@ -28,6 +31,7 @@
 #include "backend/cuda/mm_kernels.cuh"
 
 #define TC_NT 2   /* 8-output tiles a warp */
+#define TC_U 2    /* blocks of a class whose loads a warp issues together */
 #define TC_WM 4   /* warps of a block along the rows (16 rows each) */
 #define TC_WN 2   /* warps of a block along the outputs */
 #define TC_ROWS (16 * TC_WM)        /* rows of a block */
@@ -35,16 +39,16 @@
 
 __device__ __forceinline__ uint2 ld_nc8(const void *p) {
     uint2 v;
-    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p)); /* not volatile: free to schedule */
     return v;
 }
 
 /* d = the exact int32 dots of A (16 x 32) and B (32 x 8), from zero. */
 __device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint2 b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%10, %10, %10, %10};"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0));
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0));
 }
 
 /* Leaf i (0..31, left to right) of P sums into the stack s; after leaf 31, v is the root. */
@@ -89,19 +93,34 @@ __device__ __forceinline__ void mm_q8_0_tc_warp(const int8_t *wq, const __half *
         const int l = (int)(__brev((unsigned)i) >> 27);
 #pragma unroll
         for (int p = 0; p < P; p++) v[p] = 0.0f;
-        for (int64_t b = l; b < bpr; b += 32) {
-            const uint2 pa = *(const uint2 *)(xa + b * 32), pb = *(const uint2 *)(xb + b * 32);
-            const uint32_t a[4] = { pa.x, pb.x, pa.y, pb.y };
-            const float fa = da[b], fb = db[b];
+        for (int64_t b0 = l; b0 < bpr; b0 += 32 * TC_U) { /* TC_U blocks of the class loaded together */
+            uint2 pa[TC_U], pb[TC_U], wq2[TC_U][TC_NT];
+            float fa[TC_U], fb[TC_U], w0[TC_U][TC_NT], w1[TC_U][TC_NT];
 #pragma unroll
-            for (int u = 0; u < TC_NT; u++) {
-                int d[4];
-                mma_s8(d, a, ld_nc8(wb[u] + b * 32));
-                const float w0 = __half2float(ws0[u][b]), w1 = __half2float(ws1[u][b]);
-                v[4 * u + 0] = __fadd_rn(v[4 * u + 0], __fmul_rn(__fmul_rn(w0, fa), (float)d[0]));
-                v[4 * u + 1] = __fadd_rn(v[4 * u + 1], __fmul_rn(__fmul_rn(w1, fa), (float)d[1]));
-                v[4 * u + 2] = __fadd_rn(v[4 * u + 2], __fmul_rn(__fmul_rn(w0, fb), (float)d[2]));
-                v[4 * u + 3] = __fadd_rn(v[4 * u + 3], __fmul_rn(__fmul_rn(w1, fb), (float)d[3]));
+            for (int k = 0; k < TC_U; k++) {
+                const int64_t b = b0 + 32 * k;
+                if (b >= bpr) break;
+                pa[k] = *(const uint2 *)(xa + b * 32), pb[k] = *(const uint2 *)(xb + b * 32);
+                fa[k] = da[b], fb[k] = db[b];
+#pragma unroll
+                for (int u = 0; u < TC_NT; u++) {
+                    wq2[k][u] = ld_nc8(wb[u] + b * 32);
+                    w0[k][u] = __half2float(ws0[u][b]), w1[k][u] = __half2float(ws1[u][b]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < TC_U; k++) { /* in ascending block order: the chain's */
+                if (b0 + 32 * k >= bpr) break;
+                const uint32_t a[4] = { pa[k].x, pb[k].x, pa[k].y, pb[k].y };
+#pragma unroll
+                for (int u = 0; u < TC_NT; u++) {
+                    int d[4];
+                    mma_s8(d, a, wq2[k][u]);
+                    v[4 * u + 0] = __fadd_rn(v[4 * u + 0], __fmul_rn(__fmul_rn(w0[k][u], fa[k]), (float)d[0]));
+                    v[4 * u + 1] = __fadd_rn(v[4 * u + 1], __fmul_rn(__fmul_rn(w1[k][u], fa[k]), (float)d[1]));
+                    v[4 * u + 2] = __fadd_rn(v[4 * u + 2], __fmul_rn(__fmul_rn(w0[k][u], fb[k]), (float)d[2]));
+                    v[4 * u + 3] = __fadd_rn(v[4 * u + 3], __fmul_rn(__fmul_rn(w1[k][u], fb[k]), (float)d[3]));
+                }
             }
         }
         tc_fold<P>(i, v, s);

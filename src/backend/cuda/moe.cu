@@ -14,7 +14,6 @@
  * product's, bit for bit, and does not depend on the other rows. */
 #include "backend/cuda/mm_kernels.cuh"
 #include "backend/cuda/mm_quant.cuh"
-#include "backend/cuda/mm_tc.cuh"
 
 #include <math.h>
 #include <string.h>
@@ -22,15 +21,13 @@
 #define MOE_MAX_EXPERTS 1024
 /* Rows of a wide call's union slot at most: an expert chosen by more rows takes several slots,
  * each run by the 4-row kernels (one wide 48B-shaped layer of 256 rows: 1.81 ms with slots of
- * 4, 2.31 of 8, 2.57 of 16, 3.51 of 2; docs/cuda.md runs 61-62); Q8_0 experts take slots of
- * 16 rows on the tensor cores (MOE_TC_SLOT, one m16 tile: mm_tc.cuh). */
+ * 4, 2.31 of 8, 2.57 of 16, 3.51 of 2; docs/cuda.md runs 61-62). */
 #define MOE_WIDE_SLOT 4
-#define MOE_TC_SLOT 16
 #define MOE_MAX_K 32
 
 /* The scratch's pieces, each 256-byte aligned. um union slots: min(n * k, n_expert), or for a
- * wide call (slot: an expert may take several slots of up to that many rows) that plus
- * n * k / slot. */
+ * wide call (an expert may take several slots of up to MOE_WIDE_SLOT rows) that plus
+ * n * k / MOE_WIDE_SLOT. */
 typedef struct moe_layout {
     int um;
     uint64_t meta, xq, xd, gt, up, hq, hd, out, total;
@@ -38,10 +35,10 @@ typedef struct moe_layout {
 
 static uint64_t al(uint64_t v) { return (v + 255) & ~(uint64_t)255; }
 
-static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n, int slot) {
+static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n, bool wide) {
     moe_layout l;
     const uint64_t nk = (uint64_t)n * (uint64_t)k;
-    l.um = (int)(nk < (uint64_t)n_expert ? nk : (uint64_t)n_expert) + (slot ? (int)(nk / (uint64_t)slot) : 0);
+    l.um = (int)(nk < (uint64_t)n_expert ? nk : (uint64_t)n_expert) + (wide ? (int)(nk / MOE_WIDE_SLOT) : 0);
     uint64_t at = 0;
     /* meta: count, then expert[um], cnt[um], rows[um][16], slots[um][16] */
     l.meta = at, at += al(4 * (1 + 2 * (uint64_t)l.um + 2 * 16 * (uint64_t)l.um));
@@ -58,19 +55,12 @@ static moe_layout layout(int n_expert, int k, int ffn, int64_t cols, int n, int 
 
 extern "C" uint64_t em_gpu_moe_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
     if (n_expert <= 0 || k <= 0 || ffn <= 0 || cols <= 0 || n <= 0) return 0;
-    return layout(n_expert, k, ffn, cols, n, 0).total;
+    return layout(n_expert, k, ffn, cols, n, false).total;
 }
 
 extern "C" uint64_t em_gpu_moe_wide_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n) {
     if (n_expert <= 0 || k <= 0 || ffn <= 0 || cols <= 0 || n <= 0) return 0;
-    return layout(n_expert, k, ffn, cols, n, MOE_WIDE_SLOT).total; /* the most slots either kind takes */
-}
-
-/* The rows of a wide call's union slot: MOE_TC_SLOT for Q8_0 experts with Q8_0 activations (the
- * tensor cores), else MOE_WIDE_SLOT. */
-static int wide_slot(const em_gpu_experts *x) {
-    return x->gate->type == EM_TYPE_Q8_0 && x->up->type == EM_TYPE_Q8_0 && x->down->type == EM_TYPE_Q8_0 ? MOE_TC_SLOT
-                                                                                                         : MOE_WIDE_SLOT;
+    return layout(n_expert, k, ffn, cols, n, true).total;
 }
 
 /* One block of 1024 threads: thread e counts the (row, slot) pairs that chose expert e, in
@@ -108,11 +98,12 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, 
 }
 
 /* k_moe_union for a wide call (nk = n k <= EM_GPU_WIDE_MAX_PAIRS (row, slot) pairs): thread e
- * takes expert e's pairs in ascending order, cap (<= 16) to a union slot, the slots of all
+ * takes expert e's pairs in ascending order, MOE_WIDE_SLOT to a union slot, the slots of all
  * experts in ascending expert order (a block-wide prefix over the slots each needs). The same
  * meta. */
 __global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int nk, int k, int n_expert, int *meta,
-                                                         int um, int cap) {
+                                                         int um) {
+    constexpr int cap = MOE_WIDE_SLOT;
     emc_kernel_begin();
     __shared__ int sid[EM_GPU_WIDE_MAX_PAIRS];
     __shared__ int wsum[32];
@@ -332,49 +323,6 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     expert_warp<T, N, OUTS>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
 }
 
-/* A wide call's union slot u (up to MOE_TC_SLOT rows) as mm_q8_0_tc_warp takes it: this thread's
- * A rows (g and g + 8 of the slot; the input rows, or with by_slot the (row, slot) rows) and
- * the slot rows its outputs go to (-1: past the slot's rows). False past the union. */
-__device__ __forceinline__ bool tc_slot(const moe_uref &ur, int u, bool by_slot, int64_t *e, int *ja, int *jb, int *ya,
-                                        int *yb) {
-    const int *meta = ur.meta, um = ur.um;
-    if (u >= meta[0]) return false;
-    const int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
-    const int cnt = count[u], g = (threadIdx.x & 31) >> 2, a = min(g, cnt - 1), b = min(g + 8, cnt - 1);
-    const int *from = by_slot ? uslots : urows;
-    *e = expert[u];
-    *ja = from[u * 16 + a], *jb = from[u * 16 + b];
-    *ya = g < cnt ? uslots[u * 16 + g] : -1, *yb = g + 8 < cnt ? uslots[u * 16 + g + 8] : -1;
-    return true;
-}
-
-/* k_moe_gate_up for a wide call's slots of Q8_0 experts, on the tensor cores (the same bits):
- * warp w of block x takes outputs 8 TC_NT (x MM_WARPS + w) .. of its slot's expert. */
-__global__ void __launch_bounds__(MM_WARPS * 32)
-    k_moe_gate_up_tc(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, moe_uref ur) {
-    emc_wait_prior();
-    emc_let_next_start();
-    const int64_t o0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * 8 * TC_NT;
-    int64_t e = 0;
-    int ja, jb, ya, yb;
-    if (o0 >= ffn || !tc_slot(ur, blockIdx.y, false, &e, &ja, &jb, &ya, &yb)) return;
-    const moe_mat w = blockIdx.z ? w1 : w0;
-    const moe_act a = blockIdx.z ? a1 : a0;
-    mm_q8_0_tc_warp((const int8_t *)w.data + e * ffn * w.cols, (const __half *)w.scales + e * ffn * (w.cols / 32), ffn,
-                    w.cols, o0, a.qs, a.d, ja, jb, blockIdx.z ? y1 : y0, ffn, ya, yb);
-}
-
-/* k_moe_down for a wide call's slots of Q8_0 experts, on the tensor cores (the same bits). */
-__global__ void __launch_bounds__(MM_WARPS * 32) k_moe_down_tc(moe_mat w, moe_act a, int64_t cols, moe_uref ur, float *out) {
-    emc_kernel_begin();
-    const int64_t o0 = ((int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * 8 * TC_NT;
-    int64_t e = 0;
-    int ja, jb, ya, yb;
-    if (o0 >= cols || !tc_slot(ur, blockIdx.y, true, &e, &ja, &jb, &ya, &yb)) return;
-    mm_q8_0_tc_warp((const int8_t *)w.data + e * cols * w.cols, (const __half *)w.scales + e * cols * (w.cols / 32), cols,
-                    w.cols, o0, a.qs, a.d, ja, jb, out, cols, ya, yb);
-}
-
 /* Down of one row's experts and their weighted sum in one launch (Q8_0 weights and hidden rows):
  * warp c computes output column c of every union expert, G experts' weights in flight at a
  * time, and adds wts[s] * v for each slot s that chose the expert. Each v is k_moe_down's
@@ -587,8 +535,7 @@ static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int6
  * union, gate/up, the hidden rows and down, whose outputs go to the slots (row j, slot t) at
  * (j k + t) cols of out. Then, with wts, the weighted sum into y (down and the sum in one launch
  * for one row of Q8_0 down weights); without, that is all (a share). wide: the union of a wide
- * call (k_moe_union_wide; slots of up to wide_slot rows, so the kernels of that many, or the
- * tensor cores' for MOE_TC_SLOT). */
+ * call (k_moe_union_wide; slots of up to MOE_WIDE_SLOT rows, so the kernels of that many). */
 static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x, int64_t ldx, int n, bool wide,
                    const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *out,
                    float *d_y, int64_t ldy, em_err *err) {
@@ -597,15 +544,13 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
               "GPU MoE: prepared inputs must be Q8_0 activations of the %d rows of %lld columns", n, (long long)cols);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    const int slot = wide ? wide_slot(x) : 0;
-    const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n, slot);
+    const moe_layout l = layout(x->n_expert, k, x->ffn, cols, n, wide);
     uint8_t *sc = (uint8_t *)d_scratch;
     const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert, e0 };
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
-    const int nb = wide ? slot : n; /* the row bucket of the products: rows a slot holds at most */
-    const bool tc = slot == MOE_TC_SLOT;
+    const int nb = wide ? MOE_WIDE_SLOT : n; /* the row bucket of the products: rows a slot holds at most */
     if (wide) {
-        emc_launch(g, k_moe_union_wide, 1, 1024, 0, d_ids, (int)nk, k, x->n_expert, (int *)(sc + l.meta), l.um, slot);
+        emc_launch(g, k_moe_union_wide, 1, 1024, 0, d_ids, (int)nk, k, x->n_expert, (int *)(sc + l.meta), l.um);
         if ((rc = emc_launched(err, "k_moe_union_wide"))) return rc;
     } else if (n > 1) { /* one row's union comes from its ids inside the products (moe_slot) */
         emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, e0, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
@@ -628,10 +573,7 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     }
     const moe_act ag = em_gpu_act_type(tg) == EM_TYPE_Q8_0 ? xq : xf, au = em_gpu_act_type(tu) == EM_TYPE_Q8_0 ? xq : xf;
     const moe_mat wg = mat_of(x->gate), wu = mat_of(x->up), wd = mat_of(x->down);
-    if (tc) {
-        const dim3 grid(emc_blocks(x->ffn, MM_WARPS * 8 * TC_NT), (unsigned)ur.um, 2);
-        emc_launch(g, k_moe_gate_up_tc, grid, MM_WARPS * 32, 0, wg, ag, gt, wu, au, upb, x->ffn, ur);
-    } else if (tg == tu) {
+    if (tg == tu) {
         launch_gate_up(tg, nb, wg, ag, gt, wu, au, upb, 2, x->ffn, ur, g);
     } else {
         launch_gate_up(tg, nb, wg, ag, gt, wg, ag, gt, 1, x->ffn, ur, g);
@@ -653,10 +595,7 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
         emc_launch(g, k_moe_down_sum, emc_blocks(cols, MM_WARPS), MM_WARPS * 32, 0, wd, ah, cols, ur, d_wts, d_y);
         return emc_launched(err, "k_moe_down_sum");
     }
-    if (tc)
-        emc_launch(g, k_moe_down_tc, dim3(emc_blocks(cols, MM_WARPS * 8 * TC_NT), (unsigned)ur.um, 1), MM_WARPS * 32, 0,
-                   wd, ah, cols, ur, out);
-    else launch_down(x->down->type, nb, wd, ah, cols, ur, out, g);
+    launch_down(x->down->type, nb, wd, ah, cols, ur, out, g);
     if ((rc = emc_launched(err, "k_moe_down")) || !d_wts) return rc;
     em_gpu_moe_parts whole = {};
     whole.out[0] = out, whole.first[1] = x->n_expert, whole.n = 1;
@@ -673,7 +612,7 @@ static int moe_whole(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64
     if (!rc) EMC_CHECK(d_wts, "GPU MoE: missing routing weights");
     if (rc) return rc;
     uint8_t *sc = (uint8_t *)d_scratch;
-    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, wide ? wide_slot(x) : 0).out);
+    float *out = (float *)(sc + layout(x->n_expert, k, x->ffn, x->gate->cols, n, wide).out);
     return moe_run(g, x, 0, d_x, ldx, n, wide, x_act, d_ids, d_wts, k, d_scratch, out, d_y, ldy, err);
 }
 

@@ -229,8 +229,9 @@ int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int6
 /* y[j][r] = W[r, :] . act[j] for j < act->n, r < w->rows; row j of y at d_y + j * ldy. Each
  * weight byte is read once for all rows; fp32 accumulation; row j's result does not depend on
  * act->n (same per-thread order, same fixed warp reduction). Above EM_GPU_MAX_ROWS rows (up to
- * EM_GPU_WIDE_MAX_ROWS, activations not made in block), Q8_0 weights run on the tensor cores
- * with the same bits, other types in calls of EM_GPU_MAX_ROWS rows. */
+ * EM_GPU_WIDE_MAX_ROWS, activations not made in block), Q8_0 weights run on the tensor cores and
+ * F32 weights a thread an output and row, both with the same bits, other types in calls of
+ * EM_GPU_MAX_ROWS rows. */
 int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err);
 
 /* Several products of the same activations in one launch (the projections of one input):
@@ -372,7 +373,7 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
 
 /* ---- wide passes: a prompt's rows (prefill) --------------------------------------------
  * em_gpu_moe over up to EM_GPU_WIDE_MAX_ROWS rows (n * k <= EM_GPU_WIDE_MAX_PAIRS), for a
- * prefill whose other ops run in chunks of EM_GPU_MAX_ROWS: the union is built over all n rows,
+ * prefill's wide passes: the union is built over all n rows,
  * an expert chosen by more than 4 rows taking several union slots of up to 4 (4-row kernels
  * measured fastest), so that each expert runs once per call, its slots side by side in one
  * launch, rather than once per 16 rows. Every slot runs em_gpu_moe's warp bodies and the sum

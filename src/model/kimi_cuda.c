@@ -5,8 +5,8 @@
  * for op, on device buffers: the CPU target stays the reference it is tested against.
  *
  * Invariants:
- * - A pass is at most EM_GPU_MAX_ROWS rows (a prefill's wide passes run up to GK_WIDE rows as
- *   chunks of that many, their routed experts in one call). A verify of n <= max_verify rows
+ * - A pass is at most EM_GPU_MAX_ROWS rows, but for a prefill's wide passes of up to GK_WIDE rows
+ *   (their own buffers; what carries state from row to row in chunks of EM_GPU_MAX_ROWS). A verify of n <= max_verify rows
  *   is one pass whose layers are one CUDA graph per width n (captured the first time that
  *   width runs, replayed after), its LM head another, and commit(k) a third per k: buffers
  *   are fixed, and the tokens and the position are uploaded to fixed device slots before a

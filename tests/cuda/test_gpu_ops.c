@@ -1286,8 +1286,9 @@ static void test_matmul_multi_wide(void) {
     int rc = em_gpu_matmul_multi(G, outs, 3, &act, &E);
     record("matmul: 257 rows refused", rc == EM_EINVAL && strstr(E.msg, "257 rows"), "%s", E.msg);
     em_gpu_act ib;
-    if (em_gpu_act_in_block(EM_TYPE_Q8_0, dx, NULL, cols, KDA_DIM, R + 1, EM_GPU_ACT_SWIGLU, 0, 0, &ib))
-        record("matmul: in-block over 16 rows", 0, "em_gpu_act_in_block accepted %d rows", R + 1);
+    const bool ib_ok = em_gpu_act_in_block(EM_TYPE_Q8_0, dx, NULL, cols, KDA_DIM, R + 1, EM_GPU_ACT_SWIGLU, 0, 0, &ib);
+    record("matmul: in-block over 16 rows", !ib_ok, "em_gpu_act_in_block %s %d rows", ib_ok ? "accepted" : "refused",
+           R + 1);
     for (int i = 0; i < 3; i++) em_gpu_mat_free(G, &gm[i]), em_gpu_free(G, dy[i]), free(hw[i]);
     em_gpu_free(G, dx), em_gpu_free(G, ds);
     free(x);

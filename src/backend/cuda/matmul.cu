@@ -18,8 +18,9 @@
  * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
  *   smallest N >= n, and rows j >= n are skipped (not computed, not written).
  * - calls of more rows (up to EM_GPU_WIDE_MAX_ROWS: wide prefill passes) run Q8_0 weights on
- *   the tensor cores (mm_tc.cuh: the same bits) and every other product in chunks of
- *   EM_GPU_MAX_ROWS rows, so each row still gets the arithmetic of a one-row call. */
+ *   the tensor cores (mm_tc.cuh) and F32 weights a thread an output and row (k_mm_f32_wide),
+ *   both folding the lane chains as the butterfly adds them, and every other product in chunks
+ *   of EM_GPU_MAX_ROWS rows, so each row still gets the arithmetic of a one-row call. */
 #include "backend/cuda/mm_kernels.cuh"
 #include "backend/cuda/mm_quant.cuh"
 #include "backend/cuda/mm_tc.cuh"

@@ -484,6 +484,12 @@ int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_par
                        const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
                        const float *d_b, const float *d_g2, float *d_out, void *d_q8, em_gpu_act *q8,
                        em_gpu_kda_log *log, em_err *err);
+/* em_gpu_kda_forward of n rows, then em_gpu_kda_commit of all n into st (the committed state
+ * the forward reads): the same bits, with a launch fewer where n > 4 (the recurrence writes
+ * the state back as it ends). For prefill, which commits every row. The log is left consumed. */
+int em_gpu_kda_forward_commit(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p, em_gpu_kda_state *st,
+                              int n, const float *d_qkv, const float *d_f, const float *d_b, const float *d_g2,
+                              float *d_out, void *d_q8, em_gpu_act *q8, em_gpu_kda_log *log, em_err *err);
 /* Folds the first k (0..log->n) logged rows into st (the forward's committed state,
  * unchanged since): conv window advanced, S replayed in place. The log is consumed: a second
  * commit before the next forward is EM_EINVAL. */

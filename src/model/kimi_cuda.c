@@ -454,9 +454,13 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
         return rc;
     for (int r = 0; r < n && !rc; r += GK_ROWS) { /* the recurrence in chunks of the logs' rows */
         const int m = n - r < GK_ROWS ? n - r : GK_ROWS;
-        rc = em_gpu_kda_forward(k->gpu, &k->kd, &k->ld[l].kda, st, m, B->qkv + r * 3 * D, B->f + r * D,
-                                B->b + r * hp->kda_heads, B->g2 + r * D, B->o + r * D, q8, q8 ? &oa.q : NULL, log, err);
-        if (!rc && mode == GK_COMMIT) rc = em_gpu_kda_commit(k->gpu, &k->kd, st, log, m, err);
+        const float *qkv = B->qkv + r * 3 * D, *f = B->f + r * D, *b = B->b + r * hp->kda_heads, *g2 = B->g2 + r * D;
+        if (mode == GK_COMMIT) /* prefill: the recurrence commits as it goes */
+            rc = em_gpu_kda_forward_commit(g, &k->kd, &k->ld[l].kda, st, m, qkv, f, b, g2, B->o + r * D, q8,
+                                           q8 ? &oa.q : NULL, log, err);
+        else
+            rc = em_gpu_kda_forward(g, &k->kd, &k->ld[l].kda, st, m, qkv, f, b, g2, B->o + r * D, q8, q8 ? &oa.q : NULL,
+                                    log, err);
     }
     if (rc) return rc;
     oa.have_q = q8 != NULL;

@@ -7,8 +7,9 @@
  * timed launches, CUDA events). Needs a GPU: built with the CUDA backend, not run by ctest (CI
  * has none); tests/cuda/run.sh runs it on the device machine. Prints one line per check and a
  * PASS/FAIL table last; exit status 1 when any check failed, 2 when no GPU could be opened.
- * Usage: test_gpu_ops [--device cuda:N] [--no-bench] [--moe-only]   (--moe-only: K3's row ops and
- * the MoE layers alone, no benchmarks, e.g. for a memcheck run within the device's time) */
+ * Usage: test_gpu_ops [--device cuda:N] [--no-bench] [--moe-only] [--moe-wide]   (--moe-only: K3's row ops and
+ * the MoE layers alone, no benchmarks, e.g. for a memcheck run within the device's time;
+ * --moe-wide: the wide calls of the Q8_0 MoE layers alone, with the 48B shape's timing) */
 #include "backend/gpu.h"
 #include "compute/compute.h"
 #include "model/kimi_impl.h"
@@ -1852,6 +1853,7 @@ static double moe_time(moe_fix *f, int n) {
  * Q8_0 quant can flip where CUDA's expf/tanhf and libm's differ by an ulp); Q4_K/Q6_K (the CPU
  * takes Q8_K activations): 3e-2 (three products, each within the 2e-2 of the matmul checks);
  * the exact check is "== dense" (bit-identical to the dense products). Returns the Q8_0 Kimi fixture open in keep (for the bench). */
+static int moe_wide_only; /* --moe-wide */
 static int test_moe_all(moe_fix *keep) {
     const moe_cfg kimi[] = {
         { "moe 256x(1024x2304) top-8 q8_0", EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_Q8_0, N_EXPERT, FFN_EXP, HIDDEN, TOP_K, 0, 0, 0 },
@@ -1874,6 +1876,11 @@ static int test_moe_all(moe_fix *keep) {
         moe_fix f;
         if (moe_open(&f, c)) {
             record(c->name, 0, "upload: %s", E.msg);
+            moe_close(&f);
+            continue;
+        }
+        if (moe_wide_only) { /* the wide calls of the all-Q8_0 configurations alone */
+            if (c->tg == EM_TYPE_Q8_0 && c->tu == EM_TYPE_Q8_0 && c->td == EM_TYPE_Q8_0) test_moe_wide(&f);
             moe_close(&f);
             continue;
         }
@@ -2005,8 +2012,9 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) dev = argv[++i];
         else if (!strcmp(argv[i], "--no-bench")) bench = 0;
         else if (!strcmp(argv[i], "--moe-only")) moe_only = 1, bench = 0;
+        else if (!strcmp(argv[i], "--moe-wide")) moe_only = 1, moe_wide_only = 1, bench = 0;
         else {
-            fprintf(stderr, "usage: %s [--device cuda:N] [--no-bench] [--moe-only]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device cuda:N] [--no-bench] [--moe-only] [--moe-wide]\n", argv[0]);
             return 2;
         }
     }
@@ -2023,10 +2031,10 @@ int main(int argc, char **argv) {
            tot / 1073741824.0, in->driver_version);
 
     if (!moe_only) test_all_but_moe();
-    test_rowops_k3();
+    if (!moe_wide_only) test_rowops_k3();
     moe_fix mf;
     const int have_moe = test_moe_all(&mf);
-    test_ep();
+    if (!moe_wide_only) test_ep();
     if (bench) {
         if (have_moe) bench_moe(&mf);
         bench_matmul(EM_TYPE_Q8_0, VOCAB, HIDDEN, "LM head 163840x2304");

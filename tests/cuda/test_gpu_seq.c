@@ -308,6 +308,35 @@ static void test_kda(bool bounded) {
     snprintf(name, sizeof name, "%s verify(n)+commit(k) == k steps", tag);
     record(name, states_bad == 0, "%d of %d (n, k) pairs differ (memcmp of window + S; first n %d k %d)", states_bad, pairs,
            first_bad_n, first_bad_k);
+    /* forward_commit(n) == forward(n) + commit(n): outputs, window and S memcmp-equal; log consumed */
+    int fc_bad = 0, fc_log = 0;
+    const int fc_rows[4] = { 1, 4, 5, R };
+    float *fc_out = xmalloc(R * KDI * 4);
+    for (int i = 0; i < 4 && !fc_bad; i++) {
+        const int n = fc_rows[i];
+        dcopy(d_w, x.d_st0, SB);
+        if (em_gpu_kda_forward(G, &x.gd, &x.gp, &sw, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg, &E) ||
+            em_gpu_kda_commit(G, &x.gd, &sw, &x.lg, n, &E)) {
+            fc_bad = n;
+            break;
+        }
+        down(out, x.d_out, (uint64_t)n * KDI * 4);
+        float *want_st = state_down(&x, d_w);
+        dcopy(d_w, x.d_st0, SB);
+        poison(x.d_out, R * KDI * 4);
+        if (em_gpu_kda_forward_commit(G, &x.gd, &x.gp, &sw, n, x.d_qkv, x.d_f, x.d_b, x.d_g2, x.d_out, NULL, NULL, &x.lg,
+                                      &E))
+            fc_bad = n;
+        float *got_st = state_down(&x, d_w);
+        down(fc_out, x.d_out, (uint64_t)n * KDI * 4);
+        if (memcmp(fc_out, out, (size_t)n * KDI * 4) || memcmp(got_st, want_st, SB)) fc_bad = n;
+        fc_log += x.lg.consumed;
+        free(want_st), free(got_st);
+    }
+    free(fc_out);
+    snprintf(name, sizeof name, "%s forward_commit == forward + commit", tag);
+    if (fc_bad) record(name, 0, "n = %d: outputs, window or S differ (or a call failed: %s)", fc_bad, E.msg);
+    else record(name, fc_log == 4, "n = 1, 4, 5, 16: outputs, window and S memcmp-equal; %d of 4 logs consumed", fc_log);
     /* the output's Q8_0 activations made by the forward == em_gpu_act_prepare of its output */
     const int q8_rows[3] = { 1, 3, R };
     int q8_bad = 0;

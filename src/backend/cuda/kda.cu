@@ -6,7 +6,8 @@
  * number of layers in one launch.
  *
  * Invariants:
- * - The forward never writes the committed state (S is read into registers, not written back).
+ * - The forward never writes the committed state (S is read into registers, not written back);
+ *   em_gpu_kda_forward_commit (prompts) writes it as em_gpu_kda_commit of all its rows would.
  * - The per-column recurrence is one device function (kda_rows) used by the forward and the
  *   commit: for row t, x = a k and y = a q (a = expf(g)); u = sum_r x[r] S[r][c] and w = sum_r
  *   y[r] S[r][c], r ascending, one multiply then one add (--fmad=false); delta = beta (v - u);
@@ -89,23 +90,54 @@ __global__ void k_kda_prep(em_gpu_kda_dims d, em_gpu_kda_params p, const float *
     kda_prep_row<D>(d, p, win, qkv, f, b, lg, blockIdx.x, blockIdx.y, red);
 }
 
+/* What row t of the log gives one thread of kda_rows: its P of the head's gate, k and q values
+ * (r = threadIdx.x + i * stride), and the row's beta, v of column c and k.q. */
+template <int P> struct kda_row_in {
+    float g[P], k[P], q[P];
+    float beta, v, kq;
+};
+
+template <int P>
+__device__ __forceinline__ void kda_row_load(kda_row_in<P> &in, const em_gpu_kda_log &lg, int n_head, int h, int c, int t,
+                                             int stride, bool out) {
+    const int64_t row = (int64_t)t * n_head * (P * stride) + (int64_t)h * (P * stride);
+#pragma unroll
+    for (int i = 0; i < P; i++) {
+        const int64_t r = row + threadIdx.x + i * stride;
+        in.g[i] = lg.g[r];
+        in.k[i] = lg.k[r];
+        in.q[i] = out ? lg.q[r] : 0.0f;
+    }
+    in.beta = lg.beta[(int64_t)t * n_head + h];
+    in.v = lg.v[row + c];
+    in.kq = out ? lg.kq[(int64_t)t * n_head + h] : 0.0f;
+}
+
 /* Rows [0, L) through one column c of head h's state s[D] (registers). With out, writes the
- * pre-norm output of each row (o = S_new^T q) into lg.o. */
+ * pre-norm output of each row (o = S_new^T q) into lg.o. Row t + 1's log values are loaded
+ * while row t is computed (the loads are the latency of a row otherwise); the arithmetic is
+ * the same. */
 template <int D, bool BLOCK = false>
 __device__ __forceinline__ void kda_rows(float (&s)[D], const em_gpu_kda_log &lg, int n_head, int h, int c, int L,
                                          bool out) {
+    constexpr int P = BLOCK ? 1 : D / 32, stride = BLOCK ? D : 32;
     __shared__ float sa[D], sk[D], sx[D], sy[D];
     const int64_t di = (int64_t)n_head * D;
+    kda_row_in<P> cur, nxt;
+    if (L > 0) kda_row_load<P>(nxt, lg, n_head, h, c, 0, stride, out);
     for (int t = 0; t < L; t++) {
-        const int64_t row = (int64_t)t * di + (int64_t)h * D;
+        cur = nxt;
+        if (t + 1 < L) kda_row_load<P>(nxt, lg, n_head, h, c, t + 1, stride, out);
         if (BLOCK) __syncthreads(); /* BLOCK: the head's D columns in one block (k_kda_fused) */
         else __syncwarp();
-        for (int r = threadIdx.x; r < D; r += BLOCK ? D : 32) {
-            const float a = expf(lg.g[row + r]), k = lg.k[row + r];
+#pragma unroll
+        for (int i = 0; i < P; i++) {
+            const int r = threadIdx.x + i * stride;
+            const float a = expf(cur.g[i]), k = cur.k[i];
             sa[r] = a;
             sk[r] = k;
             sx[r] = a * k;
-            sy[r] = out ? a * lg.q[row + r] : 0.0f;
+            sy[r] = out ? a * cur.q[i] : 0.0f;
         }
         if (BLOCK) __syncthreads();
         else __syncwarp();
@@ -115,23 +147,43 @@ __device__ __forceinline__ void kda_rows(float (&s)[D], const em_gpu_kda_log &lg
             u = u + sx[r] * s[r];
             if (out) w = w + sy[r] * s[r];
         }
-        const float delta = lg.beta[(int64_t)t * n_head + h] * (lg.v[row + c] - u);
-        if (out) lg.o[row + c] = w + lg.kq[(int64_t)t * n_head + h] * delta;
+        const float delta = cur.beta * (cur.v - u);
+        if (out) lg.o[(int64_t)t * di + (int64_t)h * D + c] = w + cur.kq * delta;
 #pragma unroll
         for (int r = 0; r < D; r++) s[r] = sa[r] * s[r] + sk[r] * delta;
     }
 }
 
+/* The window of channel ch (one of q, k, v: m) after k rows: slots ascending, a slot's source
+ * is a later slot or a logged pre-conv row (so the update is in place). */
+__device__ __forceinline__ void kda_window_advance(float *win, const float *pre, int64_t di, int W, int k, int m,
+                                                   int64_t ch) {
+    for (int j = 0; j < W; j++) {
+        const int tau = k - W + j;
+        const float v = tau < 0 ? win[(m * W + (tau + W)) * di + ch] : pre[(int64_t)tau * 3 * di + m * di + ch];
+        win[(m * W + j) * di + ch] = v;
+    }
+}
+
 /* Block (head h, 32-column slice), one warp: the state's columns in registers, through the
- * forward's rows (S is read, never written). */
-template <int D> __global__ void __launch_bounds__(32) k_kda_recur(const float *S, em_gpu_kda_log lg, int n_head, int L) {
+ * forward's rows (S is read, never written). COMMIT (a forward that commits all its rows, for
+ * prefill): then the slice's conv window advanced and its columns written back, what
+ * k_kda_commit of L rows does with the same kda_rows (the state update does not depend on
+ * whether outputs are made), so the same bits. */
+template <int D, bool COMMIT>
+__global__ void __launch_bounds__(32) k_kda_recur(float *S, float *win, em_gpu_kda_log lg, int n_head, int W, int L) {
     emc_kernel_begin();
     const int h = blockIdx.x, c = blockIdx.y * 32 + threadIdx.x;
-    const float *Sh = S + (int64_t)h * D * D;
+    float *Sh = S + (int64_t)h * D * D;
     float s[D];
 #pragma unroll
     for (int r = 0; r < D; r++) s[r] = Sh[(int64_t)r * D + c];
     kda_rows<D>(s, lg, n_head, h, c, L, true);
+    if (!COMMIT) return;
+    if (W > 0)
+        for (int m = 0; m < 3; m++) kda_window_advance(win, lg.pre, (int64_t)n_head * D, W, L, m, (int64_t)h * D + c);
+#pragma unroll
+    for (int r = 0; r < D; r++) Sh[(int64_t)r * D + c] = s[r];
 }
 
 /* Row t, head h: out = o_norm * (o * rs) / (1 + exp(-g2)), rs = 1/sqrt(mean(o^2) + eps); with
@@ -179,17 +231,6 @@ __global__ void __launch_bounds__(D) k_kda_fused(em_gpu_kda_dims d, em_gpu_kda_p
     kda_rows<D, true>(s, lg, d.n_head, h, c, n, true);
     __syncthreads();
     for (int t = 0; t < n; t++) kda_finish_row<D>(d, p.o_norm, lg, g2, out, qs, qd, t, h, red);
-}
-
-/* The window of channel ch (one of q, k, v: m) after k rows: slots ascending, a slot's source
- * is a later slot or a logged pre-conv row (so the update is in place). */
-__device__ __forceinline__ void kda_window_advance(float *win, const float *pre, int64_t di, int W, int k, int m,
-                                                   int64_t ch) {
-    for (int j = 0; j < W; j++) {
-        const int tau = k - W + j;
-        const float v = tau < 0 ? win[(m * W + (tau + W)) * di + ch] : pre[(int64_t)tau * 3 * di + m * di + ch];
-        win[(m * W + j) * di + ch] = v;
-    }
 }
 
 /* One layer's commit in a batched launch: its state and its log. */
@@ -283,10 +324,12 @@ extern "C" int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void 
     return EM_OK;
 }
 
+/* commit: the recurrence also commits all n rows (n > KDA_FUSED_ROWS; the caller commits after
+ * a fused forward). */
 template <int D>
 static void kda_launch_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p, const em_gpu_kda_state *st,
                                int n, const float *qkv, const float *f, const float *b, const float *g2, float *out,
-                               int8_t *qs, float *qd, const em_gpu_kda_log *lg) {
+                               int8_t *qs, float *qd, const em_gpu_kda_log *lg, bool commit) {
     if (n <= KDA_FUSED_ROWS) {
         emc_launch(g, k_kda_fused<D>, (unsigned)d->n_head, D, 0, *d, *p, (const float *)st->conv, (const float *)st->S,
                    qkv, f, b, g2, out, qs, qd, *lg, n);
@@ -294,14 +337,14 @@ static void kda_launch_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu
     }
     const dim3 rows((unsigned)n, (unsigned)d->n_head), cols((unsigned)d->n_head, D / 32);
     emc_launch(g, k_kda_prep<D>, rows, D, 0, *d, *p, st->conv, qkv, f, b, *lg);
-    emc_launch(g, k_kda_recur<D>, cols, 32, 0, (const float *)st->S, *lg, d->n_head, n);
+    if (commit) emc_launch(g, k_kda_recur<D, true>, cols, 32, 0, st->S, st->conv, *lg, d->n_head, d->d_conv - 1, n);
+    else emc_launch(g, k_kda_recur<D, false>, cols, 32, 0, st->S, st->conv, *lg, d->n_head, d->d_conv - 1, n);
     emc_launch(g, k_kda_finish<D>, rows, D, 0, *d, p->o_norm, *lg, g2, out, qs, qd);
 }
 
-extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
-                                  const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
-                                  const float *d_b, const float *d_g2, float *d_out, void *d_q8, em_gpu_act *q8,
-                                  em_gpu_kda_log *log, em_err *err) {
+static int kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p, const em_gpu_kda_state *committed,
+                       int n, const float *d_qkv, const float *d_f, const float *d_b, const float *d_g2, float *d_out,
+                       void *d_q8, em_gpu_act *q8, em_gpu_kda_log *log, bool commit, em_err *err) {
     int rc = em_gpu_kda_dims_check(d, err);
     if (rc) return rc;
     EMC_CHECK(p && p->conv_q && p->conv_k && p->conv_v && p->ssm_a && p->dt_bias && p->o_norm,
@@ -322,14 +365,35 @@ extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_
         q8->type = EM_TYPE_Q8_0, q8->n = n, q8->cols = di, q8->x = d_out, q8->ldx = di, q8->qs = qs, q8->d = qd;
     }
     log->n = n;
-    log->consumed = false;
+    log->consumed = commit && n == 0;
     if ((rc = emc_use(g, err)) || n == 0) return rc;
+    const bool in_recur = commit && n > KDA_FUSED_ROWS;
     switch (d->head_dim) {
-    case 32: kda_launch_forward<32>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log); break;
-    case 64: kda_launch_forward<64>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log); break;
-    default: kda_launch_forward<128>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log); break;
+    case 32: kda_launch_forward<32>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log, in_recur); break;
+    case 64: kda_launch_forward<64>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log, in_recur); break;
+    default: kda_launch_forward<128>(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, qs, qd, log, in_recur); break;
     }
-    return emc_launched(err, "k_kda_fused / k_kda_prep / k_kda_recur / k_kda_finish");
+    if ((rc = emc_launched(err, "k_kda_fused / k_kda_prep / k_kda_recur / k_kda_finish")) || !commit) return rc;
+    if (in_recur) {
+        log->consumed = true;
+        return EM_OK;
+    }
+    em_gpu_kda_state st = *committed; /* the caller's state (em_gpu_kda_forward_commit's st) */
+    return em_gpu_kda_commit(g, d, &st, log, n, err);
+}
+
+extern "C" int em_gpu_kda_forward(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
+                                  const em_gpu_kda_state *committed, int n, const float *d_qkv, const float *d_f,
+                                  const float *d_b, const float *d_g2, float *d_out, void *d_q8, em_gpu_act *q8,
+                                  em_gpu_kda_log *log, em_err *err) {
+    return kda_forward(g, d, p, committed, n, d_qkv, d_f, d_b, d_g2, d_out, d_q8, q8, log, false, err);
+}
+
+extern "C" int em_gpu_kda_forward_commit(em_gpu *g, const em_gpu_kda_dims *d, const em_gpu_kda_params *p,
+                                         em_gpu_kda_state *st, int n, const float *d_qkv, const float *d_f,
+                                         const float *d_b, const float *d_g2, float *d_out, void *d_q8, em_gpu_act *q8,
+                                         em_gpu_kda_log *log, em_err *err) {
+    return kda_forward(g, d, p, st, n, d_qkv, d_f, d_b, d_g2, d_out, d_q8, q8, log, true, err);
 }
 
 template <int D>

@@ -5,12 +5,12 @@
  * for op, on device buffers: the CPU target stays the reference it is tested against.
  *
  * Invariants:
- * - A pass is at most EM_GPU_MAX_ROWS rows, but for a prefill's wide passes of up to GK_WIDE rows
- *   (their own buffers; what carries state from row to row in chunks of EM_GPU_MAX_ROWS). A verify of n <= max_verify rows
- *   is one pass whose layers are one CUDA graph per width n (captured the first time that
- *   width runs, replayed after), its LM head another, and commit(k) a third per k: buffers
- *   are fixed, and the tokens and the position are uploaded to fixed device slots before a
- *   replay.
+ * - A pass is at most EM_GPU_MAX_ROWS rows, but for a prefill's wide passes of up to GK_WIDE
+ *   rows (their own buffers; what carries state from row to row in chunks of EM_GPU_MAX_ROWS).
+ *   A verify of n <= max_verify rows is one pass whose layers are one CUDA graph per width n
+ *   (captured the first time that width runs, replayed after), its LM head another, and
+ *   commit(k) a third per k: buffers are fixed, and the tokens and the position are uploaded
+ *   to fixed device slots before a replay.
  * - Nothing returns to the host inside a pass: routing, the union of routed experts and the
  *   argmaxes are made on the device; at its end only what em_rows asks for is downloaded
  *   (argmaxes: 4 bytes a row).
@@ -455,7 +455,7 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     for (int r = 0; r < n && !rc; r += GK_ROWS) { /* the recurrence in chunks of the logs' rows */
         const int m = n - r < GK_ROWS ? n - r : GK_ROWS;
         const float *qkv = B->qkv + r * 3 * D, *f = B->f + r * D, *b = B->b + r * hp->kda_heads, *g2 = B->g2 + r * D;
-        if (mode == GK_COMMIT) /* prefill: the recurrence commits as it goes */
+        if (mode == GK_COMMIT) /* a committing pass: the recurrence commits as it goes */
             rc = em_gpu_kda_forward_commit(g, &k->kd, &k->ld[l].kda, st, m, qkv, f, b, g2, B->o + r * D, q8,
                                            q8 ? &oa.q : NULL, log, err);
         else

@@ -1847,13 +1847,14 @@ static double moe_time(moe_fix *f, int n) {
     return t[5] * 1e3;
 }
 
+static int moe_wide_only; /* --moe-wide: the wide calls of the Q8_0 configurations alone */
+
 /* Every expert type at Kimi-Linear-48B's shape (256 x ffn 1024 x hidden 2304, top-8), then
  * small layers with gate/up/down of different types and K3's SiTU. Tolerances against the CPU:
  * same activations (Q8_0 for Q8_0/MXFP4, F32 for float weights): rel L2 1e-4 (a hidden value's
  * Q8_0 quant can flip where CUDA's expf/tanhf and libm's differ by an ulp); Q4_K/Q6_K (the CPU
  * takes Q8_K activations): 3e-2 (three products, each within the 2e-2 of the matmul checks);
  * the exact check is "== dense" (bit-identical to the dense products). Returns the Q8_0 Kimi fixture open in keep (for the bench). */
-static int moe_wide_only; /* --moe-wide */
 static int test_moe_all(moe_fix *keep) {
     const moe_cfg kimi[] = {
         { "moe 256x(1024x2304) top-8 q8_0", EM_TYPE_Q8_0, EM_TYPE_Q8_0, EM_TYPE_Q8_0, N_EXPERT, FFN_EXP, HIDDEN, TOP_K, 0, 0, 0 },

@@ -92,6 +92,19 @@ static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, 
  * compute/'s em_sigmoidf (gates, KDA's beta, the router, the Markov heads), em_siluf(g) * u,
  * and em_situ with the reciprocals inv = 1 / beta, lin_inv = 1 / lin_beta rounded to fp32
  * first as there. */
+/* ---- asynchronous copies to shared memory (sm_80+): 16 bytes (both addresses 16-byte aligned)
+ * or 4, then a group committed and waited for ---- */
+__device__ __forceinline__ void cp16(void *s, const void *g) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
+}
+__device__ __forceinline__ void cp4(void *s, const void *g) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 __device__ __forceinline__ float emc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float emc_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 __device__ __forceinline__ float emc_situ(float g, float v, float beta, float inv, float lin_beta, float lin_inv) {

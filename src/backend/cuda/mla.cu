@@ -64,19 +64,6 @@ __device__ __forceinline__ int64_t mla_len(const em_gpu_mla_dims &d, const int32
     return p < 0 || p >= d.capacity ? 0 : p + 1;
 }
 
-/* ---- asynchronous copies to shared memory (sm_80+) ------------------------------------ */
-
-__device__ __forceinline__ void cp16(float *s, const float *g) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(s);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
-}
-__device__ __forceinline__ void cp4(float *s, const float *g) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(s);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 /* Four floats at s: g[0..m) copied (one 16-byte copy when vec and all four are there), the rest
  * zero. s is 16-byte aligned; g is when vec. */
 __device__ __forceinline__ void cp_quad(float *s, const float *g, int m, bool vec) {

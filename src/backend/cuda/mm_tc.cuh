@@ -135,4 +135,125 @@ __device__ __forceinline__ void mm_q8_0_tc_warp(const int8_t *wq, const __half *
         }
 }
 
+/* ---- expert slots of up to 8 rows (wide MoE calls) ----------------------------------------
+ * Here the weights are the MMA's A (16 outputs) and a union slot's rows its B (n = 8), so the
+ * about 8 rows an expert gets from a 256-row pass fill the tile, and a slot reads its
+ * expert's weights once. A block of 8 warps takes 32 outputs: warp w's tile is w / 4 (16
+ * outputs) and its leaves of the butterfly's tree are 8 (w % 4) .. 8 (w % 4) + 7 (classes
+ * brev5 of them). The block stages 32 blocks of each weight row and activation row at a time
+ * (one of each class) in shared memory, in natural order, so global reads are
+ * coalesced (a class-ordered walk from global memory would read 32-byte pieces 1 KB apart). Each
+ * warp carries its 8 classes' chains across the chunks (the chain's ascending block order),
+ * folds them into its subtree of 8 leaves (tc_fold, levels 0-2), and the top two levels join
+ * the four subtrees: (S0 + S1) + (S2 + S3). */
+#define TC8_ROWS 8
+#define TC8_OUTS 32
+#define TC8_THREADS 256
+#define TC8_CHUNK 32                    /* blocks of a row staged at once */
+#define TC8_PITCH (TC8_CHUNK * 32 + 32) /* bytes of a staged row: 264 words, 8 banks on, so a
+                                           half-warp's 8-byte fragment reads meet no conflict */
+
+struct tc8_smem {
+    union {
+        int8_t w[TC8_OUTS][TC8_PITCH];
+        float part[TC8_OUTS / 16][4][32][4]; /* after the chunks: each warp's subtree values */
+    };
+    int8_t x[TC8_ROWS][TC8_PITCH];
+    float wd[TC8_OUTS][TC8_CHUNK + 1];
+    float xd[TC8_ROWS][TC8_CHUNK + 1];
+};
+
+__device__ __forceinline__ void tc8_stage_w(tc8_smem &sm, const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
+                                            int64_t o0, int64_t b0, int nbc) {
+    const int64_t bpr = cols / 32;
+    const int per = 2 * nbc;
+    for (int p = threadIdx.x; p < TC8_OUTS * per; p += TC8_THREADS) {
+        const int r = p / per, c = p % per;
+        cp16(&sm.w[r][16 * c], wq + min(o0 + r, rows - 1) * cols + 32 * b0 + 16 * c);
+    }
+    constexpr int M = TC8_OUTS * TC8_CHUNK / TC8_THREADS;
+    float v[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const int p = threadIdx.x + TC8_THREADS * m, r = p / TC8_CHUNK, c = p % TC8_CHUNK;
+        v[m] = c < nbc ? __half2float(__ldg(wd + min(o0 + r, rows - 1) * bpr + b0 + c)) : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const int p = threadIdx.x + TC8_THREADS * m;
+        sm.wd[p / TC8_CHUNK][p % TC8_CHUNK] = v[m];
+    }
+}
+
+__device__ __forceinline__ void tc8_stage_x(tc8_smem &sm, const int8_t *xq, const float *xd, const int *xr, int cnt,
+                                            int64_t cols, int64_t b0, int nbc) {
+    const int64_t bpr = cols / 32;
+    const int per = 2 * nbc;
+    for (int p = threadIdx.x; p < TC8_ROWS * per; p += TC8_THREADS) {
+        const int j = p / per, c = p % per;
+        cp16(&sm.x[j][16 * c], xq + (int64_t)xr[min(j, cnt - 1)] * cols + 32 * b0 + 16 * c);
+    }
+    if (threadIdx.x < TC8_ROWS * TC8_CHUNK) {
+        const int j = threadIdx.x / TC8_CHUNK, c = threadIdx.x % TC8_CHUNK;
+        sm.xd[j][c] = c < nbc ? xd[(int64_t)xr[min(j, cnt - 1)] * bpr + b0 + c] : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void mm_q8_0_tc8_block(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
+                                                  int64_t o0, const int8_t *xq, const float *xd, const int *xr, int cnt,
+                                                  float *y, int64_t ldy, const int *yr, bool wait, tc8_smem &sm) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int t = warp >> 2, grp = warp & 3, ow = 16 * t + g;
+    const int64_t bpr = cols / 32;
+    float c[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int p = 0; p < 4; p++) c[j][p] = 0.0f;
+    for (int64_t b0 = 0; b0 < bpr; b0 += TC8_CHUNK) {
+        const int nbc = (int)min((int64_t)TC8_CHUNK, bpr - b0);
+        tc8_stage_w(sm, wq, wd, rows, cols, o0, b0, nbc);
+        if (wait && b0 == 0) emc_wait_prior();
+        tc8_stage_x(sm, xq, xd, xr, cnt, cols, b0, nbc);
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int l = (int)(__brev((unsigned)(8 * grp + j)) >> 27);
+            if (l >= nbc) continue;
+            const uint2 wa = *(const uint2 *)&sm.w[ow][32 * l + 8 * q], wb = *(const uint2 *)&sm.w[ow + 8][32 * l + 8 * q];
+            const uint2 xb = *(const uint2 *)&sm.x[g][32 * l + 8 * q];
+            const uint32_t a[4] = { wa.x, wb.x, wa.y, wb.y };
+            int d[4];
+            mma_s8(d, a, xb);
+            const float w0 = sm.wd[ow][l], w1 = sm.wd[ow + 8][l], x0 = sm.xd[2 * q][l], x1 = sm.xd[2 * q + 1][l];
+            c[j][0] = __fadd_rn(c[j][0], __fmul_rn(__fmul_rn(w0, x0), (float)d[0]));
+            c[j][1] = __fadd_rn(c[j][1], __fmul_rn(__fmul_rn(w0, x1), (float)d[1]));
+            c[j][2] = __fadd_rn(c[j][2], __fmul_rn(__fmul_rn(w1, x0), (float)d[2]));
+            c[j][3] = __fadd_rn(c[j][3], __fmul_rn(__fmul_rn(w1, x1), (float)d[3]));
+        }
+        __syncthreads();
+    }
+    float s[5][4], v[4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int p = 0; p < 4; p++) v[p] = c[j][p];
+        tc_fold<4>(j, v, s);
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++) sm.part[t][grp][lane][p] = v[p];
+    __syncthreads();
+    if (grp != 0) return;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const float r = __fadd_rn(__fadd_rn(sm.part[t][0][lane][p], sm.part[t][1][lane][p]),
+                                  __fadd_rn(sm.part[t][2][lane][p], sm.part[t][3][lane][p]));
+        const int j = 2 * q + (p & 1);
+        const int64_t o = o0 + ow + 8 * (p >> 1);
+        if (j < cnt && o < rows) y[(int64_t)yr[j] * ldy + o] = r;
+    }
+}
+
 #endif

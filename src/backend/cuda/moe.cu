@@ -14,15 +14,19 @@
  * product's, bit for bit, and does not depend on the other rows. */
 #include "backend/cuda/mm_kernels.cuh"
 #include "backend/cuda/mm_quant.cuh"
+#include "backend/cuda/mm_tc.cuh"
 
 #include <math.h>
 #include <string.h>
 
 #define MOE_MAX_EXPERTS 1024
-/* Rows of a wide call's union slot at most: an expert chosen by more rows takes several slots,
- * each run by the 4-row kernels (one wide 48B-shaped layer of 256 rows: 1.81 ms with slots of
- * 4, 2.31 of 8, 2.57 of 16, 3.51 of 2; docs/cuda.md runs 61-62). */
+/* Rows of a wide call's union slot at most: an expert chosen by more rows takes several slots.
+ * Q8_0 experts run slots of 8 rows on the tensor cores (mm_q8_0_tc8_block); other types, or
+ * EMBER_GPU_MOE_TC8=0, slots of 4 rows by the 4-row kernels (one wide 48B-shaped layer of 256
+ * rows: 1.81 ms with slots of 4, 2.31 of 8, 2.57 of 16, 3.51 of 2; docs/cuda.md runs 61-62).
+ * The scratch has room for the slots of 4. */
 #define MOE_WIDE_SLOT 4
+#define MOE_WIDE_SLOT_TC 8
 #define MOE_MAX_K 32
 
 /* The scratch's pieces, each 256-byte aligned. um union slots: min(n * k, n_expert), or for a
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, 
 }
 
 /* k_moe_union for a wide call (nk = n k <= EM_GPU_WIDE_MAX_PAIRS (row, slot) pairs): expert e's
- * pairs in ascending order, MOE_WIDE_SLOT to a union slot, the slots of all experts in ascending
+ * pairs in ascending order, cap (at most 16) to a union slot, the slots of all experts in ascending
  * expert order; the same meta. A pair's rank among its expert's pairs counts the pairs before
  * it: thread t holds pairs t, t + 1024, ...; per chunk of 1024 pairs the warps take turns, each
  * lane adding to the count its expert had so far the lanes below it that chose the same
@@ -106,9 +110,8 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, 
  * needs), and every pair is placed. (Thread e scanning all nk pairs for its own took 177 us a
  * layer at 2,048 pairs, docs/cuda.md run 65; this, 17 us, run 68.) */
 #define MOE_WIDE_CHUNKS (EM_GPU_WIDE_MAX_PAIRS / 1024)
-__global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int nk, int k, int n_expert, int *meta,
-                                                         int um) {
-    constexpr int cap = MOE_WIDE_SLOT;
+__global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int nk, int k, int n_expert, int cap,
+                                                         int *meta, int um) {
     emc_kernel_begin();
     __shared__ int cnts[MOE_MAX_EXPERTS], bases[MOE_MAX_EXPERTS];
     __shared__ int wsum[32];
@@ -346,6 +349,53 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     expert_warp<T, N, OUTS>(w, e * cols, cols, r0, a, cnt, sr, out, cols, sr);
 }
 
+/* The slots of a wide call on the tensor cores (Q8_0 weights and activations; slots of up to
+ * MOE_WIDE_SLOT_TC rows): union slot blockIdx.y, TC8_OUTS outputs a block, the bits of
+ * k_moe_gate_up / k_moe_down (mm_tc.cuh). Blocks past the union leave whole. */
+struct moe_wide_slot {
+    int64_t e;
+    int cnt;
+    const int *rows, *slots; /* 16 apart in the meta; cnt of them hold the slot's rows */
+};
+__device__ __forceinline__ moe_wide_slot moe_wide_slot_of(const moe_uref &ur, int u) {
+    const int *meta = ur.meta, um = ur.um;
+    moe_wide_slot s = { 0, 0, NULL, NULL };
+    if (u >= meta[0]) return s;
+    const int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
+    s.e = expert[u], s.cnt = count[u], s.rows = urows + 16 * u, s.slots = uslots + 16 * u;
+    return s;
+}
+
+template <int MINB>
+__global__ void __launch_bounds__(TC8_THREADS, MINB)
+    k_moe_gate_up_tc8(moe_mat w0, moe_act a0, float *y0, moe_mat w1, moe_act a1, float *y1, int ffn, moe_uref ur) {
+    emc_wait_prior(); /* as k_moe_gate_up: the next kernels start once the routes are final */
+    emc_let_next_start();
+    __shared__ tc8_smem sm;
+    const moe_wide_slot s = moe_wide_slot_of(ur, blockIdx.y);
+    if (s.cnt == 0) return;
+    const moe_mat &w = blockIdx.z ? w1 : w0;
+    const moe_act &a = blockIdx.z ? a1 : a0;
+    const int64_t cols = w.cols;
+    mm_q8_0_tc8_block((const int8_t *)w.data + s.e * ffn * cols, (const __half *)w.scales + s.e * ffn * (cols / 32), ffn,
+                      cols, (int64_t)blockIdx.x * TC8_OUTS, a.qs, a.d, s.rows, s.cnt, blockIdx.z ? y1 : y0, ffn, s.slots,
+                      false, sm);
+}
+
+/* Down's weights are asked for before the wait (the routes are final when it starts), its
+ * hidden rows (slot-indexed, as k_moe_down's) after it. */
+template <int MINB>
+__global__ void __launch_bounds__(TC8_THREADS, MINB)
+    k_moe_down_tc8(moe_mat w, moe_act a, int64_t cols, moe_uref ur, float *out) {
+    emc_let_next_start();
+    __shared__ tc8_smem sm;
+    const moe_wide_slot s = moe_wide_slot_of(ur, blockIdx.y);
+    if (s.cnt == 0) return;
+    const int64_t ffn = w.cols;
+    mm_q8_0_tc8_block((const int8_t *)w.data + s.e * cols * ffn, (const __half *)w.scales + s.e * cols * (ffn / 32), cols,
+                      ffn, (int64_t)blockIdx.x * TC8_OUTS, a.qs, a.d, s.slots, s.cnt, out, cols, s.slots, true, sm);
+}
+
 /* Down of one row's experts and their weighted sum in one launch (Q8_0 weights and hidden rows):
  * warp c computes output column c of every union expert, G experts' weights in flight at a
  * time, and adds wts[s] * v for each slot s that chose the expert. Each v is k_moe_down's
@@ -554,11 +604,24 @@ static int moe_check(const em_gpu_experts *x, bool share, const float *d_x, int6
     return 0;
 }
 
+/* Whether wide calls of Q8_0 experts run tensor-core slots, and their kernels' blocks an SM:
+ * 3 (80 registers), or EMBER_GPU_MOE_TC8=2 (no spills); EMBER_GPU_MOE_TC8=0: the 4-row slots,
+ * for comparison (the bits are the same every way). */
+static int moe_tc_blocks(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("EMBER_GPU_MOE_TC8");
+        on = v && strcmp(v, "0") == 0 ? 0 : v && strcmp(v, "2") == 0 ? 2 : 3;
+    }
+    return on;
+}
+
 /* The routed experts x holds (ids e0 .. e0 + x->n_expert - 1 of the routes) over the n rows:
  * union, gate/up, the hidden rows and down, whose outputs go to the slots (row j, slot t) at
  * (j k + t) cols of out. Then, with wts, the weighted sum into y (down and the sum in one launch
  * for one row of Q8_0 down weights); without, that is all (a share). wide: the union of a wide
- * call (k_moe_union_wide; slots of up to MOE_WIDE_SLOT rows, so the kernels of that many). */
+ * call (k_moe_union_wide; slots of up to MOE_WIDE_SLOT rows and the kernels of that many, or
+ * for Q8_0 experts MOE_WIDE_SLOT_TC rows and the tensor-core kernels). */
 static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x, int64_t ldx, int n, bool wide,
                    const em_gpu_act *x_act, const int32_t *d_ids, const float *d_wts, int k, void *d_scratch, float *out,
                    float *d_y, int64_t ldy, em_err *err) {
@@ -571,9 +634,12 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     uint8_t *sc = (uint8_t *)d_scratch;
     const moe_uref ur = { (const int *)(sc + l.meta), l.um, d_ids, k, x->n_expert, e0 };
     float *gt = (float *)(sc + l.gt), *upb = (float *)(sc + l.up);
+    const int tg = x->gate->type, tu = x->up->type;
+    const bool tc = wide && tg == EM_TYPE_Q8_0 && tu == EM_TYPE_Q8_0 && x->down->type == EM_TYPE_Q8_0 && moe_tc_blocks() > 0;
     const int nb = wide ? MOE_WIDE_SLOT : n; /* the row bucket of the products: rows a slot holds at most */
     if (wide) {
-        emc_launch(g, k_moe_union_wide, 1, 1024, 0, d_ids, (int)nk, k, x->n_expert, (int *)(sc + l.meta), l.um);
+        emc_launch(g, k_moe_union_wide, 1, 1024, 0, d_ids, (int)nk, k, x->n_expert, tc ? MOE_WIDE_SLOT_TC : MOE_WIDE_SLOT,
+                   (int *)(sc + l.meta), l.um);
         if ((rc = emc_launched(err, "k_moe_union_wide"))) return rc;
     } else if (n > 1) { /* one row's union comes from its ids inside the products (moe_slot) */
         emc_launch(g, k_moe_union, 1, 1024, 0, d_ids, e0, n, k, x->n_expert, (int *)(sc + l.meta), l.um);
@@ -581,7 +647,6 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     }
     /* the input rows as gate and up take them: Q8_0 (the caller's, or quantized once here) or
      * the F32 rows */
-    const int tg = x->gate->type, tu = x->up->type;
     moe_act xq = { (const int8_t *)(sc + l.xq), (const float *)(sc + l.xd), NULL, 0 };
     const moe_act xf = { NULL, NULL, d_x, ldx };
     if (em_gpu_act_type(tg) == EM_TYPE_Q8_0 || em_gpu_act_type(tu) == EM_TYPE_Q8_0) {
@@ -596,7 +661,11 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
     }
     const moe_act ag = em_gpu_act_type(tg) == EM_TYPE_Q8_0 ? xq : xf, au = em_gpu_act_type(tu) == EM_TYPE_Q8_0 ? xq : xf;
     const moe_mat wg = mat_of(x->gate), wu = mat_of(x->up), wd = mat_of(x->down);
-    if (tg == tu) {
+    if (tc) {
+        const dim3 grid(emc_blocks(x->ffn, TC8_OUTS), (unsigned)ur.um, 2);
+        emc_launch(g, moe_tc_blocks() == 2 ? k_moe_gate_up_tc8<2> : k_moe_gate_up_tc8<3>, grid, TC8_THREADS, 0, wg, ag, gt,
+                   wu, au, upb, x->ffn, ur);
+    } else if (tg == tu) {
         launch_gate_up(tg, nb, wg, ag, gt, wu, au, upb, 2, x->ffn, ur, g);
     } else {
         launch_gate_up(tg, nb, wg, ag, gt, wg, ag, gt, 1, x->ffn, ur, g);
@@ -618,7 +687,10 @@ static int moe_run(em_gpu *g, const em_gpu_experts *x, int e0, const float *d_x,
         emc_launch(g, k_moe_down_sum, emc_blocks(cols, MM_WARPS), MM_WARPS * 32, 0, wd, ah, cols, ur, d_wts, d_y);
         return emc_launched(err, "k_moe_down_sum");
     }
-    launch_down(x->down->type, nb, wd, ah, cols, ur, out, g);
+    if (tc)
+        emc_launch(g, moe_tc_blocks() == 2 ? k_moe_down_tc8<2> : k_moe_down_tc8<3>, dim3(emc_blocks(cols, TC8_OUTS), (unsigned)ur.um),
+                   TC8_THREADS, 0, wd, ah, cols, ur, out);
+    else launch_down(x->down->type, nb, wd, ah, cols, ur, out, g);
     if ((rc = emc_launched(err, "k_moe_down")) || !d_wts) return rc;
     em_gpu_moe_parts whole = {};
     whole.out[0] = out, whole.first[1] = x->n_expert, whole.n = 1;

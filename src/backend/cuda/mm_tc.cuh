@@ -140,107 +140,149 @@ __device__ __forceinline__ void mm_q8_0_tc_warp(const int8_t *wq, const __half *
  * about 8 rows an expert gets from a 256-row pass fill the tile, and a slot reads its
  * expert's weights once. A block of 8 warps takes 32 outputs: warp w's tile is w / 4 (16
  * outputs) and its leaves of the butterfly's tree are 8 (w % 4) .. 8 (w % 4) + 7 (classes
- * brev5 of them). The block stages 32 blocks of each weight row and activation row at a time
- * (one of each class) in shared memory, in natural order, so global reads are
- * coalesced (a class-ordered walk from global memory would read 32-byte pieces 1 KB apart). Each
- * warp carries its 8 classes' chains across the chunks (the chain's ascending block order),
- * folds them into its subtree of 8 leaves (tc_fold, levels 0-2), and the top two levels join
- * the four subtrees: (S0 + S1) + (S2 + S3). */
+ * brev5 of them). The block stages 16 blocks of each weight row and activation row at a time
+ * in shared memory in their natural order, so global reads are coalesced (a class-ordered
+ * walk from global memory reads 32-byte pieces 1 KB apart), in two buffers: the copies of the
+ * next chunk fly while the block computes this one. Each warp carries its 8 classes' chains
+ * across the chunks (a chunk holds one block of 16 classes, in the chain's ascending block
+ * order), folds them into its subtree of 8 leaves (tc_fold, levels 0-2), and the top two
+ * levels join the four subtrees: (S0 + S1) + (S2 + S3). */
 #define TC8_ROWS 8
 #define TC8_OUTS 32
 #define TC8_THREADS 256
-#define TC8_CHUNK 32                    /* blocks of a row staged at once */
-#define TC8_PITCH (TC8_CHUNK * 32 + 32) /* bytes of a staged row: 264 words, 8 banks on, so a
+#define TC8_CHUNK 16                    /* blocks of a row staged at once */
+#define TC8_PITCH (TC8_CHUNK * 32 + 32) /* bytes of a staged row: 136 words, 8 banks on, so a
                                            half-warp's 8-byte fragment reads meet no conflict */
 
-struct tc8_smem {
-    union {
-        int8_t w[TC8_OUTS][TC8_PITCH];
-        float part[TC8_OUTS / 16][4][32][4]; /* after the chunks: each warp's subtree values */
-    };
+struct tc8_stage {
+    int8_t w[TC8_OUTS][TC8_PITCH];
     int8_t x[TC8_ROWS][TC8_PITCH];
     float wd[TC8_OUTS][TC8_CHUNK + 1];
     float xd[TC8_ROWS][TC8_CHUNK + 1];
 };
+union tc8_smem { /* 48,960 bytes: under the 48 KiB of static shared memory */
+    tc8_stage buf[2];
+    float part[TC8_OUTS / 16][4][32][4]; /* after the chunks: each warp's subtree values */
+};
 
-__device__ __forceinline__ void tc8_stage_w(tc8_smem &sm, const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
-                                            int64_t o0, int64_t b0, int nbc) {
-    const int64_t bpr = cols / 32;
-    const int per = 2 * nbc;
-    for (int p = threadIdx.x; p < TC8_OUTS * per; p += TC8_THREADS) {
-        const int r = p / per, c = p % per;
-        cp16(&sm.w[r][16 * c], wq + min(o0 + r, rows - 1) * cols + 32 * b0 + 16 * c);
-    }
-    constexpr int M = TC8_OUTS * TC8_CHUNK / TC8_THREADS;
-    float v[M];
+/* The exact float of an integer |d| < 2^22 (an int8 block dot is at most 32 x 128 x 128):
+ * 1.5 * 2^23 + d is a float of unit spacing, so its bits are those of 1.5 * 2^23 plus d, and
+ * the subtraction is exact. Two full-rate operations where an I2F is a quarter-rate one. */
+__device__ __forceinline__ float tc8_i2f(int d) { return __fsub_rn(__int_as_float(0x4B400000 + d), 12582912.0f); }
+
+/* Where a thread stages from: weight row tid / 8 (clamped to the matrix) with 16-byte pieces
+ * tid % 8 + 8 m, activation row tid / 32 with piece tid % 32 (the slot's rows past cnt repeat
+ * the last, never stored), and (tid < 128) activation scale row tid / 16, block tid % 16. */
+struct tc8_src {
+    const int8_t *w, *x;
+    const __half *wd;
+    const float *xd;
+};
+
+/* Chunk b0 (nbc blocks): the quants by asynchronous copies into st. */
+__device__ __forceinline__ void tc8_copy_w(tc8_stage &st, const tc8_src &src, int64_t b0, int nbc) {
+    const int r = threadIdx.x >> 3;
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        const int p = threadIdx.x + TC8_THREADS * m, r = p / TC8_CHUNK, c = p % TC8_CHUNK;
-        v[m] = c < nbc ? __half2float(__ldg(wd + min(o0 + r, rows - 1) * bpr + b0 + c)) : 0.0f;
-    }
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const int p = threadIdx.x + TC8_THREADS * m;
-        sm.wd[p / TC8_CHUNK][p % TC8_CHUNK] = v[m];
+    for (int m = 0; m < 4; m++) {
+        const int c = (threadIdx.x & 7) + 8 * m;
+        if (c < 2 * nbc) cp16(&st.w[r][16 * c], src.w + 32 * b0 + 16 * c);
     }
 }
-
-__device__ __forceinline__ void tc8_stage_x(tc8_smem &sm, const int8_t *xq, const float *xd, const int *xr, int cnt,
-                                            int64_t cols, int64_t b0, int nbc) {
-    const int64_t bpr = cols / 32;
-    const int per = 2 * nbc;
-    for (int p = threadIdx.x; p < TC8_ROWS * per; p += TC8_THREADS) {
-        const int j = p / per, c = p % per;
-        cp16(&sm.x[j][16 * c], xq + (int64_t)xr[min(j, cnt - 1)] * cols + 32 * b0 + 16 * c);
+__device__ __forceinline__ void tc8_copy_x(tc8_stage &st, const tc8_src &src, int64_t b0, int nbc) {
+    const int j = threadIdx.x >> 5, c = threadIdx.x & 31;
+    if (c < 2 * nbc) cp16(&st.x[j][16 * c], src.x + 32 * b0 + 16 * c);
+}
+/* The chunk's scales, loaded into registers (in flight while the block computes) and stored
+ * as floats later: weights r = tid / 8, blocks tid % 8 and tid % 8 + 8; activations (tid < 128). */
+struct tc8_scales {
+    float w[2], x;
+};
+__device__ __forceinline__ tc8_scales tc8_load_scales(const tc8_src &src, int64_t b0, int nbc, bool acts) {
+    tc8_scales v = { { 0.0f, 0.0f }, 0.0f };
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int c = (threadIdx.x & 7) + 8 * m;
+        if (c < nbc) v.w[m] = __half2float(__ldg(src.wd + b0 + c));
     }
-    if (threadIdx.x < TC8_ROWS * TC8_CHUNK) {
-        const int j = threadIdx.x / TC8_CHUNK, c = threadIdx.x % TC8_CHUNK;
-        sm.xd[j][c] = c < nbc ? xd[(int64_t)xr[min(j, cnt - 1)] * bpr + b0 + c] : 0.0f;
-    }
+    if (acts && threadIdx.x < TC8_ROWS * TC8_CHUNK && (int)(threadIdx.x & 15) < nbc) v.x = src.xd[b0 + (threadIdx.x & 15)];
+    return v;
+}
+__device__ __forceinline__ void tc8_store_scales(tc8_stage &st, const tc8_scales &v) {
+    st.wd[threadIdx.x >> 3][threadIdx.x & 7] = v.w[0];
+    st.wd[threadIdx.x >> 3][(threadIdx.x & 7) + 8] = v.w[1];
+    if (threadIdx.x < TC8_ROWS * TC8_CHUNK) st.xd[threadIdx.x >> 4][threadIdx.x & 15] = v.x;
 }
 
+/* The whole block (TC8_THREADS threads, every one calls it): outputs o0 .. o0 + 31 (those
+ * below rows) of the Q8_0 matrix (wq, wd) against the slot's cnt (1..8) activation rows xr[j]
+ * of (xq, xd: em_gpu_act_prepare's layout), into rows yr[j] of y (ldy). wait: the first
+ * chunk's weights are asked for before emc_wait_prior(), the activations after it (they come
+ * from the kernel before; the weights do not). */
 __device__ __forceinline__ void mm_q8_0_tc8_block(const int8_t *wq, const __half *wd, int64_t rows, int64_t cols,
                                                   int64_t o0, const int8_t *xq, const float *xd, const int *xr, int cnt,
                                                   float *y, int64_t ldy, const int *yr, bool wait, tc8_smem &sm) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int t = warp >> 2, grp = warp & 3, ow = 16 * t + g;
+    const int t = warp >> 2, grp = warp & 3, ow = 16 * t + g; /* this thread's A rows: ow, ow + 8 */
     const int64_t bpr = cols / 32;
+    const int nch = (int)((bpr + TC8_CHUNK - 1) / TC8_CHUNK);
+    const int64_t wr = min(o0 + (threadIdx.x >> 3), rows - 1);
+    tc8_src src = { wq + wr * cols, NULL, wd + wr * bpr, NULL };
+    const int nb0 = (int)min((int64_t)TC8_CHUNK, bpr);
+    tc8_copy_w(sm.buf[0], src, 0, nb0);
+    tc8_scales sc = tc8_load_scales(src, 0, nb0, false);
+    if (wait) emc_wait_prior();
+    const int xj = xr[min((int)(threadIdx.x >> 5), cnt - 1)], xs = xr[min((int)(threadIdx.x >> 4), cnt - 1)];
+    src.x = xq + (int64_t)xj * cols, src.xd = xd + (int64_t)xs * bpr;
+    tc8_copy_x(sm.buf[0], src, 0, nb0);
+    cp_commit();
+    if (threadIdx.x < TC8_ROWS * TC8_CHUNK && (int)(threadIdx.x & 15) < nb0) sc.x = src.xd[threadIdx.x & 15];
+    tc8_store_scales(sm.buf[0], sc);
     float c[8][4];
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int p = 0; p < 4; p++) c[j][p] = 0.0f;
-    for (int64_t b0 = 0; b0 < bpr; b0 += TC8_CHUNK) {
+    for (int ch = 0; ch < nch; ch++) {
+        const int64_t b0 = (int64_t)ch * TC8_CHUNK;
         const int nbc = (int)min((int64_t)TC8_CHUNK, bpr - b0);
-        tc8_stage_w(sm, wq, wd, rows, cols, o0, b0, nbc);
-        if (wait && b0 == 0) emc_wait_prior();
-        tc8_stage_x(sm, xq, xd, xr, cnt, cols, b0, nbc);
-        cp_commit();
-        cp_wait<0>();
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int l = (int)(__brev((unsigned)(8 * grp + j)) >> 27);
-            if (l >= nbc) continue;
-            const uint2 wa = *(const uint2 *)&sm.w[ow][32 * l + 8 * q], wb = *(const uint2 *)&sm.w[ow + 8][32 * l + 8 * q];
-            const uint2 xb = *(const uint2 *)&sm.x[g][32 * l + 8 * q];
-            const uint32_t a[4] = { wa.x, wb.x, wa.y, wb.y };
-            int d[4];
-            mma_s8(d, a, xb);
-            const float w0 = sm.wd[ow][l], w1 = sm.wd[ow + 8][l], x0 = sm.xd[2 * q][l], x1 = sm.xd[2 * q + 1][l];
-            c[j][0] = __fadd_rn(c[j][0], __fmul_rn(__fmul_rn(w0, x0), (float)d[0]));
-            c[j][1] = __fadd_rn(c[j][1], __fmul_rn(__fmul_rn(w0, x1), (float)d[1]));
-            c[j][2] = __fadd_rn(c[j][2], __fmul_rn(__fmul_rn(w1, x0), (float)d[2]));
-            c[j][3] = __fadd_rn(c[j][3], __fmul_rn(__fmul_rn(w1, x1), (float)d[3]));
+        const bool next = ch + 1 < nch;
+        if (next) { /* the next chunk's copies and scale loads fly while this one is computed */
+            const int nbn = (int)min((int64_t)TC8_CHUNK, bpr - b0 - TC8_CHUNK);
+            tc8_copy_w(sm.buf[(ch + 1) & 1], src, b0 + TC8_CHUNK, nbn);
+            tc8_copy_x(sm.buf[(ch + 1) & 1], src, b0 + TC8_CHUNK, nbn);
+            cp_commit();
+            sc = tc8_load_scales(src, b0 + TC8_CHUNK, nbn, true);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
         }
         __syncthreads();
+        const tc8_stage &st = sm.buf[ch & 1];
+        const int cls0 = (int)(b0 & 31); /* the chunk's first class: 0 or 16 */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int i = (int)(__brev((unsigned)(8 * grp + j)) >> 27) - cls0; /* leaf 8 grp + j's class, here */
+            if (i < 0 || i >= nbc) continue;
+            const uint2 wa = *(const uint2 *)&st.w[ow][32 * i + 8 * q], wb = *(const uint2 *)&st.w[ow + 8][32 * i + 8 * q];
+            const uint2 xb = *(const uint2 *)&st.x[g][32 * i + 8 * q];
+            const uint32_t a[4] = { wa.x, wb.x, wa.y, wb.y };
+            int d[4];
+            mma_s8(d, a, xb); /* d: (output ow, row 2q), (ow, 2q + 1), (ow + 8, 2q), (ow + 8, 2q + 1) */
+            const float w0 = st.wd[ow][i], w1 = st.wd[ow + 8][i], x0 = st.xd[2 * q][i], x1 = st.xd[2 * q + 1][i];
+            c[j][0] = __fadd_rn(c[j][0], __fmul_rn(__fmul_rn(w0, x0), tc8_i2f(d[0])));
+            c[j][1] = __fadd_rn(c[j][1], __fmul_rn(__fmul_rn(w0, x1), tc8_i2f(d[1])));
+            c[j][2] = __fadd_rn(c[j][2], __fmul_rn(__fmul_rn(w1, x0), tc8_i2f(d[2])));
+            c[j][3] = __fadd_rn(c[j][3], __fmul_rn(__fmul_rn(w1, x1), tc8_i2f(d[3])));
+        }
+        if (next) tc8_store_scales(sm.buf[(ch + 1) & 1], sc); /* that buffer was last read before the barrier above */
+        __syncthreads(); /* the next copies (or the subtree values) overwrite this buffer */
     }
     float s[5][4], v[4];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
 #pragma unroll
         for (int p = 0; p < 4; p++) v[p] = c[j][p];
-        tc_fold<4>(j, v, s);
+        tc_fold<4>(j, v, s); /* after leaf 7, v is the subtree's root */
     }
 #pragma unroll
     for (int p = 0; p < 4; p++) sm.part[t][grp][lane][p] = v[p];

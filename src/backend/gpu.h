@@ -470,7 +470,9 @@ typedef struct em_gpu_kda_log {
 /* EM_EINVAL naming the field (EM_EUNSUPPORTED for a head_dim the kernels lack). */
 int em_gpu_kda_dims_check(const em_gpu_kda_dims *d, em_err *err);
 uint64_t em_gpu_kda_state_floats(const em_gpu_kda_dims *d); /* 0 when dims are bad */
-uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows); /* 0 when bad */
+/* A log of max_rows rows, 1..EM_GPU_WIDE_MAX_ROWS (above EM_GPU_MAX_ROWS: a prefill's wide pass,
+ * whose committing forward runs all its rows in one call); 0 when bad. */
+uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows);
 /* Lays the log out in d_mem (em_gpu_kda_log_bytes, 256-byte aligned: em_gpu_alloc's). */
 int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void *d_mem, em_gpu_kda_log *out, em_err *err);
 /* n rows (0..log->max_rows): qkv [n][3 d_inner] pre-conv, f [n][d_inner] before dt_bias, b

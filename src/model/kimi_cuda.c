@@ -95,6 +95,7 @@ typedef struct gk_bufs {
 typedef struct gk_wide {
     void *mem;
     gk_bufs b;
+    em_gpu_kda_log log;          /* GK_WIDE rows, for each KDA layer in turn (its pass commits them all) */
     bool failed;                 /* the allocation failed once: narrow passes only */
 } gk_wide;
 
@@ -442,7 +443,9 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     int rc2 = em_gpu_join(g, err);
     if (rc || (rc = rc2)) return rc;
     em_gpu_kda_state *st = &k->kst[ly->slot];
-    em_gpu_kda_log *log = &k->klog[ly->slot];
+    /* a wide pass's recurrence runs all its rows in one call on the wide log; a narrow pass's
+     * on the layer's own log */
+    em_gpu_kda_log *log = B == &k->W.b ? &k->W.log : &k->klog[ly->slot];
     /* the output's Q8_0 activations in the forward's launch when the output projection takes them
      * (a pass of GK_ROWS rows at most; a wide pass's product quantizes all its rows at once,
      * with the same bits) */
@@ -452,8 +455,8 @@ static int kda_layer(gk *k, int l, gk_acts *xa, int mode, em_err *err) {
     if (n <= GK_ROWS && dout && em_gpu_act_type(dout->type) == EM_TYPE_Q8_0 &&
         (rc = bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, D, n), &q8, err)))
         return rc;
-    for (int r = 0; r < n && !rc; r += GK_ROWS) { /* the recurrence in chunks of the logs' rows */
-        const int m = n - r < GK_ROWS ? n - r : GK_ROWS;
+    for (int r = 0; r < n && !rc; r += log->max_rows) { /* the recurrence in chunks of the log's rows */
+        const int m = n - r < log->max_rows ? n - r : log->max_rows;
         const float *qkv = B->qkv + r * 3 * D, *f = B->f + r * D, *b = B->b + r * hp->kda_heads, *g2 = B->g2 + r * D;
         if (mode == GK_COMMIT) /* a committing pass: the recurrence commits as it goes */
             rc = em_gpu_kda_forward_commit(g, &k->kd, &k->ld[l].kda, st, m, qkv, f, b, g2, B->o + r * D, q8,
@@ -896,9 +899,15 @@ static int wide_alloc(gk *k) {
     if (k->W.mem) return EM_OK;
     carver c = { 0 };
     carve_bufs(k, &c, &k->W.b, GK_WIDE, true);
+    const uint64_t log_at = c.at, log_bytes = k->hp.n_kda ? em_gpu_kda_log_bytes(&k->kd, GK_WIDE) : 0;
+    c.at += align256(log_bytes);
     em_err e = { 0 };
-    if (em_gpu_alloc(k->gpu, c.at, "wide prefill buffers", &k->W.mem, &e)) {
+    int rc = em_gpu_alloc(k->gpu, c.at, "wide prefill buffers", &k->W.mem, &e);
+    if (!rc && log_bytes) rc = em_gpu_kda_log_init(&k->kd, GK_WIDE, (uint8_t *)k->W.mem + log_at, &k->W.log, &e);
+    if (rc) {
         em_log(EM_LOG_INFO, "%s: prefill in passes of %d rows (%s)", k->device, GK_ROWS, e.msg);
+        em_gpu_free(k->gpu, k->W.mem);
+        k->W.mem = NULL;
         k->W.failed = true;
         return EM_ENOMEM;
     }

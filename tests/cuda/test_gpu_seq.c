@@ -206,6 +206,45 @@ static void test_kda_layers(void) {
     for (int i = 0; i < L; i++) free(want[i]);
 }
 
+/* A prefill's wide pass: forward_commit of EM_GPU_WIDE_MAX_ROWS rows in one call on a log of that
+ * many rows == the same rows in calls of R rows on a log of R (outputs and state memcmp-equal;
+ * rows past a chunk's end read their conv taps from the window the chunk before advanced). */
+static void test_kda_wide(void) {
+    enum { N = EM_GPU_WIDE_MAX_ROWS };
+    kda_fix x;
+    kda_open(&x, false);
+    const uint64_t SB = x.st_floats * 4;
+    float *qkv = xmalloc(N * 3 * KDI * 4), *f = xmalloc(N * KDI * 4), *b = xmalloc(N * KH * 4), *g2 = xmalloc(N * KDI * 4);
+    fill(qkv, N * 3 * KDI, -1, 1), fill(f, N * KDI, -4, 1), fill(b, N * KH, -2, 2), fill(g2, N * KDI, -2, 2);
+    float *d_qkv = dalloc(N * 3 * KDI * 4), *d_f = dalloc(N * KDI * 4), *d_b = dalloc(N * KH * 4);
+    float *d_g2 = dalloc(N * KDI * 4), *d_out = dalloc(N * KDI * 4);
+    up(d_qkv, qkv, N * 3 * KDI * 4), up(d_f, f, N * KDI * 4), up(d_b, b, N * KH * 4), up(d_g2, g2, N * KDI * 4);
+    em_gpu_kda_log wide;
+    const uint64_t lb = em_gpu_kda_log_bytes(&x.gd, N);
+    if (!lb || em_gpu_kda_log_init(&x.gd, N, dalloc(lb), &wide, &E)) die("wide kda log");
+    float *d_s = dalloc(SB);
+    em_gpu_kda_state st = dstate(&x, d_s);
+    float *want = xmalloc(N * KDI * 4), *got = xmalloc(N * KDI * 4);
+    int rc = 0;
+    dcopy(d_s, x.d_st0, SB);
+    for (int r = 0; r < N && !rc; r += R)
+        rc = em_gpu_kda_forward_commit(G, &x.gd, &x.gp, &st, R, d_qkv + (int64_t)r * 3 * KDI, d_f + (int64_t)r * KDI,
+                                       d_b + r * KH, d_g2 + (int64_t)r * KDI, d_out + (int64_t)r * KDI, NULL, NULL, &x.lg,
+                                       &E);
+    if (!rc) down(want, d_out, N * KDI * 4);
+    float *want_st = state_down(&x, d_s);
+    dcopy(d_s, x.d_st0, SB);
+    poison(d_out, N * KDI * 4);
+    if (!rc) rc = em_gpu_kda_forward_commit(G, &x.gd, &x.gp, &st, N, d_qkv, d_f, d_b, d_g2, d_out, NULL, NULL, &wide, &E);
+    if (!rc) down(got, d_out, N * KDI * 4);
+    float *got_st = state_down(&x, d_s);
+    record("kda forward_commit of 256 rows == 16 calls of 16", rc == 0 && !memcmp(got, want, N * KDI * 4) &&
+           !memcmp(got_st, want_st, SB) && wide.consumed, "%soutputs %s, window and S %s, log %s", rc ? E.msg : "",
+           memcmp(got, want, N * KDI * 4) ? "differ" : "equal", memcmp(got_st, want_st, SB) ? "differ" : "equal",
+           wide.consumed ? "consumed" : "not consumed");
+    free(qkv), free(f), free(b), free(g2), free(want), free(got), free(want_st), free(got_st);
+}
+
 static void test_kda(bool bounded) {
     kda_fix x;
     kda_open(&x, bounded);
@@ -754,6 +793,7 @@ int main(int argc, char **argv) {
         test_kda(false);
         test_kda(true);
         test_kda_layers();
+        test_kda_wide();
     }
     test_mla();
     test_mla_odd();

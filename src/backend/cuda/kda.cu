@@ -306,7 +306,7 @@ static uint64_t kda_log_floats(const em_gpu_kda_dims *d, int rows, em_gpu_kda_lo
 }
 
 extern "C" uint64_t em_gpu_kda_log_bytes(const em_gpu_kda_dims *d, int max_rows) {
-    if (em_gpu_kda_dims_check(d, NULL) || max_rows < 1 || max_rows > EM_GPU_MAX_ROWS) return 0;
+    if (em_gpu_kda_dims_check(d, NULL) || max_rows < 1 || max_rows > EM_GPU_WIDE_MAX_ROWS) return 0;
     em_gpu_kda_log lg;
     return kda_log_floats(d, max_rows, &lg, NULL) * sizeof(float);
 }
@@ -315,8 +315,8 @@ extern "C" int em_gpu_kda_log_init(const em_gpu_kda_dims *d, int max_rows, void 
     int rc = em_gpu_kda_dims_check(d, err);
     if (rc) return rc;
     EMC_CHECK(out && d_mem && ((uintptr_t)d_mem & 255) == 0, "GPU kda log: no output, or memory not 256-byte aligned");
-    EMC_CHECK(max_rows >= 1 && max_rows <= EM_GPU_MAX_ROWS, "GPU kda log: max_rows %d outside [1, %d]", max_rows,
-              EM_GPU_MAX_ROWS);
+    EMC_CHECK(max_rows >= 1 && max_rows <= EM_GPU_WIDE_MAX_ROWS, "GPU kda log: max_rows %d outside [1, %d]", max_rows,
+              EM_GPU_WIDE_MAX_ROWS);
     *out = em_gpu_kda_log{};
     out->max_rows = max_rows;
     out->consumed = true; /* nothing to commit before a forward */

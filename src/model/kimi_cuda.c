@@ -6,7 +6,7 @@
  *
  * Invariants:
  * - A pass is at most EM_GPU_MAX_ROWS rows, but for a prefill's wide passes of up to GK_WIDE
- *   rows (their own buffers; what carries state from row to row in chunks of EM_GPU_MAX_ROWS).
+ *   rows (their own buffers and KDA log; MLA's cache and attention in chunks of EM_GPU_MAX_ROWS).
  *   A verify of n <= max_verify rows is one pass whose layers are one CUDA graph per width n
  *   (captured the first time that width runs, replayed after), its LM head another, and
  *   commit(k) a third per k: buffers are fixed, and the tokens and the position are uploaded
@@ -883,11 +883,11 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
  * 48B-shaped model (256 experts, top-8) about 100 routed experts a layer for each 16 rows of a
  * prompt. A wide pass takes up to GK_WIDE rows through each layer on its own buffers (W.b):
  * the norms, the products (Q8_0 on the tensor cores, em_gpu_matmul) and the routed experts
- * (em_gpu_moe_wide: each expert once per pass) over all its rows, what carries state from row to
- * row (the KDA recurrence, the MLA cache and attention) in chunks of GK_ROWS. Each row gets the
- * narrow passes' arithmetic, so states and outputs are bit-identical to narrow passes'
- * (tests/cuda/test_gpu_target.c). Not captured in graphs: a wide pass's work hides its
- * launches. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
+ * (em_gpu_moe_wide: each expert once per pass) over all its rows, the KDA recurrence too (one
+ * call on the wide log W.log), the MLA cache and attention in chunks of GK_ROWS. Each row gets
+ * the narrow passes' arithmetic, so states and outputs are bit-identical to narrow passes'
+ * (tests/cuda/test_gpu_target.c). Not captured in graphs yet (docs/cuda.md, runs 74-75: the
+ * GPU may wait between its launches for a tenth of a pass). Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
 
 /* Whether a prefill of n rows asking o runs wide passes (the model's side: wide_setup). */
 static bool wide_ok(const gk *k, const em_rows *o, int n) {

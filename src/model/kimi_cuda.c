@@ -887,7 +887,8 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
  * call on the wide log W.log), the MLA cache and attention in chunks of GK_ROWS. Each row gets
  * the narrow passes' arithmetic, so states and outputs are bit-identical to narrow passes'
  * (tests/cuda/test_gpu_target.c). Not captured in graphs yet (docs/cuda.md, runs 74-75: the
- * GPU may wait between its launches for a tenth of a pass). Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
+ * GPU may wait between its launches for a tenth of a pass). Kimi-Linear layers on one device
+ * (no AttnRes banks, no latent MoE). */
 
 /* Whether a prefill of n rows asking o runs wide passes (the model's side: wide_setup). */
 static bool wide_ok(const gk *k, const em_rows *o, int n) {

@@ -208,7 +208,8 @@ static void test_kda_layers(void) {
 
 /* A prefill's wide pass: forward_commit of EM_GPU_WIDE_MAX_ROWS rows in one call on a log of that
  * many rows == the same rows in calls of R rows on a log of R (outputs and state memcmp-equal;
- * rows past a chunk's end read their conv taps from the window the chunk before advanced). */
+ * a chunk's first rows read their conv taps from the window the chunk before advanced, the one
+ * call's from the rows before them). */
 static void test_kda_wide(void) {
     enum { N = EM_GPU_WIDE_MAX_ROWS };
     kda_fix x;

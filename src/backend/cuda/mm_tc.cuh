@@ -67,6 +67,11 @@ __device__ __forceinline__ void tc_fold(int i, float (&v)[P], float (&s)[5][P]) 
     }
 }
 
+/* The exact float of an integer |d| < 2^22 (an int8 block dot is at most 32 x 128 x 128):
+ * 1.5 * 2^23 + d is a float of unit spacing, so its bits are those of 1.5 * 2^23 plus d, and
+ * the subtraction is exact. Two full-rate operations where an I2F is a quarter-rate one. */
+__device__ __forceinline__ float tc_i2f(int d) { return __fsub_rn(__int_as_float(0x4B400000 + d), 12582912.0f); }
+
 /* One warp: activation rows ja (for A rows g) and jb (g + 8) of (xq, xd: em_gpu_act_prepare's
  * layout; thread t = 4 g + q passes its own) against outputs o0 .. o0 + 8 TC_NT - 1 (those below
  * rows) of the Q8_0 matrix (wq, wd), into output rows ya and yb of y (ldy; -1: not stored).
@@ -116,10 +121,10 @@ __device__ __forceinline__ void mm_q8_0_tc_warp(const int8_t *wq, const __half *
                 for (int u = 0; u < TC_NT; u++) {
                     int d[4];
                     mma_s8(d, a, wq2[k][u]);
-                    v[4 * u + 0] = __fadd_rn(v[4 * u + 0], __fmul_rn(__fmul_rn(w0[k][u], fa[k]), (float)d[0]));
-                    v[4 * u + 1] = __fadd_rn(v[4 * u + 1], __fmul_rn(__fmul_rn(w1[k][u], fa[k]), (float)d[1]));
-                    v[4 * u + 2] = __fadd_rn(v[4 * u + 2], __fmul_rn(__fmul_rn(w0[k][u], fb[k]), (float)d[2]));
-                    v[4 * u + 3] = __fadd_rn(v[4 * u + 3], __fmul_rn(__fmul_rn(w1[k][u], fb[k]), (float)d[3]));
+                    v[4 * u + 0] = __fadd_rn(v[4 * u + 0], __fmul_rn(__fmul_rn(w0[k][u], fa[k]), tc_i2f(d[0])));
+                    v[4 * u + 1] = __fadd_rn(v[4 * u + 1], __fmul_rn(__fmul_rn(w1[k][u], fa[k]), tc_i2f(d[1])));
+                    v[4 * u + 2] = __fadd_rn(v[4 * u + 2], __fmul_rn(__fmul_rn(w0[k][u], fb[k]), tc_i2f(d[2])));
+                    v[4 * u + 3] = __fadd_rn(v[4 * u + 3], __fmul_rn(__fmul_rn(w1[k][u], fb[k]), tc_i2f(d[3])));
                 }
             }
         }
@@ -164,11 +169,6 @@ union tc8_smem { /* 48,960 bytes: under the 48 KiB of static shared memory */
     tc8_stage buf[2];
     float part[TC8_OUTS / 16][4][32][4]; /* after the chunks: each warp's subtree values */
 };
-
-/* The exact float of an integer |d| < 2^22 (an int8 block dot is at most 32 x 128 x 128):
- * 1.5 * 2^23 + d is a float of unit spacing, so its bits are those of 1.5 * 2^23 plus d, and
- * the subtraction is exact. Two full-rate operations where an I2F is a quarter-rate one. */
-__device__ __forceinline__ float tc8_i2f(int d) { return __fsub_rn(__int_as_float(0x4B400000 + d), 12582912.0f); }
 
 /* Where a thread stages from: weight row tid / 8 (clamped to the matrix) with 16-byte pieces
  * tid % 8 + 8 m, activation row tid / 32 with piece tid % 32 (the slot's rows past cnt repeat
@@ -269,10 +269,10 @@ __device__ __forceinline__ void mm_q8_0_tc8_block(const int8_t *wq, const __half
             int d[4];
             mma_s8(d, a, xb); /* d: (output ow, row 2q), (ow, 2q + 1), (ow + 8, 2q), (ow + 8, 2q + 1) */
             const float w0 = st.wd[ow][i], w1 = st.wd[ow + 8][i], x0 = st.xd[2 * q][i], x1 = st.xd[2 * q + 1][i];
-            c[j][0] = __fadd_rn(c[j][0], __fmul_rn(__fmul_rn(w0, x0), tc8_i2f(d[0])));
-            c[j][1] = __fadd_rn(c[j][1], __fmul_rn(__fmul_rn(w0, x1), tc8_i2f(d[1])));
-            c[j][2] = __fadd_rn(c[j][2], __fmul_rn(__fmul_rn(w1, x0), tc8_i2f(d[2])));
-            c[j][3] = __fadd_rn(c[j][3], __fmul_rn(__fmul_rn(w1, x1), tc8_i2f(d[3])));
+            c[j][0] = __fadd_rn(c[j][0], __fmul_rn(__fmul_rn(w0, x0), tc_i2f(d[0])));
+            c[j][1] = __fadd_rn(c[j][1], __fmul_rn(__fmul_rn(w0, x1), tc_i2f(d[1])));
+            c[j][2] = __fadd_rn(c[j][2], __fmul_rn(__fmul_rn(w1, x0), tc_i2f(d[2])));
+            c[j][3] = __fadd_rn(c[j][3], __fmul_rn(__fmul_rn(w1, x1), tc_i2f(d[3])));
         }
         if (next) tc8_store_scales(sm.buf[(ch + 1) & 1], sc); /* that buffer was last read before the barrier above */
         __syncthreads(); /* the next copies (or the subtree values) overwrite this buffer */

@@ -254,7 +254,8 @@ int em_gpu_matmul_multi(em_gpu *g, const em_gpu_mm_out *out, int count, const em
  * em_gpu_act_prepare prepares them (Q8_0 into d_scratch for integer weight layouts, 16-byte
  * aligned, em_gpu_matmul_heads_scratch_bytes; F32 as they are for float weights, then d_x, ldx
  * and x_head_stride 16-byte aligned), and each (head, row) result is bit-identical to
- * em_gpu_matmul of that head's rows on that row (the same warp bodies): width-invariant. */
+ * em_gpu_matmul of that head's rows on that row (the same warp bodies): width-invariant. n is
+ * 1..EM_GPU_WIDE_MAX_ROWS (past EM_GPU_MAX_ROWS, groups of EM_GPU_MAX_ROWS rows in one launch). */
 uint64_t em_gpu_matmul_heads_scratch_bytes(int wtype, int n_heads, int64_t cols, int n);
 int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, int64_t head_rows, const float *d_x,
                         int64_t ldx, int64_t x_head_stride, int64_t cols, int n, void *d_scratch, float *d_y,

@@ -6,9 +6,10 @@
  *
  * Invariants:
  * - A pass is at most EM_GPU_MAX_ROWS rows, but for a prefill's wide passes of up to GK_WIDE
- *   rows (their own buffers and KDA log; MLA's cache and attention in chunks of EM_GPU_MAX_ROWS).
- *   A verify of n <= max_verify rows is one pass whose layers are one CUDA graph per width n
- *   (captured the first time that width runs, replayed after), its LM head another, and
+ *   rows (their own buffers and KDA log; MLA's cache and attention in chunks of EM_GPU_MAX_ROWS;
+ *   a full one's layers are one CUDA graph, captured once). A verify of n <= max_verify rows is
+ *   one pass whose layers are one CUDA graph per width n (captured the first time that width
+ *   runs, replayed after), its LM head another, and
  *   commit(k) a third per k: buffers are fixed, and the tokens and the position are uploaded
  *   to fixed device slots before a replay.
  * - Nothing returns to the host inside a pass: routing, the union of routed experts and the
@@ -127,6 +128,7 @@ typedef struct gk {
     gk_bufs *P;              /* the buffers the layers run on: &B, or &W.b during a wide pass */
     int wide;                /* prefills of at least this many rows run wide passes (0: never) */
     em_gpu_graph *g_body[2][GK_ROWS + 1], *g_head[GK_ROWS + 1], *g_commit[GK_ROWS + 1];
+    em_gpu_graph *g_wide;    /* the layers of a full wide pass (GK_WIDE rows) */
     int32_t *replay_tok;     /* [n_ctx] tokens of the last wide verify */
     bool replay;
     int32_t h_ids_n;
@@ -181,6 +183,7 @@ static void carve_bufs(gk *k, carver *c, gk_bufs *B, uint64_t R, bool wide) {
     if (hp->n_mla) {
         B->q = carve(c, R * H * qk * F4), B->q_lora = carve(c, R * (uint64_t)hp->q_lora * F4);
         B->kv = carve(c, R * C * F4), B->mo = carve(c, R * ldo * F4), B->mgate = carve(c, R * ldo * F4);
+        B->qa = carve(c, R * H * C * F4), B->ctx = carve(c, R * H * (uint64_t)hp->kv_lora * F4);
     }
     B->dg = carve(c, R * (uint64_t)hp->n_ff * F4), B->du = carve(c, R * (uint64_t)hp->n_ff * F4);
     if (k->n_moe) {
@@ -194,10 +197,7 @@ static void carve_bufs(gk *k, carver *c, gk_bufs *B, uint64_t R, bool wide) {
     if (!wide) { /* what only a narrow pass, a wide pass's chunks or the head use */
         B->argmax = carve(c, R * 4);
         B->hh = carve(c, R * E * F4);
-        if (hp->n_mla) {
-            B->qa = carve(c, R * H * C * F4), B->ctx = carve(c, R * H * (uint64_t)hp->kv_lora * F4);
-            B->attn = carve(c, em_gpu_mla_scratch_floats(&k->md, GK_ROWS) * F4);
-        }
+        if (hp->n_mla) B->attn = carve(c, em_gpu_mla_scratch_floats(&k->md, GK_ROWS) * F4);
         if (k->n_moe) B->lx = carve(c, R * lat * F4), B->ls = carve(c, R * lat * F4);
         if (hp->res_block > 0) B->bank = carve(c, (uint64_t)k->max_banks * R * E * F4), B->mix = carve(c, R * E * F4);
         B->feat_out = carve(c, (k->base.info.n_feat ? GK_FEATURE_ROWS : 1) * (uint64_t)k->base.info.n_feat * F4);
@@ -210,7 +210,7 @@ static void carve_bufs(gk *k, carver *c, gk_bufs *B, uint64_t R, bool wide) {
     B->act_cap = 8 * align256(em_gpu_act_bytes(EM_TYPE_Q8_0, (int64_t)widest, (int)R)) +
                  2 * align256(em_gpu_matmul_heads_scratch_bytes(EM_TYPE_Q8_0, hp->mla_heads ? hp->mla_heads : 1,
                                                                (int64_t)maxu((uint64_t)hp->kv_lora, (uint64_t)hp->nope),
-                                                               GK_ROWS) + 65536);
+                                                               (int)R) + 65536);
     B->act = carve(c, B->act_cap);
 }
 
@@ -502,21 +502,19 @@ static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
                                    B->kv + (int64_t)r * C, C, dl->kv_a_norm, KIMI_MLA_NORM_EPS, err);
     int rc2 = em_gpu_join(g, err);
     if (rc || (rc = rc2)) return rc;
-    /* per chunk: absorbed queries [W_UK_h^T q_nope_h | q_pe_h] per head, attention over the
-     * cache (each row up to its own position), the value up-projection */
-    for (int r = 0; r < n && !rc; r += GK_ROWS) {
-        const int m = n - r < GK_ROWS ? n - r : GK_ROWS;
-        const float *q = B->q + (int64_t)r * ldq;
-        if ((rc = mm_heads(k, &w->k_b, R, q, ldq, qk, hp->nope, m, N->qa, (int64_t)H * C, C, err)) ||
-            (rc = em_gpu_copy_2d(k->gpu, N->qa + R, (uint64_t)C * sizeof(float), q + hp->nope,
-                                 (uint64_t)qk * sizeof(float), (uint64_t)hp->rope * sizeof(float), (uint64_t)m * H, err)) ||
-            (rc = em_gpu_mla_attend(k->gpu, &k->md, cache, chunk_pos(B, r), m, N->qa, (int64_t)H * C, N->attn, N->ctx,
-                                    (int64_t)H * R, err)))
-            return rc;
-        rc = mm_heads(k, &w->v_b, hp->v_head, N->ctx, (int64_t)H * R, R, R, m, B->mo + (int64_t)r * ldo, ldo, hp->v_head,
-                      err);
-    }
-    if (rc) return rc;
+    /* the absorbed queries [W_UK_h^T q_nope_h | q_pe_h] per head of every row, then per chunk
+     * the attention over the cache (each row up to its own position), then the value
+     * up-projection of every row */
+    if ((rc = mm_heads(k, &w->k_b, R, B->q, ldq, qk, hp->nope, n, B->qa, (int64_t)H * C, C, err)) ||
+        (rc = em_gpu_copy_2d(k->gpu, B->qa + R, (uint64_t)C * sizeof(float), B->q + hp->nope, (uint64_t)qk * sizeof(float),
+                             (uint64_t)hp->rope * sizeof(float), (uint64_t)n * H, err)))
+        return rc;
+    for (int r = 0; r < n && !rc; r += GK_ROWS)
+        rc = em_gpu_mla_attend(k->gpu, &k->md, cache, chunk_pos(B, r), n - r < GK_ROWS ? n - r : GK_ROWS,
+                               B->qa + (int64_t)r * H * C, (int64_t)H * C, N->attn, B->ctx + (int64_t)r * H * R,
+                               (int64_t)H * R, err);
+    if (rc || (rc = mm_heads(k, &w->v_b, hp->v_head, B->ctx, (int64_t)H * R, R, R, n, B->mo, ldo, hp->v_head, err)))
+        return rc;
     if (w->gate.rows > 0 && /* K3 output gate */
         ((rc = mm(k, xa, &w->gate, B->mgate, ldo, err)) ||
          (rc = em_gpu_sigmoid_mul(k->gpu, B->mo, B->mgate, (int64_t)n * ldo, err))))
@@ -884,11 +882,11 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
  * prompt. A wide pass takes up to GK_WIDE rows through each layer on its own buffers (W.b):
  * the norms, the products (Q8_0 on the tensor cores, em_gpu_matmul) and the routed experts
  * (em_gpu_moe_wide: each expert once per pass) over all its rows, the KDA recurrence too (one
- * call on the wide log W.log), the MLA cache and attention in chunks of GK_ROWS. Each row gets
- * the narrow passes' arithmetic, so states and outputs are bit-identical to narrow passes'
- * (tests/cuda/test_gpu_target.c). Not captured in graphs yet (docs/cuda.md, runs 74-75: the
- * GPU may wait between its launches for a tenth of a pass). Kimi-Linear layers on one device
- * (no AttnRes banks, no latent MoE). */
+ * call on the wide log W.log), MLA's per-head products too, its cache and attention in chunks
+ * of GK_ROWS. Each row gets the narrow passes' arithmetic, so states and outputs are
+ * bit-identical to narrow passes' (tests/cuda/test_gpu_target.c). A full pass (GK_WIDE rows)
+ * is captured once and replayed: its positions are read on the device and its launch shapes are
+ * fixed. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
 
 /* Whether a prefill of n rows asking o runs wide passes (the model's side: wide_setup). */
 static bool wide_ok(const gk *k, const em_rows *o, int n) {
@@ -969,9 +967,16 @@ static int wide_body(gk *k, int m, em_err *err) {
     return rc;
 }
 
+static int issue_wide(gk *k, int m, int unused, em_err *err) {
+    (void)unused;
+    return wide_body(k, m, err);
+}
+
 /* One wide committing pass of m rows at the target's position (request rows r0.. of n): the
- * chunks' inputs in one upload, the layers, then per chunk what o asks (commit_pass's head and
- * downloads, on the chunk's rows copied into B). */
+ * chunks' inputs in one upload, the layers (a full pass's captured once and replayed: the
+ * positions are read on the device; its some 1,400 launches issued one by one left the GPU
+ * waiting between them), then per chunk what o asks (commit_pass's head and downloads, on the
+ * chunk's rows copied into B). */
 static int wide_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r0, int n, em_err *err) {
     const int64_t E = k->hp.n_embd, nf = k->base.info.n_feat;
     const int nc = (m + GK_ROWS - 1) / GK_ROWS;
@@ -984,7 +989,7 @@ static int wide_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r0,
     }
     int rc = em_gpu_upload(k->gpu, W->tok, in, (uint64_t)nc * (GK_ROWS + 1) * sizeof *in, err);
     k->P = W;
-    if (!rc) rc = wide_body(k, m, err);
+    if (!rc) rc = m == GK_WIDE ? graphed(k, &k->g_wide, issue_wide, m, 0, err) : wide_body(k, m, err);
     k->P = &k->B;
     const bool feats = o && (o->features || o->device_features);
     for (int c = 0; !rc && c < nc; c++) {
@@ -1176,6 +1181,7 @@ static void free_graphs(gk *k) {
         em_gpu_graph_free(k->g_head[i]);
         em_gpu_graph_free(k->g_commit[i]);
     }
+    em_gpu_graph_free(k->g_wide);
 }
 
 static void gk_close(em_target *t) {

@@ -1032,6 +1032,44 @@ static void test_matmul_heads(int type, int heads, int64_t hr, int64_t cols, int
     free(gh), free(hw), free(x), free(ref), free(got);
 }
 
+/* A wide pass's call: n = 17, 100 and 256 rows in one em_gpu_matmul_heads == the same rows in
+ * calls of R (memcmp, rows past n left poisoned). */
+static void test_matmul_heads_wide(int type, int heads, int64_t hr, int64_t cols, int64_t xhs, int64_t yhs) {
+    enum { W = EM_GPU_WIDE_MAX_ROWS };
+    char name[64];
+    snprintf(name, sizeof name, "matmul heads wide %s %dx%lldx%lld", em_type_name(type), heads, (long long)hr,
+             (long long)cols);
+    const int64_t rows = (int64_t)heads * hr, ldx = (int64_t)heads * xhs, ldy = (int64_t)heads * yhs;
+    void *hw = heads_weights(type, rows, cols);
+    em_gpu_mat gm;
+    TRY(name, em_gpu_mat_upload(G, type, rows, cols, hw, name, &gm, &E));
+    float *x = xmalloc((size_t)W * ldx * 4);
+    fill(x, (int64_t)W * ldx, 1.0f);
+    const uint64_t yb = (uint64_t)W * ldy * 4, sb = em_gpu_matmul_heads_scratch_bytes(type, heads, cols, W);
+    float *dx = dalloc((uint64_t)W * ldx * 4), *dy = dalloc(yb), *dref = dalloc(yb);
+    void *ds = sb ? dalloc(sb) : NULL;
+    float *ref = xmalloc(yb), *got = xmalloc(yb);
+    up(dx, x, (uint64_t)W * ldx * 4);
+    const int ns[3] = { 17, 100, W };
+    int differ = 0;
+    for (int i = 0; i < 3; i++) {
+        const int n = ns[i];
+        poison(dref, yb), poison(dy, yb);
+        for (int r0 = 0; r0 < n; r0 += R)
+            TRY(name, em_gpu_matmul_heads(G, &gm, heads, hr, dx + r0 * ldx, ldx, xhs, cols, n - r0 < R ? n - r0 : R, ds,
+                                          dref + r0 * ldy, ldy, yhs, &E));
+        TRY(name, em_gpu_matmul_heads(G, &gm, heads, hr, dx, ldx, xhs, cols, n, ds, dy, ldy, yhs, &E));
+        TRY(name, down(ref, dref, yb));
+        TRY(name, down(got, dy, yb));
+        differ += memcmp(got, ref, yb) != 0;
+    }
+    record(name, differ == 0, "n = 17, 100, 256: %d of 3 differ from calls of 16 rows (memcmp, rows past n poisoned)",
+           differ);
+    em_gpu_mat_free(G, &gm);
+    em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dref), em_gpu_free(G, ds);
+    free(hw), free(x), free(ref), free(got);
+}
+
 static void test_heads(void) {
     /* k_b: 32 heads of kv_lora 512 rows over nope 128 (q rows of 192 per head, outputs into
      * qa rows of 576 per head); v_b: 32 heads of v_head 128 over kv_lora 512 (ctx rows of 512,
@@ -1041,6 +1079,10 @@ static void test_heads(void) {
     const int vb[] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_BF16, EM_TYPE_Q4_K, EM_TYPE_Q6_K, EM_TYPE_MXFP4 };
     for (int t = 0; t < 6; t++) test_matmul_heads(vb[t], MLA_HEADS, 128, 512, 512, 128);
     test_matmul_heads(EM_TYPE_Q8_0, 3, 1001, 64, 96, 1003); /* rows not a multiple of a warp's 4 outputs */
+    test_matmul_heads_wide(EM_TYPE_Q8_0, MLA_HEADS, 512, 128, MLA_QK, 512 + ROPE_DIMS);
+    test_matmul_heads_wide(EM_TYPE_Q8_0, MLA_HEADS, 128, 512, 512, 128);
+    test_matmul_heads_wide(EM_TYPE_F32, MLA_HEADS, 128, 512, 512, 128);
+    test_matmul_heads_wide(EM_TYPE_Q6_K, MLA_HEADS, 128, 512, 512, 128);
 }
 
 /* One attn_k_b / attn_v_b product of all 32 heads: em_gpu_matmul_heads against 32 em_gpu_matmul

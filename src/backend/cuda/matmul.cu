@@ -18,9 +18,10 @@
  * - the kernels are instantiated for N in {1, 2, 4, 8, 16} rows; a call of n rows uses the
  *   smallest N >= n, and rows j >= n are skipped (not computed, not written).
  * - calls of more rows (up to EM_GPU_WIDE_MAX_ROWS: wide prefill passes) run Q8_0 weights on
- *   the tensor cores (mm_tc.cuh) and F32 weights a thread an output and row (k_mm_f32_wide),
- *   both folding the lane chains as the butterfly adds them, and every other product in chunks
- *   of EM_GPU_MAX_ROWS rows, so each row still gets the arithmetic of a one-row call. */
+ *   the tensor cores (mm_tc.cuh), folding the lane chains as the butterfly adds them, F32
+ *   weights in one launch of em_gpu_matmul's warp body (k_mm_f32_wide), and every other
+ *   product in chunks of EM_GPU_MAX_ROWS rows, so each row still gets the arithmetic of a
+ *   one-row call. */
 #include "backend/cuda/mm_kernels.cuh"
 #include "backend/cuda/mm_quant.cuh"
 #include "backend/cuda/mm_tc.cuh"
@@ -462,33 +463,28 @@ __global__ void __launch_bounds__(TC_WM * TC_WN * 32) k_mm_tc(mm_jobs js, const 
                     min(jb, n - 1), w.y, w.ldy, ja < n ? ja : -1, jb < n ? jb : -1);
 }
 
-/* F32 weights x F32 rows over many rows (a MoE router, KDA's beta in a wide pass): thread
- * (row j, output o), a warp 32 outputs of one row, a block 8 rows. mm_float_warp gives lane l
- * the 16-byte pieces l, l + 32, ... of an output, one fma chain over their values in order,
- * then the butterfly; here a thread runs the 32 lanes' chains in bit-reversed lane order and
- * folds them as the butterfly adds them (tc_fold, mm_tc.cuh), so the same bits. */
+/* F32 weights x F32 rows over many rows (a MoE router, KDA's beta in a wide pass): the warp
+ * body of em_gpu_matmul (mm_float_warp: lane l takes the 16-byte pieces l, l + 32, ... of an
+ * output, one fma chain over their values in order, then the butterfly), a warp F32W_OUTS
+ * outputs of F32W_ROWS rows, a block MM_WARPS such warps on the same rows (their activation
+ * pieces found in L1 by all but the first). An output's chain does not depend on the rows or
+ * outputs a warp takes, so the bits are those of calls of EM_GPU_MAX_ROWS rows. Each lane's
+ * weight and activation loads are 16 bytes of a 512-byte span the warp reads together; a thread
+ * an output and row (runs 66-74) read a row's pieces 9 KB apart, and the router took 180 us of
+ * a wide pass's layer. */
+#define F32W_ROWS 8
+#define F32W_OUTS 4
 __global__ void __launch_bounds__(256) k_mm_f32_wide(mm_jobs js, const float *x, int64_t ldx, int n) {
     emc_kernel_begin();
     const mm_job w = mm_pick(js);
-    const int64_t o = (int64_t)(blockIdx.x - w.block0) * 32 + (threadIdx.x & 31);
-    const int j = (int)blockIdx.y * 8 + (int)(threadIdx.x >> 5);
-    if (o >= w.rows || j >= n) return; /* no warp-wide steps below */
-    const int64_t pieces = js.cols / 4;
-    const float4 *wr = (const float4 *)(const void *)w.data + o * pieces, *xr = (const float4 *)(x + (int64_t)j * ldx);
-    float s[5][1], v[1];
-    for (int i = 0; i < 32; i++) {
-        float a = 0.0f;
-        for (int64_t p = (int64_t)(__brev((unsigned)i) >> 27); p < pieces; p += 32) {
-            const float4 f = __ldg(wr + p), xa = xr[p];
-            a = __fmaf_rn(f.x, xa.x, a);
-            a = __fmaf_rn(f.y, xa.y, a);
-            a = __fmaf_rn(f.z, xa.z, a);
-            a = __fmaf_rn(f.w, xa.w, a);
-        }
-        v[0] = a;
-        tc_fold<1>(i, v, s);
-    }
-    w.y[(int64_t)j * w.ldy + o] = v[0];
+    const int64_t r0 = ((int64_t)(blockIdx.x - w.block0) * MM_WARPS + (threadIdx.x >> 5)) * F32W_OUTS;
+    const int j0 = (int)blockIdx.y * F32W_ROWS;
+    if (r0 >= w.rows) return; /* a whole warp */
+    int rows[F32W_ROWS];
+#pragma unroll
+    for (int j = 0; j < F32W_ROWS; j++) rows[j] = j0 + j;
+    mm_float_warp<EM_TYPE_F32, F32W_ROWS, F32W_OUTS, 2>(w.data, w.rows, js.cols, r0, x, ldx, min(n - j0, F32W_ROWS), rows,
+                                                        w.y, w.ldy, rows);
 }
 
 /* Rows r0 .. r0 + m - 1 of a. */
@@ -525,7 +521,7 @@ static int mm_wide(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu
         uint64_t *blocks = q8 ? &bq : &bf;
         js->job[js->count++] = (mm_job){ (const uint8_t *)w->data, (const uint8_t *)w->scales, w->rows, outs[i].d_y,
                                          outs[i].ldy, (unsigned)*blocks };
-        *blocks += emc_blocks(w->rows, q8 ? TC_OUTS : 32);
+        *blocks += emc_blocks(w->rows, q8 ? TC_OUTS : MM_WARPS * F32W_OUTS);
     }
     int rc = emc_use(g, err);
     if (!rc && jq.count) {
@@ -534,7 +530,8 @@ static int mm_wide(em_gpu *g, const em_gpu_mm_out *outs, int count, const em_gpu
         rc = emc_launched(err, "k_mm_tc");
     }
     if (!rc && jf.count) {
-        emc_launch(g, k_mm_f32_wide, dim3((unsigned)bf, emc_blocks(act->n, 8)), 256, 0, jf, act->x, act->ldx, act->n);
+        emc_launch(g, k_mm_f32_wide, dim3((unsigned)bf, emc_blocks(act->n, F32W_ROWS)), MM_WARPS * 32, 0, jf, act->x,
+                   act->ldx, act->n);
         rc = emc_launched(err, "k_mm_f32_wide");
     }
     for (int r0 = 0; !rc && n_rest && r0 < act->n; r0 += EM_GPU_MAX_ROWS) {
@@ -630,9 +627,10 @@ static __global__ void k_quant_q8_0_heads(const float *x, int64_t ldx, int64_t x
     quant_q8_0_block(x[j * ldx + h * xhs + b * 32 + lane], lane, qs + hj * cols + b * 32, d + hj * bpr + b);
 }
 
-/* Block (x, h): the warps of head h, over the hr rows of its matrix (rows h * hr.. of the
- * whole) as a matrix of its own: the dense product's warp bodies on pointers offset to the
- * head, so each output is computed exactly as em_gpu_matmul of that head's rows computes it. */
+/* Block (x, h, z): the warps of head h, over the hr rows of its matrix (rows h * hr.. of the
+ * whole) as a matrix of its own, for rows zN .. zN + N - 1 (below n; a wide pass's call has
+ * several such groups): the dense product's warp bodies on pointers offset to the head, so each
+ * output is computed exactly as em_gpu_matmul of that head's rows computes it. */
 template <int T, int N>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     k_mm_heads(const uint8_t *wq, const uint8_t *ws, int64_t all_rows, int64_t hr, int64_t cols, const int8_t *xq,
@@ -642,11 +640,13 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     if (r0 >= hr) return;
     const int64_t h = blockIdx.y, v0 = h * hr * cols; /* the head's first weight value */
     float *yh = y + h * yhs;
+    const int j0 = (int)blockIdx.z * N;
     int idx[N];
 #pragma unroll
-    for (int j = 0; j < N; j++) idx[j] = j;
+    for (int j = 0; j < N; j++) idx[j] = j0 + j;
     const int8_t *xqh = xq + h * n * cols;
     const float *xdh = xd + h * n * (cols / 32);
+    n = min(n - j0, N); /* the group's rows */
     if constexpr (T == EM_TYPE_Q8_0) {
         mm_q8_0_warp<N>((const int8_t *)wq + v0, (const __half *)ws + v0 / 32, hr, cols, r0, xqh, xdh, n, idx, yh, ldy, idx);
     } else if constexpr (T == EM_TYPE_Q4_K) {
@@ -666,7 +666,7 @@ template <int T, int N>
 static void launch_heads_t(const em_gpu_mat *w, int heads, int64_t hr, const int8_t *xq, const float *xd,
                            const float *x, int64_t ldx, int64_t xhs, int n, float *y, int64_t ldy, int64_t yhs,
                            const em_gpu *g) {
-    const dim3 grid(emc_blocks(hr, MM_WARPS * MM_OUTS), (unsigned)heads);
+    const dim3 grid(emc_blocks(hr, MM_WARPS * MM_OUTS), (unsigned)heads, emc_blocks(n, N));
     emc_launch(g, k_mm_heads<T, N>, grid, MM_WARPS * 32, 0, (const uint8_t *)w->data, (const uint8_t *)w->scales,
                w->rows, hr, w->cols, xq, xd, x, ldx, xhs, n, y, ldy, yhs);
 }
@@ -686,7 +686,7 @@ static void launch_heads(const em_gpu_mat *w, int heads, int64_t hr, const int8_
 }
 
 extern "C" uint64_t em_gpu_matmul_heads_scratch_bytes(int wtype, int n_heads, int64_t cols, int n) {
-    if (n_heads < 1 || n < 1 || n > EM_GPU_MAX_ROWS) return 0;
+    if (n_heads < 1 || n < 1 || n > EM_GPU_WIDE_MAX_ROWS) return 0;
     return em_gpu_act_bytes(wtype, cols, n_heads * n); /* n_heads x n rows of em_gpu_act_prepare's layout */
 }
 
@@ -694,7 +694,7 @@ extern "C" int em_gpu_matmul_heads(em_gpu *g, const em_gpu_mat *w, int n_heads, 
                                    int64_t ldx, int64_t x_head_stride, int64_t cols, int n, void *d_scratch, float *d_y,
                                    int64_t ldy, int64_t y_head_stride, em_err *err) {
     EMC_CHECK(w && w->data && em_gpu_mat_type_ok(w->type), "GPU matmul heads: no matrix, or one of an unsupported type");
-    EMC_CHECK(n >= 1 && n <= EM_GPU_MAX_ROWS, "GPU matmul heads: %d rows (1..%d)", n, EM_GPU_MAX_ROWS);
+    EMC_CHECK(n >= 1 && n <= EM_GPU_WIDE_MAX_ROWS, "GPU matmul heads: %d rows (1..%d)", n, EM_GPU_WIDE_MAX_ROWS);
     EMC_CHECK(n_heads >= 1 && n_heads <= 65535 && head_rows >= 1 && (int64_t)n_heads * head_rows == w->rows,
               "GPU matmul heads: %d heads of %lld rows for a matrix of %lld rows", n_heads, (long long)head_rows,
               (long long)w->rows);

@@ -21,9 +21,6 @@
  * the first four as the PTX layout's k = 4q .. 4q + 3, the last four as k = 16 + 4q .. 16 + 4q + 3.
  * Every k meets its own k, so the dot is the block's.
  *
- * tc_fold also serves the F32 products of wide passes (matmul.cu, k_mm_f32_wide), whose warp
- * body's lane chains meet in the same butterfly.
- *
  * Internal to backend/cuda/. */
 #ifndef EM_MM_TC_CUH
 #define EM_MM_TC_CUH

@@ -121,8 +121,9 @@ static void test_seq_sizes(void **state) {
     assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_OK);
     assert_int_equal(em_gpu_kda_state_floats(&d), 3 * 3 * 4096 + 32 * 128 * 128);
     assert_true(em_gpu_kda_log_bytes(&d, 16) >= 16ull * (7 * 4096 + 2 * 32) * 4);
-    assert_true(em_gpu_kda_log_bytes(&d, 256) >= 256ull * (7 * 4096 + 2 * 32) * 4); /* a wide pass's */
-    assert_int_equal(em_gpu_kda_log_bytes(&d, 257), 0); /* past EM_GPU_WIDE_MAX_ROWS */
+    assert_true(em_gpu_kda_log_bytes(&d, EM_GPU_WIDE_MAX_ROWS) >=
+                (uint64_t)EM_GPU_WIDE_MAX_ROWS * (7 * 4096 + 2 * 32) * 4); /* a wide pass's */
+    assert_int_equal(em_gpu_kda_log_bytes(&d, EM_GPU_WIDE_MAX_ROWS + 1), 0);
     d.head_dim = 96;
     assert_int_equal(em_gpu_kda_dims_check(&d, &err), EM_EUNSUPPORTED);
     assert_non_null(strstr(err.msg, "head_dim 96"));

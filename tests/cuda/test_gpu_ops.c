@@ -1032,8 +1032,8 @@ static void test_matmul_heads(int type, int heads, int64_t hr, int64_t cols, int
     free(gh), free(hw), free(x), free(ref), free(got);
 }
 
-/* A wide pass's call: n = 17, 100 and 256 rows in one em_gpu_matmul_heads == the same rows in
- * calls of R (memcmp, rows past n left poisoned). */
+/* A wide pass's call: n = 17, 100 and EM_GPU_WIDE_MAX_ROWS rows in one em_gpu_matmul_heads ==
+ * the same rows in calls of R (memcmp, rows past n left poisoned). */
 static void test_matmul_heads_wide(int type, int heads, int64_t hr, int64_t cols, int64_t xhs, int64_t yhs) {
     enum { W = EM_GPU_WIDE_MAX_ROWS };
     char name[64];
@@ -1063,8 +1063,8 @@ static void test_matmul_heads_wide(int type, int heads, int64_t hr, int64_t cols
         TRY(name, down(got, dy, yb));
         differ += memcmp(got, ref, yb) != 0;
     }
-    record(name, differ == 0, "n = 17, 100, 256: %d of 3 differ from calls of 16 rows (memcmp, rows past n poisoned)",
-           differ);
+    record(name, differ == 0, "n = 17, 100, %d: %d of 3 differ from calls of %d rows (memcmp, rows past n poisoned)", W,
+           differ, R);
     em_gpu_mat_free(G, &gm);
     em_gpu_free(G, dx), em_gpu_free(G, dy), em_gpu_free(G, dref), em_gpu_free(G, ds);
     free(hw), free(x), free(ref), free(got);
@@ -1224,7 +1224,7 @@ static int mm_chunks(const em_gpu_mat *w, const float *dx, int64_t cols, int n, 
 }
 
 /* em_gpu_matmul over n > R rows (Q8_0 on the tensor cores, other types in chunks) memcmp-equal
- * to calls of R rows, every output written, for n = 17, 100 and 256. */
+ * to calls of R rows, every output written, for n = 17, 100 and EM_GPU_WIDE_MAX_ROWS. */
 static void test_matmul_wide(int type, int64_t rows, int64_t cols) {
     const int NW = EM_GPU_WIDE_MAX_ROWS;
     char name[64];
@@ -1289,9 +1289,9 @@ static void test_matmul_wide(int type, int64_t rows, int64_t cols) {
     free(hw), free(x), free(got), free(want);
 }
 
-/* em_gpu_matmul_multi over 256 rows of a KDA layer's Q8_0 projections with its F32 beta (the
- * Q8_0 ones on the tensor cores, the F32 one in chunks), each memcmp-equal to its own calls of
- * R rows; then 257 rows and in-block activations over R rows refused. */
+/* em_gpu_matmul_multi over EM_GPU_WIDE_MAX_ROWS rows of a KDA layer's Q8_0 projections with its
+ * F32 beta (the Q8_0 ones on the tensor cores, the F32 one in chunks), each memcmp-equal to its
+ * own calls of R rows; then one row more and in-block activations over R rows refused. */
 static void test_matmul_multi_wide(void) {
     const char *name = "matmul multi wide q8_0 + f32";
     const int NW = EM_GPU_WIDE_MAX_ROWS, types[3] = { EM_TYPE_Q8_0, EM_TYPE_F32, EM_TYPE_Q8_0 };
@@ -1327,7 +1327,9 @@ static void test_matmul_multi_wide(void) {
     record(name, differ == 0, "%d of 3 products (%d rows) differ from their own calls of %d rows", differ, NW, R);
     act.n = NW + 1;
     int rc = em_gpu_matmul_multi(G, outs, 3, &act, &E);
-    record("matmul: 257 rows refused", rc == EM_EINVAL && strstr(E.msg, "257 rows"), "%s", E.msg);
+    char too_many[32];
+    snprintf(too_many, sizeof too_many, "%d rows", NW + 1);
+    record("matmul: one row too many refused", rc == EM_EINVAL && strstr(E.msg, too_many), "%s", E.msg);
     em_gpu_act ib;
     const bool ib_ok = em_gpu_act_in_block(EM_TYPE_Q8_0, dx, NULL, cols, KDA_DIM, R + 1, EM_GPU_ACT_SWIGLU, 0, 0, &ib);
     record("matmul: in-block over 16 rows", !ib_ok, "em_gpu_act_in_block %s %d rows", ib_ok ? "accepted" : "refused",

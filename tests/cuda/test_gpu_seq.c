@@ -239,12 +239,12 @@ static void test_kda_wide(void) {
     if (!rc) rc = em_gpu_kda_forward_commit(G, &x.gd, &x.gp, &st, N, d_qkv, d_f, d_b, d_g2, d_out, NULL, NULL, &wide, &E);
     if (!rc) down(got, d_out, N * KDI * 4);
     float *got_st = state_down(&x, d_s);
-    if (rc) record("kda forward_commit of 256 rows == 16 calls of 16", 0, "%s", E.msg);
+    const char *name = "kda forward_commit of a wide pass's rows == calls of 16";
+    if (rc) record(name, 0, "%s", E.msg);
     else {
         const bool out = !memcmp(got, want, N * KDI * 4), state = !memcmp(got_st, want_st, SB);
-        record("kda forward_commit of 256 rows == 16 calls of 16", out && state && wide.consumed,
-               "outputs %s, window and S %s, log %s", out ? "equal" : "differ", state ? "equal" : "differ",
-               wide.consumed ? "consumed" : "not consumed");
+        record(name, out && state && wide.consumed, "%d rows: outputs %s, window and S %s, log %s", N, out ? "equal" : "differ",
+               state ? "equal" : "differ", wide.consumed ? "consumed" : "not consumed");
     }
     free(qkv), free(f), free(b), free(g2), free(want), free(got), free(want_st), free(got_st);
 }

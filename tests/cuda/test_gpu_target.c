@@ -262,16 +262,16 @@ static em_target *open_wide(const char *path, const char *wide, const em_model_o
     return t;
 }
 
-/* A prompt of N_WIDE rows through wide passes (two of 256 rows, the second a replay of the
- * first's graph, then the rest) against narrow passes only: every row's logits, the features of
- * layers 0..2, and then three one-row steps (so the KDA states and the MLA cache the prompt left)
- * memcmp-equal. */
-#define N_WIDE 556
+/* A prompt of N_WIDE rows through wide passes (two of EM_GPU_WIDE_MAX_ROWS rows, the second a
+ * replay of the first's graph, then the rest) against narrow passes only: every row's logits,
+ * the features of layers 0..2, and then three one-row steps (so the KDA states and the MLA cache
+ * the prompt left) memcmp-equal. */
+#define N_WIDE (2 * EM_GPU_WIDE_MAX_ROWS + 44)
 static void check_wide(const char *label, const char *path) {
     char name[160];
     snprintf(name, sizeof name, "wide prefill %s", label);
     const int layers[] = { 0, 1, 2 };
-    const em_model_opts o = { .feature_layers = layers, .n_feature_layers = 3, .n_ctx = 1024 };
+    const em_model_opts o = { .feature_layers = layers, .n_feature_layers = 3, .n_ctx = 2048 };
     em_err err = { 0 };
     em_target *t[2] = { open_wide(path, "0", &o, &err), NULL };
     if (t[0]) t[1] = open_wide(path, "1", &o, &err);

@@ -373,14 +373,15 @@ int em_gpu_moe_prepared(em_gpu *g, const em_gpu_experts *x, const float *d_x, in
                         float *d_y, int64_t ldy, em_err *err);
 
 /* ---- wide passes: a prompt's rows (prefill) --------------------------------------------
- * em_gpu_moe over up to EM_GPU_WIDE_MAX_ROWS rows (n * k <= EM_GPU_WIDE_MAX_PAIRS: any k up to 32), for a
- * prefill's wide passes: the union is built over all n rows,
- * an expert chosen by more than 4 rows taking several union slots of up to 4 (4-row kernels
- * measured fastest), so that each expert runs once per call, its slots side by side in one
- * launch, rather than once per 16 rows. Every slot runs em_gpu_moe's warp bodies and the sum
- * is its sum, so row j's output is bit-identical to em_gpu_moe's for that row (in any chunk
- * of rows: width invariance still holds). The inputs are quantized here (as
- * em_gpu_act_prepare would). d_scratch: em_gpu_moe_wide_scratch_bytes. */
+ * em_gpu_moe over up to EM_GPU_WIDE_MAX_ROWS rows (n * k <= EM_GPU_WIDE_MAX_PAIRS: any k up to
+ * 32), for a prefill's wide passes: the union is built over all n rows, an expert chosen by
+ * more rows than a slot holds taking several union slots (up to 8 rows of Q8_0 experts on the
+ * tensor cores, up to 4 of other types: those measured fastest), so that each expert runs once
+ * per call, its slots side by side in one launch, rather than once per 16 rows. Every slot
+ * gives each row em_gpu_moe's arithmetic and the sum is its sum, so row j's output is
+ * bit-identical to em_gpu_moe's for that row (in any chunk of rows: width invariance still
+ * holds). The inputs are quantized here (as em_gpu_act_prepare would). d_scratch:
+ * em_gpu_moe_wide_scratch_bytes. */
 #define EM_GPU_WIDE_MAX_PAIRS (EM_GPU_WIDE_MAX_ROWS * 32)
 uint64_t em_gpu_moe_wide_scratch_bytes(int n_expert, int k, int ffn, int64_t cols, int n);
 int em_gpu_moe_wide(em_gpu *g, const em_gpu_experts *x, const float *d_x, int64_t ldx, int n, const int32_t *d_ids,

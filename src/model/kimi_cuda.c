@@ -9,9 +9,8 @@
  *   rows (their own buffers and KDA log; MLA's cache and attention in chunks of EM_GPU_MAX_ROWS;
  *   a full one's layers are one CUDA graph, captured once). A verify of n <= max_verify rows is
  *   one pass whose layers are one CUDA graph per width n (captured the first time that width
- *   runs, replayed after), its LM head another, and
- *   commit(k) a third per k: buffers are fixed, and the tokens and the position are uploaded
- *   to fixed device slots before a replay.
+ *   runs, replayed after), its LM head another, and commit(k) a third per k: buffers are fixed,
+ *   and the tokens and the position are uploaded to fixed device slots before a replay.
  * - Nothing returns to the host inside a pass: routing, the union of routed experts and the
  *   argmaxes are made on the device; at its end only what em_rows asks for is downloaded
  *   (argmaxes: 4 bytes a row).

@@ -880,9 +880,9 @@ static int run_commit(gk *k, const int32_t *tok, int n, const em_rows *o, em_err
  * 48B-shaped model (256 experts, top-8) about 100 routed experts a layer for each 16 rows of a
  * prompt. A wide pass takes up to GK_WIDE rows through each layer on its own buffers (W.b):
  * the norms, the products (Q8_0 on the tensor cores, em_gpu_matmul) and the routed experts
- * (em_gpu_moe_wide: each expert once per pass) over all its rows, the KDA recurrence too (one
- * call on the wide log W.log), MLA's per-head products too, its cache and attention in chunks
- * of GK_ROWS. Each row gets the narrow passes' arithmetic, so states and outputs are
+ * (em_gpu_moe_wide: each expert once per pass), the KDA recurrence (one call on the wide log
+ * W.log) and MLA's per-head products over all its rows; MLA's cache and attention in chunks of
+ * GK_ROWS. Each row gets the narrow passes' arithmetic, so states and outputs are
  * bit-identical to narrow passes' (tests/cuda/test_gpu_target.c). A full pass (GK_WIDE rows)
  * is captured once and replayed: its positions are read on the device and its launch shapes are
  * fixed. Kimi-Linear layers on one device (no AttnRes banks, no latent MoE). */
@@ -973,7 +973,7 @@ static int issue_wide(gk *k, int m, int unused, em_err *err) {
 
 /* One wide committing pass of m rows at the target's position (request rows r0.. of n): the
  * chunks' inputs in one upload, the layers (a full pass's captured once and replayed: the
- * positions are read on the device; its some 1,400 launches issued one by one left the GPU
+ * positions are read on the device; its about 1,400 launches, issued one by one, left the GPU
  * waiting between them), then per chunk what o asks (commit_pass's head and downloads, on the
  * chunk's rows copied into B). */
 static int wide_pass(gk *k, const int32_t *tok, int m, const em_rows *o, int r0, int n, em_err *err) {

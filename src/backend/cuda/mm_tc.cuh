@@ -139,7 +139,7 @@ __device__ __forceinline__ void mm_q8_0_tc_warp(const int8_t *wq, const __half *
 
 /* ---- expert slots of up to 8 rows (wide MoE calls) ----------------------------------------
  * Here the weights are the MMA's A (16 outputs) and a union slot's rows its B (n = 8), so the
- * about 8 rows an expert gets from a 256-row pass fill the tile, and a slot reads its
+ * about 8 rows an expert gets from each 256 rows of a pass fill the tile, and a slot reads its
  * expert's weights once. A block of 8 warps takes 32 outputs: warp w's tile is w / 4 (16
  * outputs) and its leaves of the butterfly's tree are 8 (w % 4) .. 8 (w % 4) + 7 (classes
  * brev5 of them). The block stages 16 blocks of each weight row and activation row at a time

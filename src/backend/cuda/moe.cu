@@ -5,7 +5,7 @@
  * the Q8_0 quantization of the hidden rows (for integer down weights) in one launch, down in
  * one launch (its weights asked of L2 before it waits for the hidden rows), and the weighted
  * sum per row in ascending expert order (model/moe.c's order); for one row of Q8_0 experts (a
- * decode step) down and the sum are one launch, the same bits. A wide call (a prompt's 256-row
+ * decode step) down and the sum are one launch, the same bits. A wide call (a prompt's 512-row
  * pass) runs Q8_0 experts in union slots of up to 8 rows on the tensor cores (mm_tc.cuh), the
  * same bits again.
  * Launch shapes depend only on n, k and the weight types (the union's size is read on the

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define EM_GPU_MAX_ROWS 16
-#define EM_GPU_WIDE_MAX_ROWS 512
+#define EM_GPU_WIDE_MAX_ROWS 1024
 
 /* ---- devices (gpu_common.c; device counting in the backend) --------------------------- */
 

@@ -271,7 +271,7 @@ static void check_wide(const char *label, const char *path) {
     char name[160];
     snprintf(name, sizeof name, "wide prefill %s", label);
     const int layers[] = { 0, 1, 2 };
-    const em_model_opts o = { .feature_layers = layers, .n_feature_layers = 3, .n_ctx = 2048 };
+    const em_model_opts o = { .feature_layers = layers, .n_feature_layers = 3, .n_ctx = 4096 };
     em_err err = { 0 };
     em_target *t[2] = { open_wide(path, "0", &o, &err), NULL };
     if (t[0]) t[1] = open_wide(path, "1", &o, &err);

@@ -105,40 +105,26 @@ __global__ void __launch_bounds__(1024) k_moe_union(const int32_t *ids, int e0, 
 
 /* k_moe_union for a wide call (nk = n k <= EM_GPU_WIDE_MAX_PAIRS (row, slot) pairs): expert e's
  * pairs in ascending order, cap (at most 16) to a union slot, the slots of all experts in ascending
- * expert order; the same meta. A pair's rank among its expert's pairs counts the pairs before
- * it: thread t holds pairs t, t + 1024, ...; per chunk of 1024 pairs the warps take turns, each
+ * expert order; the same meta. First every expert's count (shared-memory atomics) and, by a
+ * block-wide prefix over the slots each needs, its first slot. Then each pair's rank among its
+ * expert's pairs counts the pairs before it: per chunk of 1024 pairs the warps take turns, each
  * lane adding to the count its expert had so far the lanes below it that chose the same
- * (__match_any_sync). Then thread e takes expert e (a block-wide prefix over the slots each
- * needs), and every pair is placed. (Thread e scanning all nk pairs for its own took 177 us a
- * layer at 2,048 pairs, docs/cuda.md run 65; this, 17 us, run 68.) */
-#define MOE_WIDE_CHUNKS (EM_GPU_WIDE_MAX_PAIRS / 1024)
+ * (__match_any_sync), and the pair is placed at once. Nothing is held per pair between the two
+ * walks, so the pairs a call takes do not cost registers. (Thread e scanning all nk pairs for
+ * its own took 177 us a layer at 2,048 pairs, docs/cuda.md run 65; ranks held in registers
+ * over both walks, 17 us, run 68, but spilled past 16 chunks.) */
 __global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int nk, int k, int n_expert, int cap,
                                                          int *meta, int um) {
     emc_kernel_begin();
-    __shared__ int cnts[MOE_MAX_EXPERTS], bases[MOE_MAX_EXPERTS];
+    __shared__ int cnts[MOE_MAX_EXPERTS], bases[MOE_MAX_EXPERTS], run[MOE_MAX_EXPERTS];
     __shared__ int wsum[32];
     const unsigned all = 0xffffffffu;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (int e = tid; e < n_expert; e += blockDim.x) cnts[e] = 0;
-    int pe[MOE_WIDE_CHUNKS], rank[MOE_WIDE_CHUNKS];
-#pragma unroll
-    for (int c = 0; c < MOE_WIDE_CHUNKS; c++) {
-        const int p = c * 1024 + tid;
-        pe[c] = p < nk ? ids[p] : -1;
-        if (pe[c] < 0 || pe[c] >= n_expert) pe[c] = -1; /* matches no expert */
-    }
-#pragma unroll
-    for (int c = 0; c < MOE_WIDE_CHUNKS; c++) {
-        if (c * 1024 >= nk) break; /* the whole block leaves together */
-        const unsigned same = __match_any_sync(all, pe[c]), valid = __ballot_sync(all, pe[c] >= 0);
-        const int below = __popc(same & ((1u << lane) - 1u));
-        for (int w = 0; w < 32; w++) {
-            __syncthreads();
-            if (warp != w || pe[c] < 0) continue;
-            rank[c] = cnts[pe[c]] + below;
-            __syncwarp(valid); /* every lane has read its count before the first lanes add theirs */
-            if (below == 0) cnts[pe[c]] += __popc(same);
-        }
+    for (int e = tid; e < n_expert; e += blockDim.x) cnts[e] = 0, run[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < nk; p += blockDim.x) {
+        const int e = ids[p];
+        if (e >= 0 && e < n_expert) atomicAdd(&cnts[e], 1);
     }
     __syncthreads();
     const int e = tid, cnt = e < n_expert ? cnts[e] : 0, ns = (cnt + cap - 1) / cap;
@@ -154,13 +140,22 @@ __global__ void __launch_bounds__(1024) k_moe_union_wide(const int32_t *ids, int
     if (cnt > 0) bases[e] = base;
     __syncthreads();
     int *expert = meta + 1, *count = expert + um, *urows = count + um, *uslots = urows + 16 * um;
-#pragma unroll
-    for (int c = 0; c < MOE_WIDE_CHUNKS; c++) {
-        if (pe[c] < 0) continue;
-        const int p = c * 1024 + tid, i = rank[c], s = bases[pe[c]] + i / cap, t = i % cap;
-        if (s < um) {
-            urows[s * 16 + t] = p / k, uslots[s * 16 + t] = p;
-            if (t == 0) expert[s] = pe[c], count[s] = cnts[pe[c]] - i < cap ? cnts[pe[c]] - i : cap;
+    for (int c = 0; c * 1024 < nk; c++) { /* the whole block walks the same chunks */
+        const int p = c * 1024 + tid;
+        int pe = p < nk ? ids[p] : -1;
+        if (pe < 0 || pe >= n_expert) pe = -1; /* matches no expert */
+        const unsigned same = __match_any_sync(all, pe), valid = __ballot_sync(all, pe >= 0);
+        const int below = __popc(same & ((1u << lane) - 1u));
+        for (int w = 0; w < 32; w++) {
+            __syncthreads();
+            if (warp != w || pe < 0) continue;
+            const int i = run[pe] + below, s = bases[pe] + i / cap, t = i % cap;
+            __syncwarp(valid); /* every lane has read its count before the first lanes add theirs */
+            if (below == 0) run[pe] += __popc(same);
+            if (s < um) {
+                urows[s * 16 + t] = p / k, uslots[s * 16 + t] = p;
+                if (t == 0) expert[s] = pe, count[s] = cnts[pe] - i < cap ? cnts[pe] - i : cap;
+            }
         }
     }
     if (tid == blockDim.x - 1) {

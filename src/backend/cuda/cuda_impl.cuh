@@ -70,22 +70,31 @@ __device__ __forceinline__ void emc_kernel_begin() {
 }
 
 /* kernel<<<grid, block, smem, g->stream>>>(args...), with launch overlap when g->pdl, at the
- * stream's priority (kept by a captured graph's nodes). */
+ * stream's priority (kept by a captured graph's nodes), in thread block clusters of cluster_y
+ * blocks along grid y (1: none; gridDim.y a multiple of it). */
 template <typename... P, typename... A>
-static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
-    cudaLaunchAttribute at[2];
+static inline void emc_launch_clusters(const em_gpu *g, unsigned cluster_y, void (*kernel)(P...), dim3 grid, dim3 block,
+                                       size_t smem, A... args) {
+    cudaLaunchAttribute at[3];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = g->pdl ? 1 : 0;
     at[1].id = cudaLaunchAttributePriority;
     at[1].val.priority = g->stream == g->main ? g->prio_main : g->prio_side;
+    at[2].id = cudaLaunchAttributeClusterDimension;
+    at[2].val.clusterDim.x = 1, at[2].val.clusterDim.y = cluster_y, at[2].val.clusterDim.z = 1;
     cudaLaunchConfig_t c = {};
     c.gridDim = grid;
     c.blockDim = block;
     c.dynamicSmemBytes = smem;
     c.stream = g->stream;
     c.attrs = at;
-    c.numAttrs = 2;
+    c.numAttrs = cluster_y > 1 ? 3 : 2;
     (void)cudaLaunchKernelEx(&c, kernel, args...); /* its error is the last error: emc_launched reads it */
+}
+/* Without clusters. */
+template <typename... P, typename... A>
+static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+    emc_launch_clusters(g, 1, kernel, grid, block, smem, args...);
 }
 
 /* The activations, each the arithmetic of its CPU twin (the kernels of every .cu share them):

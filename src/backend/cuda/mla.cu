@@ -14,6 +14,8 @@
 #include "backend/cuda/cuda_impl.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define MLA_THREADS 256
 #define MLA_MAX_C 1024 /* kv_lora + rope floats of one cache row */
@@ -101,6 +103,7 @@ __device__ __forceinline__ void cp_quad(float *s, const float *g, int m, bool ve
 #define MA_THREADS (32 * MA_HG)
 #define MA_SPLITS 64  /* blocks over a row's positions, per head group */
 #define MA_MAX_J 4    /* context columns per thread: kv_lora <= MA_MAX_J * MA_THREADS */
+#define MA_CLUSTER 4  /* head groups sharing a tile's copy in a prompt's chunks (below) */
 
 /* The launch's fixed numbers, made on the host from the dims. */
 struct ma_shape {
@@ -123,16 +126,61 @@ static ma_shape ma_shape_of(const em_gpu_mla_dims *d) {
     return m;
 }
 
-/* Shared floats of a split block: the heads' queries, the tile, the slices' partial scores
- * (reused for p), the rescale factors. */
-static int ma_smem_bytes(const ma_shape &m) {
-    return (MA_HG * m.Cp + MA_U * m.Cs + MA_HG * MA_HG * MA_U + MA_HG) * 4;
+/* Shared bytes of a split block: the heads' queries, the tile, the slices' partial scores
+ * (reused for p), the rescale factors (floats); then, in clusters, the tile's mbarrier. */
+__host__ __device__ __forceinline__ int ma_bar_offset(const ma_shape &m) {
+    return ((MA_HG * m.Cp + MA_U * m.Cs + MA_HG * MA_HG * MA_U + MA_HG) * 4 + 7) & ~7;
+}
+static int ma_smem_bytes(const ma_shape &m, int cluster) { return ma_bar_offset(m) + (cluster > 1 ? 8 : 0); }
+
+/* ---- the tile multicast to a cluster of head groups (sm_90) ----------------------------------
+ * The CL blocks of a cluster are the head groups blockIdx.y = CL c .. CL c + CL - 1 of one split
+ * and row: the same tiles. Each tile's rows are copied from global memory once, by bulk copies
+ * that land in every block of the cluster (rank r copies rows r, r + CL, ...), and each block's
+ * mbarrier counts the bytes in. Rows past the length are zeroed by each block itself, as
+ * cp_quad zeroes them. A cluster barrier before each tile's copies keeps them off a tile some
+ * block still reads. The values in shared memory are the same as with the per-block copies,
+ * so the arithmetic after them is unchanged. */
+__device__ __forceinline__ unsigned ma_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned ma_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void ma_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ma_bar_init(uint64_t *b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;" ::"r"(ma_smem_addr(b))
+                 : "memory");
+}
+__device__ __forceinline__ void ma_bar_expect(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ma_smem_addr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ma_bar_wait(uint64_t *b, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(ma_smem_addr(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* bytes (a multiple of 16) from g to s in every block of the cluster whose bit is in mask. */
+__device__ __forceinline__ void ma_copy_multicast(float *s, const float *g, unsigned bytes, uint64_t *b,
+                                                  unsigned short mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, "
+                 "[%3], %4;" ::"r"(ma_smem_addr(s)),
+                 "l"(g), "r"(bytes), "r"(ma_smem_addr(b)), "h"(mask)
+                 : "memory");
 }
 
 /* Grid (S, head groups, n). Split s of row t, heads h0 .. h0 + MA_HG - 1: its m and l into
  * ml[(t H + h) S + s], its acc into part + (t H + h) ldp + s kv_lora. Splits past the row's
- * tiles write nothing (the merge reads min(S, tiles) of them). */
-template <int J>
+ * tiles write nothing (the merge reads min(S, tiles) of them). CL > 1: in clusters of CL head
+ * groups sharing each tile's copy (above; vec_c, C a multiple of 4). */
+template <int J, int CL>
 __global__ void __launch_bounds__(MA_THREADS)
     k_mla_split(em_gpu_mla_dims d, ma_shape m, const float *cache, const int32_t *pos, const float *qa, int64_t ldq,
                 float *part, float2 *ml, bool vec_c, bool vec_q) {
@@ -154,16 +202,35 @@ __global__ void __launch_bounds__(MA_THREADS)
 #pragma unroll
         for (int h = 0; h < MA_HG; h++) acc[j][h] = 0.0f;
     const int k0 = warp * m.KS, k1 = k0 + m.KS < q4 ? k0 + m.KS : q4;
+    uint64_t *bar = (uint64_t *)((char *)smem + ma_bar_offset(m));
+    unsigned parity = 0;
+    if (CL > 1) {
+        if (threadIdx.x == 0) ma_bar_init(bar);
+        ma_cluster_sync(); /* every block's mbarrier is there before any copy counts into it */
+    }
     for (int64_t tile = s; tile < tiles; tile += m.S) {
         const int64_t u0 = tile * MA_U;
-        __syncthreads(); /* the last tile's rows and p are read */
-        for (int idx = threadIdx.x; idx < MA_U * q4; idx += MA_THREADS) {
-            const int r = idx / q4, i = (idx % q4) * 4;
-            const int64_t u = u0 + r;
-            cp_quad(cs + r * m.Cs + i, cache + u * C + i, u < len ? C - i : 0, vec_c);
+        if (CL > 1) {
+            const int nv = (int)(len - u0 < MA_U ? len - u0 : MA_U);
+            if (threadIdx.x == 0) ma_bar_expect(bar, (unsigned)(nv * C * 4));
+            ma_cluster_sync(); /* the cluster's last tile and p are read; every block expects this one */
+            const int r = (int)ma_cluster_rank() + CL * (int)threadIdx.x;
+            if ((int)threadIdx.x < MA_U / CL && r < nv)
+                ma_copy_multicast(cs + r * m.Cs, cache + (u0 + r) * C, (unsigned)(C * 4), bar, (unsigned short)((1u << CL) - 1));
+            for (int idx = nv * q4 + (int)threadIdx.x; idx < MA_U * q4; idx += MA_THREADS)
+                *(float4 *)(cs + idx / q4 * m.Cs + idx % q4 * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ma_bar_wait(bar, parity);
+            parity ^= 1;
+        } else {
+            __syncthreads(); /* the last tile's rows and p are read */
+            for (int idx = threadIdx.x; idx < MA_U * q4; idx += MA_THREADS) {
+                const int r = idx / q4, i = (idx % q4) * 4;
+                const int64_t u = u0 + r;
+                cp_quad(cs + r * m.Cs + i, cache + u * C + i, u < len ? C - i : 0, vec_c);
+            }
+            cp_commit();
+            cp_wait<0>();
         }
-        cp_commit();
-        cp_wait<0>();
         __syncthreads();
         /* scores: this warp's slice of position u0 + lane for every head */
         float sl[MA_HG];
@@ -236,6 +303,7 @@ __global__ void __launch_bounds__(MA_THREADS)
             }
         }
     }
+    if (CL > 1) ma_cluster_sync(); /* no block leaves while copies into the others may fly */
     const int64_t row = (int64_t)t * d.n_head;
     if (lane == 0 && h0 + warp < d.n_head) ml[(row + h0 + warp) * m.S + s] = make_float2(mx, l);
 #pragma unroll
@@ -329,17 +397,42 @@ template <typename K> static int mla_smem_optin(const em_gpu *g, K kernel, int b
     return 0;
 }
 
-template <int J>
+template <int J, int CL>
 static int mla_launch_split(em_gpu *g, const em_gpu_mla_dims *d, const ma_shape &m, const float *d_cache,
                             const int32_t *d_pos, int n, const float *d_qa, int64_t ldq, float *part, float2 *ml,
                             bool vec_c, bool vec_q, em_err *err) {
     static int optin[64];
-    const int bytes = ma_smem_bytes(m);
-    int rc = mla_smem_optin(g, k_mla_split<J>, bytes, optin, err);
+    const int bytes = ma_smem_bytes(m, CL);
+    int rc = mla_smem_optin(g, k_mla_split<J, CL>, bytes, optin, err);
     if (rc) return rc;
     const dim3 grid((unsigned)m.S, emc_blocks(d->n_head, MA_HG), (unsigned)n);
-    emc_launch(g, k_mla_split<J>, grid, MA_THREADS, bytes, *d, m, d_cache, d_pos, d_qa, ldq, part, ml, vec_c, vec_q);
+    emc_launch_clusters(g, CL, k_mla_split<J, CL>, grid, MA_THREADS, bytes, *d, m, d_cache, d_pos, d_qa, ldq, part, ml,
+                        vec_c, vec_q);
     return emc_launched(err, "k_mla_split");
+}
+
+/* Whether the split blocks run in clusters of MA_CLUSTER head groups sharing each tile's copy:
+ * for calls of EM_GPU_MAX_ROWS rows (a prompt's chunks), when MA_CLUSTER divides the head groups
+ * and the cache rows allow bulk copies (vec_c: C a multiple of 4, the cache 16-byte aligned).
+ * The bits are the same either way; the choice is speed (run 84, H100, the 48B shape: prefill
+ * of 32k +8%, but a one-row decode at 32k -8%, where the cluster's barrier a tile costs more
+ * than the three copies it saves). EMBER_GPU_MLA_CLUSTER=0: never (measurements). */
+static bool mla_clustered(const em_gpu_mla_dims *d, int n, bool vec_c) {
+    static int off = -1;
+    if (off < 0) {
+        const char *v = getenv("EMBER_GPU_MLA_CLUSTER");
+        off = v && !strcmp(v, "0");
+    }
+    return !off && vec_c && n == EM_GPU_MAX_ROWS && emc_blocks(d->n_head, MA_HG) % MA_CLUSTER == 0;
+}
+
+template <int J>
+static int mla_launch_split_cl(em_gpu *g, const em_gpu_mla_dims *d, const ma_shape &m, const float *d_cache,
+                               const int32_t *d_pos, int n, const float *d_qa, int64_t ldq, float *part, float2 *ml,
+                               bool vec_c, bool vec_q, em_err *err) {
+    if (mla_clustered(d, n, vec_c))
+        return mla_launch_split<J, MA_CLUSTER>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    return mla_launch_split<J, 1>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -359,9 +452,9 @@ extern "C" int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const floa
     float *part = d_scratch + (int64_t)n * d->n_head * m.S * 2;
     const bool vec_c = C % 4 == 0 && aligned16(d_cache), vec_q = C % 4 == 0 && ldq % 4 == 0 && aligned16(d_qa);
     const int J = (d->kv_lora + MA_THREADS - 1) / MA_THREADS;
-    if (J == 1) rc = mla_launch_split<1>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
-    else if (J == 2) rc = mla_launch_split<2>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
-    else rc = mla_launch_split<MA_MAX_J>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    if (J == 1) rc = mla_launch_split_cl<1>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    else if (J == 2) rc = mla_launch_split_cl<2>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
+    else rc = mla_launch_split_cl<MA_MAX_J>(g, d, m, d_cache, d_pos, n, d_qa, ldq, part, ml, vec_c, vec_q, err);
     if (rc) return rc;
     emc_launch(g, k_mla_merge, dim3((unsigned)d->n_head, (unsigned)n), MA_THREADS, 0, *d, m, d_pos, (const float *)part,
                (const float2 *)ml, d_ctx, ldc);

@@ -205,6 +205,8 @@ __global__ void __launch_bounds__(MA_THREADS)
     uint64_t *bar = (uint64_t *)((char *)smem + ma_bar_offset(m));
     unsigned parity = 0;
     if (CL > 1) {
+        cp_commit(); /* the queries' copies (the per-block tiles' wait takes them too) */
+        cp_wait<0>();
         if (threadIdx.x == 0) ma_bar_init(bar);
         ma_cluster_sync(); /* every block's mbarrier is there before any copy counts into it */
     }

@@ -217,8 +217,9 @@ __global__ void __launch_bounds__(MA_THREADS)
             if (threadIdx.x == 0) ma_bar_expect(bar, (unsigned)(nv * C * 4));
             ma_cluster_sync(); /* the cluster's last tile and p are read; every block expects this one */
             const int r = (int)ma_cluster_rank() + CL * (int)threadIdx.x;
+            const unsigned short all = (unsigned short)((1u << CL) - 1);
             if ((int)threadIdx.x < MA_U / CL && r < nv)
-                ma_copy_multicast(cs + r * m.Cs, cache + (u0 + r) * C, (unsigned)(C * 4), bar, (unsigned short)((1u << CL) - 1));
+                ma_copy_multicast(cs + r * m.Cs, cache + (u0 + r) * C, (unsigned)(C * 4), bar, all);
             for (int idx = nv * q4 + (int)threadIdx.x; idx < MA_U * q4; idx += MA_THREADS)
                 *(float4 *)(cs + idx / q4 * m.Cs + idx % q4 * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             ma_bar_wait(bar, parity);

@@ -155,7 +155,8 @@ __device__ __forceinline__ void ma_bar_init(uint64_t *b) {
                  : "memory");
 }
 __device__ __forceinline__ void ma_bar_expect(uint64_t *b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ma_smem_addr(b)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ma_smem_addr(b)), "r"(bytes)
+                 : "memory");
 }
 __device__ __forceinline__ void ma_bar_wait(uint64_t *b, unsigned parity) {
     unsigned done;

@@ -657,19 +657,18 @@ int em_gpu_draft_markov_out(em_gpu *g, int kind, const float *d_z, const float *
 int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias, int dvocab,
                       float softcap, const int32_t *d_d2t, float *d_logits, int vocab, const em_gpu_draft_slot *next,
                       em_err *err);
-/* em_gpu_draft_pick with the vanilla Markov bias made in the same launch: bias = W2 e, W2 the
- * uploaded Q8_0 matrix [dvocab][rank] (w2_data int8 rows, w2_scales fp16), e's Q8_0
- * activations at d_e_qs / d_e_qd (em_gpu_draft_slot_begin's), each bias value exactly
- * em_gpu_matmul's. Blocks take slices of the draft ids, the last block to finish takes the
- * argmax over theirs (the same pick: the tie rule does not depend on order) and goes on with
- * next. d_logits: the draft ids' values only; the caller fills the row with -inf first
- * (em_gpu_fill) when d2t does not reach every id. d_part: 2 em_gpu_draft_markov_pick_parts(dvocab)
- * 32-bit words, d_count: one counter, 0 at the first call (each call leaves it 0). */
-int em_gpu_draft_markov_pick_parts(int dvocab);
-int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,
-                             const void *w2_scales, int dvocab, int rank, const int8_t *d_e_qs, const float *d_e_qd,
-                             float softcap, const int32_t *d_d2t, float *d_logits, int vocab, void *d_part,
-                             unsigned *d_count, const em_gpu_draft_slot *next, em_err *err);
+/* A greedy chain of the vanilla Markov head in one launch: em_gpu_draft_slot_begin of slot 0,
+ * then for each slot k < n_slots (while io->alive and k < io->n_max) the bias W2 e, W2 the
+ * uploaded Q8_0 matrix [dvocab][rank] (w2_data int8 rows, w2_scales fp16) and e the previous
+ * pick's Markov row (each bias value exactly em_gpu_matmul's on e's Q8_0 activations), and
+ * em_gpu_draft_pick of slot k on d_base + k * dvocab with d_logits + k * vocab (the draft
+ * ids' values only: the caller fills the rows with -inf first (em_gpu_fill) when d2t does
+ * not reach every id), going on with slot k + 1's start. The io and d_e end as that sequence
+ * of launches leaves them (slot's d_e_qs / d_e_qd are not written: the launch keeps e's
+ * activations to itself). */
+int em_gpu_draft_markov_chain(em_gpu *g, em_gpu_draft_io *d_io, int n_slots, const float *d_base, const void *w2_data,
+                              const void *w2_scales, int dvocab, int rank, float softcap, const int32_t *d_d2t,
+                              float *d_logits, int vocab, const em_gpu_draft_slot *slot, em_err *err);
 /* Slot k's draw when sampling, into d_q[k] and io->toks[k + 1] (io->n = k + 1; io->alive
  * cleared when no value is usable, or after the pick when k + 1 reaches io->n_max): over the
  * corrected logits v of em_gpu_draft_pick, sample/'s em_sampler_dist with io's filters on the

@@ -320,16 +320,11 @@ int em_gpu_draft_sample(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_
     (void)g, (void)d_io, (void)k, (void)d_base, (void)d_bias, (void)dvocab, (void)softcap, (void)d_d2t, (void)d_q;
     return NONE(err);
 }
-int em_gpu_draft_markov_pick_parts(int dvocab) {
-    (void)dvocab;
-    return 0;
-}
-int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,
-                             const void *w2_scales, int dvocab, int rank, const int8_t *d_e_qs, const float *d_e_qd,
-                             float softcap, const int32_t *d_d2t, float *d_logits, int vocab, void *d_part,
-                             unsigned *d_count, const em_gpu_draft_slot *next, em_err *err) {
-    (void)g, (void)d_io, (void)k, (void)d_base, (void)w2_data, (void)w2_scales, (void)dvocab, (void)rank, (void)d_e_qs,
-        (void)d_e_qd, (void)softcap, (void)d_d2t, (void)d_logits, (void)vocab, (void)d_part, (void)d_count, (void)next;
+int em_gpu_draft_markov_chain(em_gpu *g, em_gpu_draft_io *d_io, int n_slots, const float *d_base, const void *w2_data,
+                              const void *w2_scales, int dvocab, int rank, float softcap, const int32_t *d_d2t,
+                              float *d_logits, int vocab, const em_gpu_draft_slot *slot, em_err *err) {
+    (void)g, (void)d_io, (void)n_slots, (void)d_base, (void)w2_data, (void)w2_scales, (void)dvocab, (void)rank,
+        (void)softcap, (void)d_d2t, (void)d_logits, (void)vocab, (void)slot;
     return NONE(err);
 }
 int em_gpu_moe_share(em_gpu *g, const em_gpu_experts *share, int first_expert, const float *d_x, int64_t ldx, int n,

@@ -67,8 +67,7 @@ typedef struct gdspark {
     float *e, *bias;                     /* [rank], [dvocab] */
     int8_t *e_qs;                        /* [rank]: e's Q8_0 activations for W2 (vanilla head, Q8_0 W2) */
     float *e_qd;                         /* [rank / 32] */
-    float *mp_part;                      /* Q8_0 W2 and e_qs: em_gpu_draft_markov_pick's block bests */
-    unsigned *mp_count;                  /* and its counter */
+    bool chain1;                         /* a greedy chain in one launch: vanilla head, Q8_0 W2 */
     float *zin, *zout, *state, *mix;     /* gated / rnn heads: [2 rank + d], [3 rank], [rank], [rank] */
     float *logits;                       /* [n_drafts][vocab]: corrected rows, when asked */
     float *scores;
@@ -201,7 +200,7 @@ static int alloc_buffers(gdspark *s, em_err *err) {
     const uint64_t kw = (uint64_t)hp->n_kv * hp->hd, nd = (uint64_t)s->base.info.n_drafts;
     const uint64_t r = (uint64_t)(hp->rank > 0 ? hp->rank : 1);
     const bool e_q8 = hp->markov == DSP_MARKOV_VANILLA && hp->rank % 32 == 0 && em_gpu_act_type(s->w2.type) == EM_TYPE_Q8_0;
-    const bool mp = e_q8 && s->w2.type == EM_TYPE_Q8_0; /* em_gpu_draft_markov_pick's case */
+    s->chain1 = e_q8 && s->w2.type == EM_TYPE_Q8_0; /* em_gpu_draft_markov_chain's case */
     const em_gpu_gqa_dims gd = { hp->n_head, hp->n_kv, hp->hd, s->cap, hp->causal };
     int rc;
     if ((rc = alloc_f(s, (uint64_t)hp->n_layer * (uint64_t)s->cap * kw, "drafter context cache (K)", &s->kc, err)) ||
@@ -224,10 +223,6 @@ static int alloc_buffers(gdspark *s, em_err *err) {
         (rc = alloc_f(s, r, "markov state", &s->state, err)) || (rc = alloc_f(s, r, "markov mix", &s->mix, err)) ||
         (e_q8 && (rc = em_gpu_alloc(s->g, r, "markov activations", (void **)&s->e_qs, err))) ||
         (e_q8 && (rc = alloc_f(s, r / 32, "markov activations", &s->e_qd, err))) ||
-        (mp && (rc = alloc_f(s, 2 * (uint64_t)em_gpu_draft_markov_pick_parts(hp->dvocab), "markov pick", &s->mp_part,
-                               err))) ||
-        (mp && (rc = em_gpu_alloc(s->g, sizeof(unsigned), "markov pick", (void **)&s->mp_count, err))) ||
-        (mp && (rc = em_gpu_memset(s->g, s->mp_count, 0, sizeof(unsigned), err))) ||
         (rc = alloc_f(s, em_gpu_gqa_scratch_floats(&gd, hp->block), "drafter attention scores", &s->scores, err)) ||
         (rc = em_gpu_alloc(s->g, act_bytes(s), "drafter activations", &s->act, err)) ||
         (rc = em_gpu_alloc(s->g, sizeof(em_gpu_draft_io), "drafter chain", (void **)&s->io, err)) ||
@@ -274,11 +269,20 @@ static int add_rows(gdspark *s, const float *d_feats, int n, em_err *err) {
     if ((rc = mm(s, &s->fc, d_feats, nf, n, s->h, d, err)) ||
         (rc = em_gpu_rmsnorm_rows(s->g, s->h, d, s->hidden_norm, hp->eps, n, d, s->h, d, err)))
         return rc;
+    /* every layer's K and V are products of the same rows: as many in one launch as it takes */
+    em_gpu_mm_out kv[EM_GPU_MULTI_MAX];
+    for (int l = 0, m = 0; l < hp->n_layer; l++) {
+        const gd_layer *y = &s->layers[l];
+        kv[m++] = (em_gpu_mm_out){ &y->wk, s->kc + ((int64_t)l * s->cap + p0) * kw, kw };
+        kv[m++] = (em_gpu_mm_out){ &y->wv, s->vc + ((int64_t)l * s->cap + p0) * kw, kw };
+        const bool full = m + 2 > EM_GPU_MULTI_MAX;
+        if ((full || l + 1 == hp->n_layer) && (rc = mm_same(s, kv, m, s->h, d, n, err))) return rc;
+        if (full) m = 0;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         const gd_layer *y = &s->layers[l];
         float *kc = s->kc + ((int64_t)l * s->cap + p0) * kw, *vc = s->vc + ((int64_t)l * s->cap + p0) * kw;
-        const em_gpu_mm_out kv[] = { { &y->wk, kc, kw }, { &y->wv, vc, kw } };
-        if ((rc = mm_same(s, kv, 2, s->h, d, n, err)) || (y->bk && (rc = em_gpu_add_bias(s->g, kc, kw, n, kw, y->bk, err))) ||
+        if ((y->bk && (rc = em_gpu_add_bias(s->g, kc, kw, n, kw, y->bk, err))) ||
             (y->bv && (rc = em_gpu_add_bias(s->g, vc, kw, n, kw, y->bv, err))) ||
             (rc = em_gpu_head_norm_rope(s->g, NULL, 0, 0, NULL, kc, kw, hp->n_kv, y->k_norm, n, hp->hd, hp->eps,
                                         hp->rope_dims, s->iota + p0, s->inv_freq, s->cpu->rope.attn_factor, err)))
@@ -428,12 +432,6 @@ static int chain_slot(gdspark *s, int k, int mode, em_err *err) {
     if (starts && (k == 0 || !picks) && (rc = em_gpu_draft_slot_begin(s->g, s->io, k, &slot, err))) return rc;
     if (markov && hp->markov != DSP_MARKOV_VANILLA) {
         if ((rc = markov_mix(s, hk, err)) || (rc = mm(s, &s->w2, s->mix, hp->rank, 1, s->bias, hp->dvocab, err))) return rc;
-    } else if (markov && s->mp_part && picks) { /* the bias made inside the pick, from e's activations */
-        const bool next = starts && k + 1 < s->base.info.n_drafts;
-        return em_gpu_draft_markov_pick(s->g, s->io, k, s->base_logits + (int64_t)k * hp->dvocab, s->w2.data, s->w2.scales,
-                                        hp->dvocab, hp->rank, s->e_qs, s->e_qd, hp->softcap, s->d2t,
-                                        mode == GD_GREEDY_LOGITS ? s->logits + (int64_t)k * hp->vocab : NULL, hp->vocab,
-                                        s->mp_part, s->mp_count, next ? &slot : NULL, err);
     } else if (markov && s->e_qs) { /* e's activations came with it */
         const em_gpu_act a = { .type = EM_TYPE_Q8_0, .n = 1, .cols = hp->rank, .qs = s->e_qs, .d = s->e_qd };
         if ((rc = em_gpu_matmul(s->g, &s->w2, &a, s->bias, hp->dvocab, err))) return rc;
@@ -462,9 +460,16 @@ static int propose_pass(gdspark *s, int mode, em_err *err) {
         rc = em_gpu_matmul(s->g, &s->head, &ah, s->base_logits, hp->dvocab, err);
     }
     if (!rc && hp->markov == DSP_MARKOV_RNN) rc = em_gpu_memset(s->g, s->state, 0, (uint64_t)hp->rank * sizeof(float), err);
-    /* em_gpu_draft_markov_pick writes the draft ids' logits only */
-    if (!rc && mode == GD_GREEDY_LOGITS && s->mp_part && s->d2t)
+    const bool chain1 = s->chain1 && mode != GD_SAMPLED;
+    /* em_gpu_draft_markov_chain writes the draft ids' logits only */
+    if (!rc && mode == GD_GREEDY_LOGITS && chain1 && s->d2t)
         rc = em_gpu_fill(s->g, s->logits, -INFINITY, (uint64_t)nd * (uint64_t)hp->vocab, err);
+    if (!rc && chain1) {
+        const em_gpu_draft_slot slot = slot_args(s);
+        return em_gpu_draft_markov_chain(s->g, s->io, nd, s->base_logits, s->w2.data, s->w2.scales, hp->dvocab, hp->rank,
+                                         hp->softcap, s->d2t, mode == GD_GREEDY_LOGITS ? s->logits : NULL, hp->vocab,
+                                         &slot, err);
+    }
     for (int k = 0; !rc && k < nd; k++) rc = chain_slot(s, k, mode, err);
     return rc;
 }
@@ -590,7 +595,7 @@ static void gd_close(em_drafter *d) {
             if (m[i]) em_gpu_mat_free(s->g, m[i]);
         void *v[] = { s->hidden_norm, s->out_norm, s->conf_w, s->conf_t, s->d2t, s->inv_freq, s->kc, s->vc, s->feat,
                       s->iota, s->h, s->xn, s->q, s->k, s->v, s->att, s->o, s->fg, s->fu, s->base_logits, s->e,
-                      s->bias, s->zin, s->zout, s->state, s->mix, s->e_qs, s->e_qd, s->mp_part, s->mp_count,
+                      s->bias, s->zin, s->zout, s->state, s->mix, s->e_qs, s->e_qd,
                       s->gate_b, s->joint_b, s->logits, s->scores, s->act, s->io, s->dists };
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) em_gpu_free(s->g, v[i]);
         if (!s->lent_gpu) em_gpu_close(s->g);

@@ -97,6 +97,24 @@ static inline void emc_launch(const em_gpu *g, void (*kernel)(P...), dim3 grid, 
     emc_launch_clusters(g, 1, kernel, grid, block, smem, args...);
 }
 
+/* Shared memory past 48 KB needs an opt-in per kernel and device, and the opt-in is also a
+ * limit: a kernel opted in for fewer bytes refuses a launch asking for more (the 48 KB default
+ * no longer holds). So done[index] keeps the largest size opted in per device index below 64
+ * (others ask every time), and a call asking for more raises it. The first call may come
+ * inside a graph capture, where the attribute call is not a stream operation but may count as
+ * an unsafe one: the thread's capture mode is relaxed around it. */
+template <typename K> static int emc_smem_optin(const em_gpu *g, K kernel, int bytes, int *done, em_err *err) {
+    int *have = g->index >= 0 && g->index < 64 ? &done[g->index] : NULL;
+    if (have && *have >= bytes) return 0;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    EMC_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    EMC_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    EMC_TRY(e, "cudaFuncSetAttribute (shared memory)");
+    if (have) *have = bytes;
+    return 0;
+}
+
 /* The activations, each the arithmetic of its CPU twin (the kernels of every .cu share them):
  * compute/'s em_sigmoidf (gates, KDA's beta, the router, the Markov heads), em_siluf(g) * u,
  * and em_situ with the reciprocals inv = 1 / beta, lin_inv = 1 / lin_beta rounded to fp32

@@ -5,23 +5,27 @@
  * draft/dspark.c and draft/schedule.c are the references:
  * - attention: a block per (row, query head); a thread per position computes a score (its dot
  *   in column order), the scores go to scratch, the block takes their max and the sum of exp
- *   in double, then each warp sums p V over a span of positions (a lane per column) and the
- *   spans are added in warp order. Close to the CPU's floats, not bit-identical (the drafter
- *   only steers proposals; acceptance is the target's); the same bits every launch.
+ *   in double, then each thread sums p V for a piece of the columns over every G-th position
+ *   and the G groups are added in order. Close to the CPU's floats, not bit-identical (the
+ *   drafter only steers proposals; acceptance is the target's); the same bits every launch.
  * - a slot's start: the block reads the previous pick's Markov row (and quantizes it for W2),
  *   then one warp sums the confidence in doubles (lanes over the terms, a fixed butterfly:
  *   the CPU's sum up to rounding) and one thread runs em_draft_sched_keep's arithmetic.
  * - pick: one block, em_argmax's rule on the corrected logits in target ids; the same block may
- *   go on with the next slot's start (a launch less per slot). The Markov pick (vanilla head,
- *   Q8_0 W2) spreads the ids over blocks that also make their bias W2 e, the last block to
- *   finish taking the argmax of the blocks' bests (a counter it leaves at 0).
+ *   go on with the next slot's start (a launch less per slot). The vanilla Markov head with a
+ *   Q8_0 W2 runs its whole greedy chain in one launch (below: a cluster of blocks, each with
+ *   a slice of the draft ids and their W2 rows in shared memory).
  * - the gated and rnn Markov heads: their input gathered and their output mixed in one block
  *   each, the CPU's float arithmetic (the product between them is em_gpu_matmul).
  * Launch shapes depend only on the dims and n (graph capture); the context length, the chain's
  * state and the previous pick are read on the device. */
 #include "backend/cuda/mm_kernels.cuh"
 
+#include <cooperative_groups.h>
+
 #include <math.h>
+
+namespace cg = cooperative_groups;
 
 #define GQA_THREADS 256
 #define GQA_WARPS (GQA_THREADS / 32)
@@ -39,15 +43,14 @@ __device__ __forceinline__ const float *gqa_row(const float *cache, const float 
 }
 
 /* Block (i, h): row i, query head h. A thread a position for the scores (its dot in column
- * order), block reductions for the max and the sum (the sum in double), then a warp a span of
- * positions for p V (a lane per column, positions in ascending order), the spans' sums added
- * in warp order: every launch the same order, whatever the timing. */
+ * order), block reductions for the max and the sum (the sum in double), then p V by groups of
+ * positions (below): every launch the same order, whatever the timing. */
 __global__ void __launch_bounds__(GQA_THREADS)
     k_gqa(em_gpu_gqa_dims d, const float *q, const float *kc, const float *vc, const int64_t *n_ctx_p, const float *k,
           const float *v, int n, float *scratch, float *out, bool vec) {
     emc_kernel_begin();
     __shared__ float qs[GQA_MAX_HD];
-    __shared__ float part[GQA_WARPS][GQA_MAX_HD];
+    __shared__ float part[GQA_THREADS * 4]; /* [groups][hd] of p V's partial sums */
     __shared__ float redf[GQA_WARPS];
     __shared__ double red[GQA_WARPS];
     const int i = blockIdx.x, h = blockIdx.y, hd = d.hd, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -102,26 +105,32 @@ __global__ void __launch_bounds__(GQA_THREADS)
     sum = 0.0;
     for (int w = 0; w < GQA_WARPS; w++) sum += red[w];
     const float inv = (float)(1.0 / sum);
-    const int64_t span = (total + GQA_WARPS - 1) / GQA_WARPS, p0 = warp * span;
-    const int64_t p1 = p0 + span < total ? p0 + span : total;
-    float acc[GQA_MAX_HD / 32];
+    /* p V: thread t takes column piece t % P (P pieces of W values: float4 with vec) of the
+     * positions t / P, t / P + G, ... (G = threads / P groups) in ascending order, so a thread
+     * has many independent loads in flight; then the groups' sums in group order */
+    const int W = vec ? 4 : 1, P = hd / W, G = GQA_THREADS / P, piece = threadIdx.x % P, grp = threadIdx.x / P;
+    float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    if (grp < G) {
+#pragma unroll 8
+        for (int64_t p = grp; p < total; p += G) {
+            const float *vr = gqa_row(vc, v, n_ctx, p, kw, off) + piece * W;
+            const float w = sc[p] * inv;
+            if (vec) {
+                const float4 x = *(const float4 *)vr;
+                acc[0] = fmaf(w, x.x, acc[0]), acc[1] = fmaf(w, x.y, acc[1]);
+                acc[2] = fmaf(w, x.z, acc[2]), acc[3] = fmaf(w, x.w, acc[3]);
+            } else {
+                acc[0] = fmaf(w, vr[0], acc[0]);
+            }
+        }
 #pragma unroll
-    for (int j = 0; j < GQA_MAX_HD / 32; j++) acc[j] = 0.0f;
-#pragma unroll 4 /* the next positions' loads in flight; the fmas still in ascending p */
-    for (int64_t p = p0; p < p1; p++) {
-        const float *vr = gqa_row(vc, v, n_ctx, p, kw, off);
-        const float w = sc[p] * inv;
-#pragma unroll
-        for (int j = 0; j < GQA_MAX_HD / 32; j++)
-            if (lane + 32 * j < hd) acc[j] = fmaf(w, vr[lane + 32 * j], acc[j]);
+        for (int t = 0; t < 4; t++)
+            if (t < W) part[grp * hd + piece * W + t] = acc[t];
     }
-#pragma unroll
-    for (int j = 0; j < GQA_MAX_HD / 32; j++)
-        if (lane + 32 * j < hd) part[warp][lane + 32 * j] = acc[j];
     __syncthreads();
     for (int c = threadIdx.x; c < hd; c += GQA_THREADS) {
-        float o = part[0][c];
-        for (int w = 1; w < GQA_WARPS; w++) o += part[w][c];
+        float o = part[c];
+        for (int w = 1; w < G; w++) o += part[w * hd + c];
         out[i * qw + (int64_t)h * hd + c] = o;
     }
 }
@@ -137,9 +146,9 @@ extern "C" int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const floa
     EMC_CHECK(d_q && d_kc && d_vc && d_n_ctx && d_k && d_v && d_scratch && d_out, "GPU attention: a missing buffer");
     int rc = emc_use(g, err);
     if (rc) return rc;
-    /* key rows in 16-byte loads when every row starts 16-byte aligned */
-    const bool vec =
-        d->hd % 16 == 0 && d->n_kv * d->hd % 4 == 0 && ((uintptr_t)d_kc & 15) == 0 && ((uintptr_t)d_k & 15) == 0;
+    /* key and value rows in 16-byte loads when every row starts 16-byte aligned */
+    const bool vec = d->hd % 16 == 0 && d->n_kv * d->hd % 4 == 0 &&
+                     (((uintptr_t)d_kc | (uintptr_t)d_k | (uintptr_t)d_vc | (uintptr_t)d_v) & 15) == 0;
     emc_launch(g, k_gqa, dim3((unsigned)n, (unsigned)d->n_head), GQA_THREADS, 0, *d, d_q, d_kc, d_vc, d_n_ctx, d_k, d_v,
                n, d_scratch, d_out, vec);
     return emc_launched(err, "k_gqa");
@@ -295,7 +304,7 @@ __device__ void slot_begin(em_gpu_draft_io *io, int k, const em_gpu_draft_slot &
             const float v = bad ? __int_as_float(0x7fc00000)
                                 : emc_table_value(s.w1_type, s.w1_data, (const __half *)s.w1_scales, s.w1_rows, s.rank, t, i);
             es[i] = v;
-            s.d_e[i] = v;
+            if (s.d_e) s.d_e[i] = v;
         }
         __syncthreads();
         if (s.d_e_qs)
@@ -480,98 +489,182 @@ extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const 
     return emc_launched(err, "k_draft_pick");
 }
 
-/* ---- the vanilla Markov bias and the pick in one launch ----------------------------------------- */
+/* ---- the vanilla Markov head's greedy chain in one launch ------------------------------------
+ * A cluster of MC_CLUSTER blocks; block r takes the draft ids r * per .. (per: a multiple of 8,
+ * so its W2 scales start 16-byte aligned) and, where they fit, copies their W2 rows into its
+ * shared memory before the wait for the kernels before it (weights are constant while passes
+ * run). Every block keeps its own copy of the io and of e's activations and runs the same
+ * chain on them: slot 0's start, then per slot its ids' bias (em_gpu_matmul's values), their
+ * corrected values and its best; the blocks' bests meet through distributed shared memory
+ * after a cluster barrier, every block takes the best of them in rank order (the tie rule is a
+ * total order, so the pick does not depend on how the ids were split), and runs the next
+ * slot's start itself. The same arithmetic on the same inputs gives every block the same
+ * io, so the chain's control flow stays uniform over the cluster; block 0 writes the io and e
+ * back at the end. The bests alternate between two slots per block: a block writes slot k's
+ * only after the barrier of slot k - 1, which every block passes only after reading slot
+ * k - 2's. */
 
-#define MP_THREADS (MM_WARPS * 32)
-#define MP_IDS 64 /* draft ids a block takes: one wave of blocks for 8192 ids */
+#define MC_CLUSTER 8
+#define MC_THREADS 1024
+#define MC_STAGE_MAX (160 * 1024) /* W2 bytes a block keeps in shared memory at most */
 
-extern "C" int em_gpu_draft_markov_pick_parts(int dvocab) { return dvocab > 0 ? (dvocab + MP_IDS - 1) / MP_IDS : 0; }
+static int mc_ids_per_block(int dvocab) { return ((dvocab + MC_CLUSTER - 1) / MC_CLUSTER + 7) / 8 * 8; }
 
-/* W2 row r (rank / 32 <= 32 blocks) against e: em_gpu_matmul's value bit for bit. Its warp
- * body (mm_q8_0_warp) gives lane l block l, one rounded add onto 0, then the 32-lane butterfly;
- * lanes past the row's blocks hold 0 and every add of theirs is exact, so a group of L lanes
- * (the power of two >= the blocks) with the butterfly's last log2 L steps gives the same sum,
- * and a warp takes 32 / L rows at once. */
-__device__ __forceinline__ float mp_bias_row(const int8_t *w2q, const __half *w2d, int64_t r, int bpr, int L,
+static size_t mc_stage_bytes(int per, int rank) { return (size_t)per * (size_t)rank + (size_t)per * (size_t)(rank / 32) * 2; }
+
+/* W2 row r (rank / 32 <= 32 blocks, wq / wd in global or shared memory) against e: em_gpu_matmul's
+ * value bit for bit. Its warp body (mm_q8_0_warp) gives lane l block l, one rounded add onto
+ * 0, then the 32-lane butterfly; lanes past the row's blocks hold 0 and every add of theirs is
+ * exact, so a group of L lanes (the power of two >= the blocks) with the butterfly's last
+ * log2 L steps gives the same sum, and a warp takes 32 / L rows at once. */
+__device__ __forceinline__ float mc_bias_row(const int8_t *wq, const __half *wd, int r, int bpr, int L,
                                              const int8_t *e_qs, const float *e_qd, bool live) {
     const int j = (threadIdx.x & 31) % L;
     float v = 0.0f;
-    if (live && j < bpr) v = q8_0_block_add(0.0f, q8_0_load(w2q + r * bpr * 32, w2d + r * bpr, j), e_qs + j * 32, e_qd[j]);
+    if (live && j < bpr) {
+        const int64_t b = (int64_t)r * bpr + j;
+        const q8_block w = { *(const int4 *)(wq + b * 32), *(const int4 *)(wq + b * 32 + 16), __half2float(wd[b]) };
+        v = q8_0_block_add(0.0f, w, e_qs + j * 32, e_qd[j]);
+    }
     for (int o = L / 2; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-/* Block b: draft ids b * MP_IDS ..., their bias (mp_bias_row), their corrected values and the
- * block's best into pv[b], pi[b]; the last block to count itself in takes the best of those
- * (read past L1: other blocks wrote them), resets the counter for the next launch and
- * finishes as k_draft_pick does. */
-__global__ void __launch_bounds__(MP_THREADS)
-    k_draft_markov_pick(em_gpu_draft_io *io, int k, const float *base, const int8_t *w2q, const __half *w2d, int dvocab,
-                        int rank, const int8_t *e_qs, const float *e_qd, float softcap, const int32_t *d2t, float *logits,
-                        float *pv, int *pi, unsigned *count, int has_next, em_gpu_draft_slot next) {
-    emc_kernel_begin();
-    __shared__ float bias[MP_IDS];
-    __shared__ float sv[MP_THREADS];
-    __shared__ int si[MP_THREADS];
-    __shared__ bool last;
-    if (!io->alive || k >= io->n_max) return; /* uniform over the grid */
-    const int i0 = blockIdx.x * MP_IDS, n = dvocab - i0 < MP_IDS ? dvocab - i0 : MP_IDS;
-    const int bpr = rank / 32, lane = threadIdx.x & 31;
+/* The best (value, id) pair of the block's threads into every thread (am_better's order). */
+__device__ float mc_block_best(float bv, int bi, float *wv, int *wi, int *out_i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(v, i, bv, bi)) bv = v, bi = i;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) wv[warp] = bv, wi[warp] = bi;
+    __syncthreads();
+    bv = 0.0f, bi = -1;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+        if (am_better(wv[w], wi[w], bv, bi)) bv = wv[w], bi = wi[w];
+    __syncthreads(); /* wv, wi reused */
+    *out_i = bi;
+    return bv;
+}
+
+/* Slot k's values over this block's n ids from i0 (bias made in chunks of the block's
+ * threads) and the block's best pair. */
+__device__ float mc_slot_best(const float *base, const int8_t *wq, const __half *wd, int i0, int n, int bpr,
+                              const int8_t *e_qs, const float *e_qd, float softcap, const int32_t *d2t, float *logits,
+                              float *bias, float *wv, int *wi, int *best_i) {
+    const int lane = threadIdx.x & 31, warps = (int)(blockDim.x >> 5);
     int L = 1;
     while (L < bpr) L <<= 1;
     const int per_warp = 32 / L, grp = lane / L;
-    for (int r0 = (int)(threadIdx.x >> 5) * per_warp; r0 < n; r0 += MM_WARPS * per_warp) { /* uniform per warp */
-        const int r = r0 + grp;
-        const float v = mp_bias_row(w2q, w2d, (int64_t)i0 + r, bpr, L, e_qs, e_qd, r < n);
-        if (lane % L == 0 && r < n) bias[r] = v;
+    float bv = 0.0f;
+    int bi = -1;
+    for (int c0 = 0; c0 < n; c0 += (int)blockDim.x) {
+        const int m = n - c0 < (int)blockDim.x ? n - c0 : (int)blockDim.x;
+        for (int r0 = (int)(threadIdx.x >> 5) * per_warp; r0 < m; r0 += warps * per_warp) { /* uniform per warp */
+            const int r = r0 + grp;
+            const float v = mc_bias_row(wq, wd, c0 + r, bpr, L, e_qs, e_qd, r < m);
+            if (lane % L == 0 && r < m) bias[r] = v;
+        }
+        __syncthreads();
+        float cv;
+        int ci;
+        pick_scan(base, bias, i0 + c0, m, softcap, d2t, logits, cv, ci);
+        if (am_better(cv, ci, bv, bi)) bv = cv, bi = ci;
+        __syncthreads(); /* bias reused by the next chunk */
     }
-    __syncthreads();
-    float bv;
-    int bi;
-    pick_scan(base, bias, i0, n, softcap, d2t, logits, bv, bi);
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    am_block_best(sv, si, MP_THREADS);
-    if (threadIdx.x == 0) {
-        pv[blockIdx.x] = sv[0];
-        pi[blockIdx.x] = si[0];
-        __threadfence();
-        last = atomicAdd(count, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    bv = 0.0f, bi = -1;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += MP_THREADS) {
-        const float v = __ldcg(pv + b);
-        const int id = __ldcg(pi + b);
-        if (am_better(v, id, bv, bi)) bv = v, bi = id;
-    }
-    __syncthreads(); /* sv, si reused */
-    pick_finish(io, k, bv, bi, sv, si, MP_THREADS, count, has_next, next);
+    return mc_block_best(bv, bi, wv, wi, best_i);
 }
 
-extern "C" int em_gpu_draft_markov_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const void *w2_data,
-                                        const void *w2_scales, int dvocab, int rank, const int8_t *d_e_qs,
-                                        const float *d_e_qd, float softcap, const int32_t *d_d2t, float *d_logits,
-                                        int vocab, void *d_part, unsigned *d_count, const em_gpu_draft_slot *next,
-                                        em_err *err) {
-    EMC_CHECK(d_io && d_base && w2_data && w2_scales && d_e_qs && d_e_qd && d_part && d_count && dvocab > 0 &&
-                  vocab >= dvocab && rank >= 32 && rank <= 1024 && rank % 32 == 0 && k >= 0 && k < EM_GPU_DRAFT_MAX_BLOCK &&
+__global__ void __launch_bounds__(MC_THREADS)
+    k_draft_markov_chain(em_gpu_draft_io *io, int n_slots, const float *base, const int8_t *w2q, const __half *w2d,
+                         int dvocab, int rank, int per, int staged, float softcap, const int32_t *d2t, float *logits,
+                         int vocab, em_gpu_draft_slot slot) {
+    extern __shared__ __align__(16) int8_t mc_w2[];
+    __shared__ em_gpu_draft_io sio;
+    __shared__ __align__(16) int8_t eqs[EM_GPU_DRAFT_MAX_RANK];
+    __shared__ float eqd[EM_GPU_DRAFT_MAX_RANK / 32];
+    __shared__ float bias[MC_THREADS];
+    __shared__ float wv[MC_THREADS / 32];
+    __shared__ int wi[MC_THREADS / 32];
+    __shared__ float cand_v[2];
+    __shared__ int cand_i[2];
+    cg::cluster_group cl = cg::this_cluster();
+    const unsigned me = cl.block_rank();
+    const int i0 = (int)me * per, n = dvocab - i0 < per ? (dvocab - i0 > 0 ? dvocab - i0 : 0) : per, bpr = rank / 32;
+    const int8_t *wq = w2q + (int64_t)i0 * rank;
+    const __half *wd = w2d + (int64_t)i0 * bpr;
+    emc_let_next_start();
+    if (staged) { /* this block's W2 rows: int8 quants, then the fp16 scales */
+        int8_t *sq = mc_w2;
+        __half *sd = (__half *)(mc_w2 + (int64_t)per * rank);
+        for (int64_t i = threadIdx.x; i < (int64_t)n * rank / 16; i += MC_THREADS) ((int4 *)sq)[i] = ((const int4 *)wq)[i];
+        for (int64_t i = threadIdx.x; i < (int64_t)n * bpr; i += MC_THREADS) sd[i] = wd[i];
+        wq = sq, wd = sd;
+    }
+    emc_wait_prior();
+    for (int i = threadIdx.x; i < (int)(sizeof sio / 4); i += MC_THREADS) ((int *)&sio)[i] = ((const int *)io)[i];
+    __syncthreads();
+    em_gpu_draft_slot my = slot; /* e's activations in this block's shared memory; e itself from block 0 */
+    my.d_e = me == 0 ? slot.d_e : NULL, my.d_e_qs = eqs, my.d_e_qd = eqd;
+    slot_begin(&sio, 0, my);
+    __syncthreads();
+    for (int k = 0; k < n_slots && sio.alive && k < sio.n_max; k++) { /* uniform over the cluster */
+        int bi;
+        const float bv = mc_slot_best(base + (int64_t)k * dvocab, wq, wd, i0, n, bpr, eqs, eqd, softcap, d2t,
+                                      logits ? logits + (int64_t)k * vocab : NULL, bias, wv, wi, &bi);
+        if (threadIdx.x == 0) cand_v[k & 1] = bv, cand_i[k & 1] = bi;
+        cl.sync();
+        if (threadIdx.x == 0) { /* pick_finish's record, on every block's copy */
+            float gv = 0.0f;
+            int gi = -1;
+            for (unsigned b = 0; b < cl.num_blocks(); b++) {
+                const float v = *cl.map_shared_rank(&cand_v[k & 1], b);
+                const int id = *cl.map_shared_rank(&cand_i[k & 1], b);
+                if (am_better(v, id, gv, gi)) gv = v, gi = id;
+            }
+            if (gi < 0) {
+                sio.alive = 0;
+            } else {
+                sio.toks[k + 1] = gi;
+                sio.n = k + 1;
+                if (k + 1 >= sio.n_max) sio.alive = 0;
+            }
+        }
+        __syncthreads();
+        if (k + 1 < n_slots) slot_begin(&sio, k + 1, my);
+        __syncthreads();
+    }
+    cl.sync(); /* no block leaves while another may read its bests */
+    if (me == 0)
+        for (int i = threadIdx.x; i < (int)(sizeof sio / 4); i += MC_THREADS) ((int *)io)[i] = ((const int *)&sio)[i];
+}
+
+extern "C" int em_gpu_draft_markov_chain(em_gpu *g, em_gpu_draft_io *d_io, int n_slots, const float *d_base,
+                                         const void *w2_data, const void *w2_scales, int dvocab, int rank, float softcap,
+                                         const int32_t *d_d2t, float *d_logits, int vocab, const em_gpu_draft_slot *slot,
+                                         em_err *err) {
+    EMC_CHECK(d_io && d_base && w2_data && w2_scales && slot && dvocab > 0 && vocab >= dvocab && rank >= 32 &&
+                  rank <= EM_GPU_DRAFT_MAX_RANK && rank % 32 == 0 && n_slots >= 1 && n_slots <= EM_GPU_DRAFT_MAX_BLOCK &&
                   (d_d2t || vocab == dvocab),
-              "GPU Markov pick: slot %d, %d draft ids for %d target ids, rank %d (a multiple of 32 up to 1024), or a "
+              "GPU Markov chain: %d slots, %d draft ids for %d target ids, rank %d (a multiple of 32 up to %d), or a "
               "missing buffer",
-              k, dvocab, vocab, rank);
-    EMC_CHECK(!next || (slot_ok(next) && k + 1 < EM_GPU_DRAFT_MAX_BLOCK), "GPU Markov pick: a bad next slot after %d", k);
+              n_slots, dvocab, vocab, rank, EM_GPU_DRAFT_MAX_RANK);
+    em_gpu_draft_slot s = *slot;
+    s.d_e_qs = NULL, s.d_e_qd = NULL; /* slot_ok's check of the activations: the launch keeps its own */
+    EMC_CHECK(slot_ok(&s) && s.w1_data && s.rank == rank, "GPU Markov chain: a bad slot start (W1 of rank %d for W2 of %d)",
+              s.rank, rank);
     int rc = emc_use(g, err);
     if (rc) return rc;
-    const int parts = em_gpu_draft_markov_pick_parts(dvocab);
-    float *pv = (float *)d_part;
-    emc_launch(g, k_draft_markov_pick, (unsigned)parts, MP_THREADS, 0, d_io, k, d_base, (const int8_t *)w2_data,
-               (const __half *)w2_scales, dvocab, rank, d_e_qs, d_e_qd, softcap, d_d2t, d_logits, pv, (int *)(pv + parts),
-               d_count, next ? 1 : 0, next ? *next : em_gpu_draft_slot{});
-    return emc_launched(err, "k_draft_markov_pick");
+    static int optin[64];
+    const int per = mc_ids_per_block(dvocab);
+    const size_t bytes = mc_stage_bytes(per, rank);
+    const bool staged = bytes <= MC_STAGE_MAX;
+    if (staged && (rc = emc_smem_optin(g, k_draft_markov_chain, (int)bytes, optin, err))) return rc;
+    emc_launch_clusters(g, MC_CLUSTER, k_draft_markov_chain, dim3(1, MC_CLUSTER), MC_THREADS, staged ? bytes : 0, d_io,
+                        n_slots, d_base, (const int8_t *)w2_data, (const __half *)w2_scales, dvocab, rank, per,
+                        staged ? 1 : 0, softcap, d_d2t, d_logits, vocab, s);
+    return emc_launched(err, "k_draft_markov_chain");
 }
 
 /* ---- a sampled slot -------------------------------------------------------------------------- */

@@ -383,31 +383,13 @@ extern "C" int em_gpu_mla_append(em_gpu *g, const em_gpu_mla_dims *d, float *d_c
     return emc_launched(err, "k_mla_append");
 }
 
-/* Shared memory past 48 KB needs an opt-in per kernel and device, and the opt-in is also a
- * limit: a kernel opted in for fewer bytes refuses a launch asking for more (the 48 KB default
- * no longer holds). So done[index] keeps the largest size opted in per device index below 64
- * (others ask every time), and a model of wider cache rows raises it. The first call may come
- * inside a graph capture, where the attribute call is not a stream operation but may count as
- * an unsafe one: the thread's capture mode is relaxed around it. */
-template <typename K> static int mla_smem_optin(const em_gpu *g, K kernel, int bytes, int *done, em_err *err) {
-    int *have = g->index >= 0 && g->index < 64 ? &done[g->index] : NULL;
-    if (have && *have >= bytes) return 0;
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    EMC_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    EMC_TRY(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
-    EMC_TRY(e, "cudaFuncSetAttribute (MLA shared memory)");
-    if (have) *have = bytes;
-    return 0;
-}
-
 template <int J, int CL>
 static int mla_launch_split(em_gpu *g, const em_gpu_mla_dims *d, const ma_shape &m, const float *d_cache,
                             const int32_t *d_pos, int n, const float *d_qa, int64_t ldq, float *part, float2 *ml,
                             bool vec_c, bool vec_q, em_err *err) {
     static int optin[64];
     const int bytes = ma_smem_bytes(m, CL);
-    int rc = mla_smem_optin(g, k_mla_split<J, CL>, bytes, optin, err);
+    int rc = emc_smem_optin(g, k_mla_split<J, CL>, bytes, optin, err);
     if (rc) return rc;
     const dim3 grid((unsigned)m.S, emc_blocks(d->n_head, MA_HG), (unsigned)n);
     emc_launch_clusters(g, CL, k_mla_split<J, CL>, grid, MA_THREADS, bytes, *d, m, d_cache, d_pos, d_qa, ldq, part, ml,

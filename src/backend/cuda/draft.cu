@@ -431,26 +431,29 @@ __device__ void pick_scan(const float *base, const float *bias, int i0, int n, f
     }
 }
 
+/* Slot k's pick bi recorded in io (by one thread): its token, or the chain's end (em_argmax
+ * gives -1 only when every value is NaN; a row of -inf still has an argmax), and the end after
+ * the pick when k + 1 reaches n_max. */
+__device__ void pick_record(em_gpu_draft_io *io, int k, int bi) {
+    if (bi < 0) {
+        io->alive = 0;
+        return;
+    }
+    io->toks[k + 1] = bi;
+    io->n = k + 1;
+    if (k + 1 >= io->n_max) io->alive = 0;
+}
+
 /* The end of a pick, by the whole block (n threads, a power of two): each thread's best pair
- * into sv, si, the block's best by the fixed tree; thread 0 records it as slot k's pick (or
- * ends the chain: em_argmax gives -1 only when every value is NaN, a row of -inf still has an
- * argmax) and resets *count when given; then the block starts slot k + 1 when asked. */
-__device__ void pick_finish(em_gpu_draft_io *io, int k, float bv, int bi, float *sv, int *si, int n, unsigned *count,
-                            int has_next, const em_gpu_draft_slot &next) {
+ * into sv, si, the block's best by the fixed tree, recorded by thread 0; then the block starts
+ * slot k + 1 when asked. */
+__device__ void pick_finish(em_gpu_draft_io *io, int k, float bv, int bi, float *sv, int *si, int n, int has_next,
+                            const em_gpu_draft_slot &next) {
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = bi;
     __syncthreads();
     am_block_best(sv, si, n);
-    if (threadIdx.x == 0) {
-        if (count) *count = 0;
-        if (si[0] < 0) {
-            io->alive = 0;
-        } else {
-            io->toks[k + 1] = si[0];
-            io->n = k + 1;
-            if (k + 1 >= io->n_max) io->alive = 0;
-        }
-    }
+    if (threadIdx.x == 0) pick_record(io, k, si[0]);
     if (!has_next) return;
     __syncthreads();
     slot_begin(io, k + 1, next);
@@ -471,7 +474,7 @@ __global__ void __launch_bounds__(PICK_THREADS)
     float bv;
     int bi;
     pick_scan(base, bias, 0, dvocab, softcap, d2t, logits, bv, bi);
-    pick_finish(io, k, bv, bi, sv, si, PICK_THREADS, NULL, has_next, next);
+    pick_finish(io, k, bv, bi, sv, si, PICK_THREADS, has_next, next);
 }
 
 extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias,
@@ -615,7 +618,7 @@ __global__ void __launch_bounds__(MC_THREADS)
                                       logits ? logits + (int64_t)k * vocab : NULL, bias, wv, wi, &bi);
         if (threadIdx.x == 0) cand_v[k & 1] = bv, cand_i[k & 1] = bi;
         cl.sync();
-        if (threadIdx.x == 0) { /* pick_finish's record, on every block's copy */
+        if (threadIdx.x == 0) { /* the cluster's best, recorded on every block's copy */
             float gv = 0.0f;
             int gi = -1;
             for (unsigned b = 0; b < cl.num_blocks(); b++) {
@@ -623,13 +626,7 @@ __global__ void __launch_bounds__(MC_THREADS)
                 const int id = *cl.map_shared_rank(&cand_i[k & 1], b);
                 if (am_better(v, id, gv, gi)) gv = v, gi = id;
             }
-            if (gi < 0) {
-                sio.alive = 0;
-            } else {
-                sio.toks[k + 1] = gi;
-                sio.n = k + 1;
-                if (k + 1 >= sio.n_max) sio.alive = 0;
-            }
+            pick_record(&sio, k, gi);
         }
         __syncthreads();
         if (k + 1 < n_slots) slot_begin(&sio, k + 1, my);
@@ -820,10 +817,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
     __syncthreads();
     if (t != 0) return;
-    const int32_t tok = sample_finish(io, k, sval, sid, n, q + k);
-    io->toks[k + 1] = tok;
-    io->n = k + 1;
-    if (k + 1 >= io->n_max) io->alive = 0;
+    pick_record(io, k, sample_finish(io, k, sval, sid, n, q + k)); /* a candidate's id: never -1 */
 }
 
 extern "C" int em_gpu_draft_sample(em_gpu *g, em_gpu_draft_io *d_io, int k, const float *d_base, const float *d_bias,

@@ -223,6 +223,12 @@ uint64_t em_gpu_act_bytes(int wtype, int64_t cols, int n);
  * em_gpu_act_type(wtype) is Q8_0. */
 int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
                        void *d_scratch, em_gpu_act *out, em_err *err);
+/* em_gpu_act_prepare of the rows glu(gate, up) (act EM_GPU_ACT_SWIGLU, or EM_GPU_ACT_SITU with
+ * beta and lin_beta: em_gpu_swiglu's / em_gpu_situ's arithmetic), quantized in the launch that
+ * makes them, bit-identical to the activation's launch followed by em_gpu_act_prepare. Only for
+ * weights whose activations are Q8_0 (the rows exist only quantized: out->x is NULL). */
+int em_gpu_act_prepare_glu(em_gpu *g, int wtype, const float *d_gate, const float *d_up, int64_t ldx, int64_t cols,
+                           int n, int act, float beta, float lin_beta, void *d_scratch, em_gpu_act *out, em_err *err);
 
 /* ---- matrix products -------------------------------------------------------------------- */
 
@@ -551,10 +557,23 @@ typedef struct em_gpu_gqa_dims {
     int64_t capacity;
     bool causal;
 } em_gpu_gqa_dims;
+/* rope (may be NULL): the heads' norms and RoPE that em_gpu_head_norm_rope would apply to q and
+ * k first (weights wq, wk, NULL for none; RoPE over 2 half values at pos[row]), applied inside
+ * the attention instead, with that op's arithmetic (so the same values): each block normalizes
+ * and rotates its query and its kv head's block rows in shared memory; d_q and d_k are only
+ * read. The cache rows are taken as they are. */
+typedef struct em_gpu_gqa_rope {
+    const float *wq, *wk;
+    float eps;
+    int half;
+    const int32_t *pos;
+    const double *inv_freq;
+    double attn_factor;
+} em_gpu_gqa_rope;
 uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n);
 int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, const float *d_kc, const float *d_vc,
-                      const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, float *d_scratch, float *d_out,
-                      em_err *err);
+                      const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, const em_gpu_gqa_rope *rope,
+                      float *d_scratch, float *d_out, em_err *err);
 /* Qwen3 attention's head norms and RoPE in one launch: for every row j < rows, each of the n_qh
  * heads of q (row j at d_q + j * ldq, heads hd apart) and the n_kh heads of k (d_k: NULL for
  * none) is normed over its hd values with its weight (d_wq / d_wk, NULL: none) and then rotated

@@ -109,6 +109,12 @@ int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int6
     (void)g, (void)wtype, (void)d_x, (void)ldx, (void)cols, (void)n, (void)d_scratch, (void)out;
     return NONE(err);
 }
+int em_gpu_act_prepare_glu(em_gpu *g, int wtype, const float *d_gate, const float *d_up, int64_t ldx, int64_t cols,
+                           int n, int act, float beta, float lin_beta, void *d_scratch, em_gpu_act *out, em_err *err) {
+    (void)g, (void)wtype, (void)d_gate, (void)d_up, (void)ldx, (void)cols, (void)n, (void)act, (void)beta, (void)lin_beta,
+        (void)d_scratch, (void)out;
+    return NONE(err);
+}
 int em_gpu_matmul(em_gpu *g, const em_gpu_mat *w, const em_gpu_act *act, float *d_y, int64_t ldy, em_err *err) {
     (void)g, (void)w, (void)act, (void)d_y, (void)ldy;
     return NONE(err);
@@ -273,10 +279,10 @@ uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n) {
     return 0;
 }
 int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, const float *d_kc, const float *d_vc,
-                      const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, float *d_scratch, float *d_out,
-                      em_err *err) {
-    (void)g, (void)d, (void)d_q, (void)d_kc, (void)d_vc, (void)d_n_ctx, (void)d_k, (void)d_v, (void)n, (void)d_scratch,
-        (void)d_out;
+                      const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n, const em_gpu_gqa_rope *rope,
+                      float *d_scratch, float *d_out, em_err *err) {
+    (void)g, (void)d, (void)d_q, (void)d_kc, (void)d_vc, (void)d_n_ctx, (void)d_k, (void)d_v, (void)n, (void)rope,
+        (void)d_scratch, (void)d_out;
     return NONE(err);
 }
 int em_gpu_head_norm_rope(em_gpu *g, float *d_q, int64_t ldq, int n_qh, const float *d_wq, float *d_k, int64_t ldk,

@@ -370,6 +370,9 @@ static int block_layer(gdspark *s, int l, em_err *err) {
     const int B = hp->block;
     const int64_t d = hp->d, qw = (int64_t)hp->n_head * hp->hd, kw = (int64_t)hp->n_kv * hp->hd;
     const em_gpu_gqa_dims gd = { hp->n_head, hp->n_kv, hp->hd, s->cap, hp->causal };
+    /* q_norm, k_norm and RoPE of the block rows inside the attention */
+    const em_gpu_gqa_rope rope = { y->q_norm, y->k_norm, hp->eps, hp->rope_dims / 2, s->io->pos, s->inv_freq,
+                                   s->cpu->rope.attn_factor };
     const em_gpu_mm_out qkv[] = { { &y->wq, s->q, qw }, { &y->wk, s->k, kw }, { &y->wv, s->v, kw } };
     const em_gpu_mm_out gu[] = { { &y->gate, s->fg, hp->ff }, { &y->up, s->fu, hp->ff } };
     em_gpu *g = s->g;
@@ -379,15 +382,18 @@ static int block_layer(gdspark *s, int l, em_err *err) {
         (y->bq && (rc = em_gpu_add_bias(g, s->q, qw, B, qw, y->bq, err))) ||
         (y->bk && (rc = em_gpu_add_bias(g, s->k, kw, B, kw, y->bk, err))) ||
         (y->bv && (rc = em_gpu_add_bias(g, s->v, kw, B, kw, y->bv, err))) ||
-        (rc = em_gpu_head_norm_rope(g, s->q, qw, hp->n_head, y->q_norm, s->k, kw, hp->n_kv, y->k_norm, B, hp->hd, hp->eps,
-                                    hp->rope_dims, s->io->pos, s->inv_freq, s->cpu->rope.attn_factor, err)) ||
         (rc = em_gpu_gqa_attend(g, &gd, s->q, s->kc + (int64_t)l * s->cap * kw, s->vc + (int64_t)l * s->cap * kw,
-                                &s->io->n_ctx, s->k, s->v, B, s->scores, s->att, err)) ||
+                                &s->io->n_ctx, s->k, s->v, B, &rope, s->scores, s->att, err)) ||
         (rc = mm(s, &y->wo, s->att, qw, B, s->o, d, err)) ||
-        (rc = norm_act(s, s->o, y->ffn_norm, y->gate.type, &a, err)) || (rc = mm_act(s, gu, 2, &a, err)) ||
-        (rc = em_gpu_swiglu(g, s->fg, s->fu, (int64_t)B * hp->ff, s->fg, err)))
+        (rc = norm_act(s, s->o, y->ffn_norm, y->gate.type, &a, err)) || (rc = mm_act(s, gu, 2, &a, err)))
         return rc;
-    return mm(s, &y->down, s->fg, hp->ff, B, s->o, d, err);
+    if (em_gpu_act_type(y->down.type) == EM_TYPE_Q8_0 && hp->ff % 32 == 0) { /* SwiGLU and Q8_0 in one launch */
+        rc = em_gpu_act_prepare_glu(g, y->down.type, s->fg, s->fu, hp->ff, hp->ff, B, EM_GPU_ACT_SWIGLU, 0, 0, s->act, &a,
+                                    err);
+        return rc ? rc : em_gpu_matmul(g, &y->down, &a, s->o, d, err);
+    }
+    rc = em_gpu_swiglu(g, s->fg, s->fu, (int64_t)B * hp->ff, s->fg, err);
+    return rc ? rc : mm(s, &y->down, s->fg, hp->ff, B, s->o, d, err);
 }
 
 /* s->mix = W2's input for the gated or rnn head at a slot whose final row is hk (e = W1[prev]

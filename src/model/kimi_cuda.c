@@ -522,15 +522,28 @@ static int mla_layer(gk *k, int l, gk_acts *xa, em_err *err) {
     return mm(k, &oa, &w->out, B->y, hp->n_embd, err);
 }
 
+/* a's rows made glu(a's rows, up) for w: quantized in the launch that makes them when w takes
+ * Q8_0 activations (em_gpu_act_prepare_glu), else in place (a's rows are contiguous). */
+static int acts_glu(gk *k, gk_acts *a, const em_mat *w, const float *up, em_err *err) {
+    const kimi_hparams *hp = &k->hp;
+    const em_gpu_mat *dw = dmat(k, w);
+    if (!dw || em_gpu_act_type(dw->type) != EM_TYPE_Q8_0 || a->cols % 32)
+        return glu(k, (float *)a->x, up, (int64_t)a->n * a->cols, err);
+    void *s = NULL;
+    const int act = hp->situ ? EM_GPU_ACT_SITU : EM_GPU_ACT_SWIGLU;
+    int rc = bump(k, em_gpu_act_bytes(EM_TYPE_Q8_0, a->cols, a->n), &s, err);
+    if (!rc) rc = em_gpu_act_prepare_glu(k->gpu, EM_TYPE_Q8_0, a->x, up, a->ldx, a->cols, a->n, act, hp->situ_beta,
+                                         hp->situ_lin_beta, s, &a->q, err);
+    a->have_q = !rc;
+    return rc;
+}
+
 /* y (ldy) = down(glu(g, u)) for n rows of F values (g may be overwritten). */
 static int mlp_down(gk *k, float *g, const float *u, int64_t F, int n, const em_mat *down, float *d_y, int64_t ldy,
                     em_err *err) {
     gk_acts ga = acts_of(g, F, F, n);
-    if (!acts_in_block(k, &ga, down, u)) { /* else the product makes glu(g, u) itself */
-        int rc = glu(k, g, u, (int64_t)n * F, err);
-        if (rc) return rc;
-    }
-    return mm(k, &ga, down, d_y, ldy, err);
+    int rc = acts_in_block(k, &ga, down, u) ? EM_OK : acts_glu(k, &ga, down, u, err); /* in block: the product makes them */
+    return rc ? rc : mm(k, &ga, down, d_y, ldy, err);
 }
 
 /* y (ldy) = down(glu(gate x, up x)) for the n rows of a; g, u: [GK_ROWS][gate rows]. */

@@ -1,8 +1,9 @@
 /* tests/cuda/test_gpu_draft.c: the drafter on cuda:0 (draft/dspark_cuda.c) against the CPU
  * drafter (draft/dspark.c), the reference, on the same target and the same context rows:
  *  - the GPU ops it adds: grouped-query attention against a double-precision loop, non-causal
- *    and causal, context lengths 0, 1, 100 and 333; the heads' norms and RoPE in one launch
- *    against the two separate ops; a slot's start (em_gpu_draft_slot_begin) against quant/'s
+ *    and causal, context lengths 0, 1, 100 and 333, and with the heads' norms and RoPE inside
+ *    against those applied first; the heads' norms and RoPE in one launch against the two
+ *    separate ops; a slot's start (em_gpu_draft_slot_begin) against quant/'s
  *    row, em_gpu_act_prepare's activations and a double loop;
  *  - greedy proposes of the default pair (models/) and of the DSpark fixture drafter (kimi_a +
  *    dspark_deepspec, converted by run.sh into MODELS_DIR) after context rows added in pieces
@@ -110,7 +111,7 @@ static void test_attention(em_gpu *g) {
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
             em_err err = { 0 };
             int rc = em_gpu_upload(g, dn, &lens[li], sizeof(int64_t), &err);
-            if (!rc) rc = em_gpu_gqa_attend(g, &d, dq, dkc, dvc, dn, dk, dv, n, dsc, dout, &err);
+            if (!rc) rc = em_gpu_gqa_attend(g, &d, dq, dkc, dvc, dn, dk, dv, n, NULL, dsc, dout, &err);
             if (!rc) rc = em_gpu_download(g, got, dout, (uint64_t)(n * qw) * 4, &err);
             attend_ref(&d, q, kc, vc, lens[li], k, v, n, ref);
             double worst = 0;
@@ -123,6 +124,63 @@ static void test_attention(em_gpu *g) {
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_gpu_free(g, all[i]);
         free(q), free(k), free(v), free(kc), free(vc), free(ref), free(got);
     }
+}
+
+/* em_gpu_gqa_attend with the heads' norms and RoPE inside (rope over 64 or 32 of 64 values,
+ * non-causal and causal, contexts 0 and 100) against em_gpu_head_norm_rope on copies of q and k
+ * followed by the plain attention: memcmp-equal, and q and k left as they were. */
+static void test_attention_rope(em_gpu *g) {
+    enum { CAP = 128, N = 7, NH = 4, NKV = 2, HD = 64 };
+    const int64_t kw = NKV * HD, qw = NH * HD;
+    float q[N * NH * HD], k[N * NKV * HD], v[N * NKV * HD], wq[HD], wk[HD], ref[N * NH * HD], got[N * NH * HD];
+    float q2[N * NH * HD], k2[N * NKV * HD];
+    float *kc = xcalloc((size_t)CAP * kw, 4), *vc = xcalloc((size_t)CAP * kw, 4);
+    int32_t pos[N];
+    double inv[HD / 2];
+    for (int i = 0; i < N * NH * HD; i++) q[i] = randn();
+    for (int i = 0; i < N * NKV * HD; i++) k[i] = randn(), v[i] = randn();
+    for (int i = 0; i < HD; i++) wq[i] = 1.0f + 0.1f * randn(), wk[i] = 1.0f + 0.1f * randn();
+    for (int i = 0; i < CAP * kw; i++) kc[i] = randn(), vc[i] = randn();
+    for (int i = 0; i < HD / 2; i++) inv[i] = pow(10000.0, -2.0 * i / HD);
+    float *dq = dev_copy(g, q, sizeof q), *dk = dev_copy(g, k, sizeof k), *dv = dev_copy(g, v, sizeof v);
+    float *dq2 = dev_copy(g, NULL, sizeof q), *dk2 = dev_copy(g, NULL, sizeof k), *dout = dev_copy(g, NULL, sizeof ref);
+    float *dwq = dev_copy(g, wq, sizeof wq), *dwk = dev_copy(g, wk, sizeof wk);
+    float *dkc = dev_copy(g, kc, (uint64_t)CAP * kw * 4), *dvc = dev_copy(g, vc, (uint64_t)CAP * kw * 4);
+    double *dinv = dev_copy(g, inv, sizeof inv);
+    int32_t *dpos = dev_copy(g, NULL, sizeof pos);
+    int64_t *dn = dev_copy(g, NULL, sizeof(int64_t));
+    float *dsc = NULL;
+    for (int causal = 0; causal < 2; causal++)
+        for (int half = HD / 4; half <= HD / 2; half += HD / 4)
+            for (int64_t len = 0; len <= 100; len += 100) {
+                const em_gpu_gqa_dims d = { NH, NKV, HD, CAP, causal };
+                if (!dsc) dsc = dev_copy(g, NULL, em_gpu_gqa_scratch_floats(&d, N) * 4);
+                for (int i = 0; i < N; i++) pos[i] = (int32_t)(len + i);
+                const em_gpu_gqa_rope rope = { dwq, dwk, 1e-6f, half, dpos, dinv, 1.0 };
+                em_err err = { 0 };
+                int rc = em_gpu_upload(g, dn, &len, sizeof len, &err);
+                if (!rc) rc = em_gpu_upload(g, dpos, pos, sizeof pos, &err);
+                if (!rc) rc = em_gpu_copy(g, dq2, dq, sizeof q, &err);
+                if (!rc) rc = em_gpu_copy(g, dk2, dk, sizeof k, &err);
+                if (!rc) rc = em_gpu_head_norm_rope(g, dq2, qw, NH, dwq, dk2, kw, NKV, dwk, N, HD, 1e-6f, 2 * half, dpos, dinv,
+                                                    1.0, &err);
+                if (!rc) rc = em_gpu_gqa_attend(g, &d, dq2, dkc, dvc, dn, dk2, dv, N, NULL, dsc, dout, &err);
+                if (!rc) rc = em_gpu_download(g, ref, dout, sizeof ref, &err);
+                if (!rc) rc = em_gpu_gqa_attend(g, &d, dq, dkc, dvc, dn, dk, dv, N, &rope, dsc, dout, &err);
+                if (!rc) rc = em_gpu_download(g, got, dout, sizeof got, &err);
+                if (!rc) rc = em_gpu_download(g, q2, dq, sizeof q2, &err);
+                if (!rc) rc = em_gpu_download(g, k2, dk, sizeof k2, &err);
+                const bool same = !rc && !memcmp(ref, got, sizeof ref), kept = !rc && !memcmp(q, q2, sizeof q) &&
+                                                                              !memcmp(k, k2, sizeof k);
+                char name[96];
+                snprintf(name, sizeof name, "gqa attention with norms and RoPE inside, %s, rope %d, ctx %lld",
+                         causal ? "causal" : "non-causal", 2 * half, (long long)len);
+                record(name, same && kept, "%s to head norm + rope then attention, q and k %s (rc %d %s)",
+                       same ? "memcmp-equal" : "NOT equal", kept ? "untouched" : "WRITTEN", rc, err.msg);
+            }
+    void *all[] = { dq, dk, dv, dq2, dk2, dout, dwq, dwk, dkc, dvc, dinv, dpos, dn, dsc };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) em_gpu_free(g, all[i]);
+    free(kc), free(vc);
 }
 
 /* em_gpu_head_norm_rope against em_gpu_rmsnorm_rows + em_gpu_rope_rows (head size 64 and 128,
@@ -860,6 +918,7 @@ int main(int argc, char **argv) {
     printf("== GPU drafter checks (%s) ==\n", em_gpu_get_info(g)->name);
     test_attention(g);
     test_head_norm_rope(g);
+    test_attention_rope(g);
     test_slot_begin(g);
     test_markov_chain(g, 128, 1037);
     test_markov_chain(g, 96, 1037); /* 3 blocks a row: lanes past them hold 0 */

@@ -336,6 +336,25 @@ static void test_in_block(int type, int64_t rows, int64_t cols) {
     }
     record(name, differ == 0 && tried > 0, "%d calls (plain, SwiGLU, SiTU rows), %d not memcmp-equal to prepared rows",
            tried, differ);
+    /* em_gpu_act_prepare_glu: the SwiGLU and SiTU rows quantized in one launch, every n */
+    char gname[96];
+    snprintf(gname, sizeof gname, "matmul %s %lldx%lld GLU activations in one launch", em_type_name(type), (long long)rows,
+             (long long)cols);
+    differ = tried = 0;
+    for (int glu = EM_GPU_ACT_SWIGLU; glu <= EM_GPU_ACT_SITU; glu++)
+        for (int n = 1; n <= R; n++) {
+            em_gpu_act a;
+            TRY(gname, in_block_ref(&gm, dx, du, ldx, n, glu, dg, ds, dy) ? E.code : 0);
+            TRY(gname, down(ref, dy, (uint64_t)n * rows * 4));
+            poison(dy, (uint64_t)R * rows * 4);
+            TRY(gname, em_gpu_act_prepare_glu(G, type, dx, du, ldx, cols, n, glu, 2.0f, 6.0f, ds, &a, &E));
+            TRY(gname, em_gpu_matmul(G, &gm, &a, dy, rows, &E));
+            TRY(gname, down(got, dy, (uint64_t)n * rows * 4));
+            differ += memcmp(got, ref, (size_t)n * rows * 4) != 0;
+            tried++;
+        }
+    record(gname, differ == 0, "%d calls (SwiGLU, SiTU rows), %d not memcmp-equal to the activation's launch + "
+           "em_gpu_act_prepare", tried, differ);
     em_gpu_act a;
     snprintf(name + strlen(name), sizeof name - strlen(name), " refused");
     record(name,

@@ -36,6 +36,52 @@ uint64_t em_gpu_gqa_scratch_floats(const em_gpu_gqa_dims *d, int n) {
     return (uint64_t)n * (uint64_t)d->n_head * (uint64_t)(d->capacity + EM_GPU_MAX_ROWS);
 }
 
+#define HNR_WARPS 4
+
+/* One head vector by a warp: dst = RoPE(RMSNorm(src) * w) (w NULL: no weight; rows past 2 half
+ * values as normed), em_rmsnorm's scale from a double sum in a fixed butterfly and k_rope's
+ * rotation at position pos. t: hd floats of the warp's scratch; src may be dst (every value is
+ * read before any is written). */
+__device__ void norm_rope_unit(const float *src, float *dst, const float *w, float *t, int hd, float eps, int half,
+                               int pos, const double *inv_freq, double attn_factor) {
+    const int lane = threadIdx.x & 31;
+    double s = 0.0;
+    for (int c = lane; c < hd; c += 32) {
+        const float x = src[c];
+        t[c] = x;
+        s += (double)x * (double)x;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float scale = (float)(1.0 / sqrt(s / (double)hd + (double)eps)); /* em_rmsnorm's */
+    for (int c = lane; c < hd; c += 32) t[c] = w ? t[c] * scale * w[c] : t[c] * scale;
+    __syncwarp();
+    for (int i = lane; i < half; i += 32) { /* k_rope's rotation */
+        const double a = (double)pos * inv_freq[i];
+        const float cs = (float)(cos(a) * attn_factor), sn = (float)(sin(a) * attn_factor);
+        const float p = t[i], r = t[i + half];
+        dst[i] = p * cs - r * sn;
+        dst[i + half] = r * cs + p * sn;
+    }
+    for (int c = 2 * half + lane; c < hd; c += 32) dst[c] = t[c];
+    __syncwarp(); /* t is the warp's again */
+}
+
+/* Warp w of block b: head unit b * HNR_WARPS + w, units by row, then q's heads, then k's. */
+__global__ void __launch_bounds__(HNR_WARPS * 32)
+    k_head_norm_rope(float *q, int64_t ldq, int n_qh, const float *wq, float *k, int64_t ldk, int n_kh, const float *wk,
+                     int rows, int hd, float eps, int half, const int32_t *pos, const double *inv_freq,
+                     double attn_factor) {
+    emc_kernel_begin();
+    __shared__ float sv[HNR_WARPS][GQA_MAX_HD];
+    const int warp = threadIdx.x >> 5, per_row = n_qh + n_kh;
+    const int unit = blockIdx.x * HNR_WARPS + warp;
+    if (unit >= rows * per_row) return; /* whole warps leave; only __syncwarp below */
+    const int j = unit / per_row, hh = unit % per_row;
+    const bool is_q = hh < n_qh;
+    float *v = is_q ? q + j * ldq + (int64_t)hh * hd : k + j * ldk + (int64_t)(hh - n_qh) * hd;
+    norm_rope_unit(v, v, is_q ? wq : wk, sv[warp], hd, eps, half, pos[j], inv_freq, attn_factor);
+}
+
 /* Position p's key (or value) row of kv head grp: the cache's rows, then the block's. */
 __device__ __forceinline__ const float *gqa_row(const float *cache, const float *block, int64_t n_ctx, int64_t p,
                                                 int64_t kw, int64_t off) {
@@ -47,9 +93,11 @@ __device__ __forceinline__ const float *gqa_row(const float *cache, const float 
  * positions (below): every launch the same order, whatever the timing. */
 __global__ void __launch_bounds__(GQA_THREADS)
     k_gqa(em_gpu_gqa_dims d, const float *q, const float *kc, const float *vc, const int64_t *n_ctx_p, const float *k,
-          const float *v, int n, float *scratch, float *out, bool vec) {
+          const float *v, int n, em_gpu_gqa_rope rope, float *scratch, float *out, bool vec) {
     emc_kernel_begin();
-    __shared__ float qs[GQA_MAX_HD];
+    __shared__ __align__(16) float qs[GQA_MAX_HD];
+    __shared__ __align__(16) float ks[EM_GPU_MAX_ROWS][GQA_MAX_HD]; /* with rope: the block rows' keys, normed and rotated */
+    __shared__ float tv[GQA_WARPS][GQA_MAX_HD];                      /* norm_rope_unit's scratch */
     __shared__ float part[GQA_THREADS * 4]; /* [groups][hd] of p V's partial sums */
     __shared__ float redf[GQA_WARPS];
     __shared__ double red[GQA_WARPS];
@@ -60,12 +108,19 @@ __global__ void __launch_bounds__(GQA_THREADS)
     n_ctx = n_ctx < 0 ? 0 : n_ctx > d.capacity ? d.capacity : n_ctx;
     const int64_t total = n_ctx + (d.causal ? i + 1 : n);
     float *sc = scratch + ((int64_t)i * d.n_head + h) * (d.capacity + EM_GPU_MAX_ROWS);
-    for (int c = threadIdx.x; c < hd; c += GQA_THREADS) qs[c] = q[i * qw + (int64_t)h * hd + c];
+    const float *qi = q + i * qw + (int64_t)h * hd;
+    if (rope.pos) { /* unit 0 the query, unit 1 + j block row j's key: em_gpu_head_norm_rope's values */
+        for (int u = warp; u <= total - n_ctx; u += GQA_WARPS)
+            norm_rope_unit(u ? k + (u - 1) * kw + off : qi, u ? ks[u - 1] : qs, u ? rope.wk : rope.wq, tv[warp], hd,
+                           rope.eps, rope.half, rope.pos[u ? u - 1 : i], rope.inv_freq, rope.attn_factor);
+    } else {
+        for (int c = threadIdx.x; c < hd; c += GQA_THREADS) qs[c] = qi[c];
+    }
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
     for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) {
-        const float *kr = gqa_row(kc, k, n_ctx, p, kw, off);
+        const float *kr = p >= n_ctx && rope.pos ? ks[p - n_ctx] : gqa_row(kc, k, n_ctx, p, kw, off);
         float s = 0.0f;
         if (vec) { /* the same chain, the key read 16 values a round (its loads in flight together) */
             for (int c = 0; c < hd; c += 16) {
@@ -137,7 +192,7 @@ __global__ void __launch_bounds__(GQA_THREADS)
 
 extern "C" int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const float *d_q, const float *d_kc,
                                  const float *d_vc, const int64_t *d_n_ctx, const float *d_k, const float *d_v, int n,
-                                 float *d_scratch, float *d_out, em_err *err) {
+                                 const em_gpu_gqa_rope *rope, float *d_scratch, float *d_out, em_err *err) {
     EMC_CHECK(d && d->n_head > 0 && d->n_kv > 0 && d->n_head % d->n_kv == 0 && d->hd > 0 && d->hd <= GQA_MAX_HD &&
                   d->capacity >= 0,
               "GPU attention: %d heads over %d kv heads of %d values (want n_head a multiple of n_kv, hd 1..%d)",
@@ -149,8 +204,10 @@ extern "C" int em_gpu_gqa_attend(em_gpu *g, const em_gpu_gqa_dims *d, const floa
     /* key and value rows in 16-byte loads when every row starts 16-byte aligned */
     const bool vec = d->hd % 16 == 0 && d->n_kv * d->hd % 4 == 0 &&
                      (((uintptr_t)d_kc | (uintptr_t)d_k | (uintptr_t)d_vc | (uintptr_t)d_v) & 15) == 0;
+    EMC_CHECK(!rope || (rope->pos && rope->inv_freq && rope->half > 0 && 2 * rope->half <= d->hd),
+              "GPU attention: RoPE over %d of %d values, or a missing table", rope ? 2 * rope->half : 0, d->hd);
     emc_launch(g, k_gqa, dim3((unsigned)n, (unsigned)d->n_head), GQA_THREADS, 0, *d, d_q, d_kc, d_vc, d_n_ctx, d_k, d_v,
-               n, d_scratch, d_out, vec);
+               n, rope ? *rope : em_gpu_gqa_rope{}, d_scratch, d_out, vec);
     return emc_launched(err, "k_gqa");
 }
 
@@ -194,43 +251,6 @@ extern "C" int em_gpu_round_rows(em_gpu *g, int type, const float *d_x, int64_t 
 }
 
 /* ---- head norms and RoPE ------------------------------------------------------------------------ */
-
-#define HNR_WARPS 4
-
-/* Warp w of block b: head unit b * HNR_WARPS + w, units by row, then q's heads, then k's. */
-__global__ void __launch_bounds__(HNR_WARPS * 32)
-    k_head_norm_rope(float *q, int64_t ldq, int n_qh, const float *wq, float *k, int64_t ldk, int n_kh, const float *wk,
-                     int rows, int hd, float eps, int half, const int32_t *pos, const double *inv_freq,
-                     double attn_factor) {
-    emc_kernel_begin();
-    __shared__ float sv[HNR_WARPS][GQA_MAX_HD];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, per_row = n_qh + n_kh;
-    const int unit = blockIdx.x * HNR_WARPS + warp;
-    if (unit >= rows * per_row) return; /* whole warps leave; only __syncwarp below */
-    const int j = unit / per_row, hh = unit % per_row;
-    const bool is_q = hh < n_qh;
-    float *v = is_q ? q + j * ldq + (int64_t)hh * hd : k + j * ldk + (int64_t)(hh - n_qh) * hd;
-    const float *w = is_q ? wq : wk;
-    float *t = sv[warp];
-    double s = 0.0;
-    for (int c = lane; c < hd; c += 32) {
-        const float x = v[c];
-        t[c] = x;
-        s += (double)x * (double)x;
-    }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float scale = (float)(1.0 / sqrt(s / (double)hd + (double)eps)); /* em_rmsnorm's */
-    for (int c = lane; c < hd; c += 32) t[c] = w ? t[c] * scale * w[c] : t[c] * scale;
-    __syncwarp();
-    for (int i = lane; i < half; i += 32) { /* k_rope's rotation */
-        const double a = (double)pos[j] * inv_freq[i];
-        const float cs = (float)(cos(a) * attn_factor), sn = (float)(sin(a) * attn_factor);
-        const float p = t[i], r = t[i + half];
-        v[i] = p * cs - r * sn;
-        v[i + half] = r * cs + p * sn;
-    }
-    for (int c = 2 * half + lane; c < hd; c += 32) v[c] = t[c];
-}
 
 extern "C" int em_gpu_head_norm_rope(em_gpu *g, float *d_q, int64_t ldq, int n_qh, const float *d_wq, float *d_k,
                                      int64_t ldk, int n_kh, const float *d_wk, int rows, int hd, float eps, int dims,
@@ -290,10 +310,21 @@ __device__ bool chain_keep(em_gpu_draft_io *io, float z) {
     return ++io->width, true;
 }
 
+/* Lane's share of slot k's confidence over the terms of h (w[i] h[i], i = lane, lane + 32, ...
+ * below d): the first part of the chain slot_begin's confidence runs. */
+__device__ double conf_h_part(const em_gpu_draft_slot &s, int k, int lane) {
+    const float *h = s.d_h + (int64_t)(s.slot0 + k) * s.d, *w = s.d_conf_w;
+    double z = 0.0;
+#pragma unroll 4
+    for (int i = lane; i < s.d; i += 32) z += (double)w[i] * h[i];
+    return z;
+}
+
 /* The start of slot k by a whole block (blockDim a multiple of 32): e = W1[toks[k]] (and its
- * Q8_0 activations), then the confidence and keep test by thread 0. The exit when the chain is
- * over is uniform over the block (io read after a barrier). */
-__device__ void slot_begin(em_gpu_draft_io *io, int k, const em_gpu_draft_slot &s) {
+ * Q8_0 activations), then the confidence and keep test by warp 0 (zh: each lane's
+ * conf_h_part when made beforehand, else NULL). The exit when the chain is over is uniform
+ * over the block (io read after a barrier). */
+__device__ void slot_begin(em_gpu_draft_io *io, int k, const em_gpu_draft_slot &s, const double *zh = nullptr) {
     __shared__ float es[EM_GPU_DRAFT_MAX_RANK];
     if (!io->alive || k >= io->n_max) return;
     const int lane = threadIdx.x & 31;
@@ -313,12 +344,13 @@ __device__ void slot_begin(em_gpu_draft_io *io, int k, const em_gpu_draft_slot &
     }
     if (!s.d_conf_w || threadIdx.x >= 32) return;
     /* dspark.c's confidence() in doubles by warp 0: lane l sums terms l, l + 32, ... of
-     * w . [h ; e], the lanes meet in a fixed butterfly */
-    const float *h = s.d_h + (int64_t)(s.slot0 + k) * s.d, *w = s.d_conf_w;
+     * w . [h ; e] (h's first), the lanes meet in a fixed butterfly */
     const int n = s.d + (s.conf_markov && s.w1_data ? s.rank : 0);
-    double z = 0.0;
+    double z = zh ? zh[lane] : conf_h_part(s, k, lane);
+    int i = lane;
+    while (i < s.d) i += 32;
 #pragma unroll 4
-    for (int i = lane; i < n; i += 32) z += (double)w[i] * (i < s.d ? h[i] : es[i - s.d]);
+    for (; i < n; i += 32) z += (double)s.d_conf_w[i] * es[i - s.d];
     for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
     if (lane != 0) return;
     z += s.conf_b;
@@ -494,26 +526,30 @@ extern "C" int em_gpu_draft_pick(em_gpu *g, em_gpu_draft_io *d_io, int k, const 
 
 /* ---- the vanilla Markov head's greedy chain in one launch ------------------------------------
  * A cluster of MC_CLUSTER blocks; block r takes the draft ids r * per .. (per: a multiple of 8,
- * so its W2 scales start 16-byte aligned) and, where they fit, copies their W2 rows into its
- * shared memory before the wait for the kernels before it (weights are constant while passes
- * run). Every block keeps its own copy of the io and of e's activations and runs the same
- * chain on them: slot 0's start, then per slot its ids' bias (em_gpu_matmul's values), their
+ * so that its slices of W2's scales start 16-byte aligned) and, where they fit, copies their
+ * W2 rows into its shared memory before the wait for the kernels before it (weights are
+ * constant while passes run), then every slot's base logits of its ids (and their d2t) after
+ * it. Every block keeps its own copy of the io and of e's activations and runs the same chain
+ * on them: the confidences' h terms of every slot at once (a warp a slot: they do not depend
+ * on the picks), slot 0's start, then per slot its ids' bias (em_gpu_matmul's values), their
  * corrected values and its best; the blocks' bests meet through distributed shared memory
- * after a cluster barrier, every block takes the best of them in rank order (the tie rule is a
- * total order, so the pick does not depend on how the ids were split), and runs the next
- * slot's start itself. The same arithmetic on the same inputs gives every block the same
- * io, so the chain's control flow stays uniform over the cluster; block 0 writes the io and e
- * back at the end. The bests alternate between two slots per block: a block writes slot k's
- * only after the barrier of slot k - 1, which every block passes only after reading slot
- * k - 2's. */
+ * after a cluster barrier, every block takes the best of them (the tie rule is a total order,
+ * so the pick does not depend on how the ids were split) and runs the next slot's start
+ * itself. The same arithmetic on the same inputs gives every block the same io, so the chain's
+ * control flow stays uniform over the cluster; block 0 writes the io and e back. The bests
+ * alternate between two slots per block: a block writes slot k's only after the barrier of
+ * slot k - 1, which every block passes only after reading slot k - 2's. */
 
 #define MC_CLUSTER 8
 #define MC_THREADS 1024
-#define MC_STAGE_MAX (160 * 1024) /* W2 bytes a block keeps in shared memory at most */
+#define MC_STAGE_MAX (196 * 1024) /* bytes a block stages in shared memory at most */
 
 static int mc_ids_per_block(int dvocab) { return ((dvocab + MC_CLUSTER - 1) / MC_CLUSTER + 7) / 8 * 8; }
 
-static size_t mc_stage_bytes(int per, int rank) { return (size_t)per * (size_t)rank + (size_t)per * (size_t)(rank / 32) * 2; }
+/* Staged bytes: W2's quants and scales of per rows, every slot's base logits, the ids' d2t. */
+static size_t mc_stage_bytes(int per, int rank, int n_slots, bool d2t) {
+    return (size_t)per * ((size_t)rank + (size_t)rank / 16 + 4 * (size_t)n_slots + (d2t ? 4 : 0));
+}
 
 /* W2 row r (rank / 32 <= 32 blocks, wq / wd in global or shared memory) against e: em_gpu_matmul's
  * value bit for bit. Its warp body (mm_q8_0_warp) gives lane l block l, one rounded add onto
@@ -533,13 +569,18 @@ __device__ __forceinline__ float mc_bias_row(const int8_t *wq, const __half *wd,
     return v;
 }
 
-/* The best (value, id) pair of the block's threads into every thread (am_better's order). */
-__device__ float mc_block_best(float bv, int bi, float *wv, int *wi, int *out_i) {
+/* The best (value, id) pair of a warp's lanes into every lane (am_better's order). */
+__device__ __forceinline__ void mc_warp_best(float &bv, int &bi) {
     for (int o = 16; o > 0; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, bv, o);
         const int i = __shfl_xor_sync(0xffffffffu, bi, o);
         if (am_better(v, i, bv, bi)) bv = v, bi = i;
     }
+}
+
+/* The best pair of the block's threads into every thread. */
+__device__ float mc_block_best(float bv, int bi, float *wv, int *wi, int *out_i) {
+    mc_warp_best(bv, bi);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) wv[warp] = bv, wi[warp] = bi;
     __syncthreads();
@@ -551,85 +592,112 @@ __device__ float mc_block_best(float bv, int bi, float *wv, int *wi, int *out_i)
     return bv;
 }
 
-/* Slot k's values over this block's n ids from i0 (bias made in chunks of the block's
- * threads) and the block's best pair. */
-__device__ float mc_slot_best(const float *base, const int8_t *wq, const __half *wd, int i0, int n, int bpr,
-                              const int8_t *e_qs, const float *e_qd, float softcap, const int32_t *d2t, float *logits,
-                              float *bias, float *wv, int *wi, int *best_i) {
+/* What a block of the chain reads: its W2 rows, slot 0's base logits of its ids and their d2t
+ * (in shared memory when staged; base_ld: floats from one slot's logits to the next). */
+typedef struct mc_slice {
+    const int8_t *wq;
+    const __half *wd;
+    const float *base;
+    int64_t base_ld;
+    const int32_t *d2t;
+    int i0, n, bpr;
+} mc_slice;
+
+/* Slot k's values over the slice's ids (the bias made in chunks of the block's threads;
+ * pick_scan's rule) and the block's best pair. */
+__device__ float mc_slot_best(const mc_slice &c, int k, const int8_t *e_qs, const float *e_qd, float softcap,
+                              float *logits, float *bias, float *wv, int *wi, int *best_i) {
     const int lane = threadIdx.x & 31, warps = (int)(blockDim.x >> 5);
     int L = 1;
-    while (L < bpr) L <<= 1;
+    while (L < c.bpr) L <<= 1;
     const int per_warp = 32 / L, grp = lane / L;
+    const float *base = c.base + k * c.base_ld;
     float bv = 0.0f;
     int bi = -1;
-    for (int c0 = 0; c0 < n; c0 += (int)blockDim.x) {
-        const int m = n - c0 < (int)blockDim.x ? n - c0 : (int)blockDim.x;
+    for (int c0 = 0; c0 < c.n; c0 += (int)blockDim.x) {
+        const int m = c.n - c0 < (int)blockDim.x ? c.n - c0 : (int)blockDim.x;
         for (int r0 = (int)(threadIdx.x >> 5) * per_warp; r0 < m; r0 += warps * per_warp) { /* uniform per warp */
             const int r = r0 + grp;
-            const float v = mc_bias_row(wq, wd, c0 + r, bpr, L, e_qs, e_qd, r < m);
+            const float v = mc_bias_row(c.wq, c.wd, c0 + r, c.bpr, L, e_qs, e_qd, r < m);
             if (lane % L == 0 && r < m) bias[r] = v;
         }
         __syncthreads();
-        float cv;
-        int ci;
-        pick_scan(base, bias, i0 + c0, m, softcap, d2t, logits, cv, ci);
-        if (am_better(cv, ci, bv, bi)) bv = cv, bi = ci;
+        for (int j = threadIdx.x; j < m; j += blockDim.x) {
+            const float x = draft_value(base, c0 + j, softcap, bias, j);
+            const int id = c.d2t ? c.d2t[c0 + j] : c.i0 + c0 + j;
+            if (logits) logits[id] = x;
+            if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id;
+        }
         __syncthreads(); /* bias reused by the next chunk */
     }
     return mc_block_best(bv, bi, wv, wi, best_i);
+}
+
+/* The staged copies (weights before the wait for the kernels before, the rest after it). */
+__device__ void mc_stage_weights(mc_slice &c, int per, int rank, int8_t *smem) {
+    int8_t *sq = smem;
+    __half *sd = (__half *)(smem + (int64_t)per * rank);
+    for (int64_t i = threadIdx.x; i < (int64_t)c.n * rank / 16; i += blockDim.x) ((int4 *)sq)[i] = ((const int4 *)c.wq)[i];
+    for (int64_t i = threadIdx.x; i < (int64_t)c.n * c.bpr; i += blockDim.x) sd[i] = c.wd[i];
+    c.wq = sq, c.wd = sd;
+}
+__device__ void mc_stage_rows(mc_slice &c, int per, int rank, int n_slots, int8_t *smem) {
+    float *sb = (float *)(smem + (int64_t)per * (rank + rank / 16));
+    int32_t *st = (int32_t *)(sb + (int64_t)n_slots * per);
+    for (int64_t i = threadIdx.x; i < (int64_t)n_slots * c.n; i += blockDim.x)
+        sb[i / c.n * per + i % c.n] = c.base[i / c.n * c.base_ld + i % c.n];
+    if (c.d2t)
+        for (int i = threadIdx.x; i < c.n; i += blockDim.x) st[i] = c.d2t[i];
+    c.base = sb, c.base_ld = per;
+    if (c.d2t) c.d2t = st;
 }
 
 __global__ void __launch_bounds__(MC_THREADS)
     k_draft_markov_chain(em_gpu_draft_io *io, int n_slots, const float *base, const int8_t *w2q, const __half *w2d,
                          int dvocab, int rank, int per, int staged, float softcap, const int32_t *d2t, float *logits,
                          int vocab, em_gpu_draft_slot slot) {
-    extern __shared__ __align__(16) int8_t mc_w2[];
+    extern __shared__ __align__(16) int8_t mc_smem[];
     __shared__ em_gpu_draft_io sio;
     __shared__ __align__(16) int8_t eqs[EM_GPU_DRAFT_MAX_RANK];
     __shared__ float eqd[EM_GPU_DRAFT_MAX_RANK / 32];
     __shared__ float bias[MC_THREADS];
     __shared__ float wv[MC_THREADS / 32];
     __shared__ int wi[MC_THREADS / 32];
+    __shared__ double zh[EM_GPU_DRAFT_MAX_BLOCK][32];
     __shared__ float cand_v[2];
     __shared__ int cand_i[2];
     cg::cluster_group cl = cg::this_cluster();
     const unsigned me = cl.block_rank();
-    const int i0 = (int)me * per, n = dvocab - i0 < per ? (dvocab - i0 > 0 ? dvocab - i0 : 0) : per, bpr = rank / 32;
-    const int8_t *wq = w2q + (int64_t)i0 * rank;
-    const __half *wd = w2d + (int64_t)i0 * bpr;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i0 = (int)me * per;
+    mc_slice c = { w2q + (int64_t)i0 * rank, w2d + (int64_t)i0 * (rank / 32), base + i0, dvocab, d2t ? d2t + i0 : NULL,
+                   i0, dvocab - i0 < per ? (dvocab - i0 > 0 ? dvocab - i0 : 0) : per, rank / 32 };
     emc_let_next_start();
-    if (staged) { /* this block's W2 rows: int8 quants, then the fp16 scales */
-        int8_t *sq = mc_w2;
-        __half *sd = (__half *)(mc_w2 + (int64_t)per * rank);
-        for (int64_t i = threadIdx.x; i < (int64_t)n * rank / 16; i += MC_THREADS) ((int4 *)sq)[i] = ((const int4 *)wq)[i];
-        for (int64_t i = threadIdx.x; i < (int64_t)n * bpr; i += MC_THREADS) sd[i] = wd[i];
-        wq = sq, wd = sd;
-    }
+    if (staged) mc_stage_weights(c, per, rank, mc_smem);
     emc_wait_prior();
+    if (staged) mc_stage_rows(c, per, rank, n_slots, mc_smem);
     for (int i = threadIdx.x; i < (int)(sizeof sio / 4); i += MC_THREADS) ((int *)&sio)[i] = ((const int *)io)[i];
-    __syncthreads();
     em_gpu_draft_slot my = slot; /* e's activations in this block's shared memory; e itself from block 0 */
     my.d_e = me == 0 ? slot.d_e : NULL, my.d_e_qs = eqs, my.d_e_qd = eqd;
-    slot_begin(&sio, 0, my);
+    if (slot.d_conf_w && warp < n_slots) zh[warp][lane] = conf_h_part(my, warp, lane);
+    __syncthreads();
+    slot_begin(&sio, 0, my, zh[0]);
     __syncthreads();
     for (int k = 0; k < n_slots && sio.alive && k < sio.n_max; k++) { /* uniform over the cluster */
         int bi;
-        const float bv = mc_slot_best(base + (int64_t)k * dvocab, wq, wd, i0, n, bpr, eqs, eqd, softcap, d2t,
-                                      logits ? logits + (int64_t)k * vocab : NULL, bias, wv, wi, &bi);
+        float *lk = logits ? logits + (int64_t)k * vocab : NULL;
+        const float bv = mc_slot_best(c, k, eqs, eqd, softcap, lk, bias, wv, wi, &bi);
         if (threadIdx.x == 0) cand_v[k & 1] = bv, cand_i[k & 1] = bi;
         cl.sync();
-        if (threadIdx.x == 0) { /* the cluster's best, recorded on every block's copy */
+        if (warp == 0) { /* the cluster's best, lane b reading block b's, recorded on every block's copy */
             float gv = 0.0f;
             int gi = -1;
-            for (unsigned b = 0; b < cl.num_blocks(); b++) {
-                const float v = *cl.map_shared_rank(&cand_v[k & 1], b);
-                const int id = *cl.map_shared_rank(&cand_i[k & 1], b);
-                if (am_better(v, id, gv, gi)) gv = v, gi = id;
-            }
-            pick_record(&sio, k, gi);
+            if (lane < (int)cl.num_blocks())
+                gv = *cl.map_shared_rank(&cand_v[k & 1], lane), gi = *cl.map_shared_rank(&cand_i[k & 1], lane);
+            mc_warp_best(gv, gi);
+            if (lane == 0) pick_record(&sio, k, gi);
         }
         __syncthreads();
-        if (k + 1 < n_slots) slot_begin(&sio, k + 1, my);
+        if (k + 1 < n_slots) slot_begin(&sio, k + 1, my, zh[k + 1]);
         __syncthreads();
     }
     cl.sync(); /* no block leaves while another may read its bests */
@@ -655,7 +723,7 @@ extern "C" int em_gpu_draft_markov_chain(em_gpu *g, em_gpu_draft_io *d_io, int n
     if (rc) return rc;
     static int optin[64];
     const int per = mc_ids_per_block(dvocab);
-    const size_t bytes = mc_stage_bytes(per, rank);
+    const size_t bytes = mc_stage_bytes(per, rank, n_slots, d_d2t != NULL);
     const bool staged = bytes <= MC_STAGE_MAX;
     if (staged && (rc = emc_smem_optin(g, k_draft_markov_chain, (int)bytes, optin, err))) return rc;
     emc_launch_clusters(g, MC_CLUSTER, k_draft_markov_chain, dim3(1, MC_CLUSTER), MC_THREADS, staged ? bytes : 0, d_io,

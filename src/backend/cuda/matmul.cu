@@ -182,9 +182,11 @@ extern "C" void em_gpu_mat_free(em_gpu *g, em_gpu_mat *m) {
 
 /* ---- activations ---------------------------------------------------------------------- */
 
-extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
-                                  void *d_scratch, em_gpu_act *out, em_err *err) {
+/* em_gpu_act_prepare's checks and layout: *out filled, true when the rows need a Q8_0 launch. */
+static int act_layout(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n, void *d_scratch,
+                      em_gpu_act *out, bool *q8, em_err *err) {
     memset(out, 0, sizeof *out);
+    *q8 = false;
     EMC_CHECK(n >= 1 && n <= EM_GPU_WIDE_MAX_ROWS, "GPU activations: %d rows (1..%d)", n, EM_GPU_WIDE_MAX_ROWS);
     EMC_CHECK(cols > 0 && ldx >= cols && d_x, "GPU activations: %lld columns, ldx %lld", (long long)cols, (long long)ldx);
     EMC_CHECK(em_gpu_mat_type_ok(wtype), "GPU activations for weights of type %s", em_type_name(wtype));
@@ -204,10 +206,49 @@ extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_
     out->type = EM_TYPE_Q8_0;
     out->qs = (const int8_t *)d_scratch;
     out->d = (const float *)((uint8_t *)d_scratch + qbytes);
+    *q8 = true;
+    return 0;
+}
+
+extern "C" int em_gpu_act_prepare(em_gpu *g, int wtype, const float *d_x, int64_t ldx, int64_t cols, int n,
+                                  void *d_scratch, em_gpu_act *out, em_err *err) {
+    bool q8;
+    int rc = act_layout(g, wtype, d_x, ldx, cols, n, d_scratch, out, &q8, err);
+    if (rc || !q8) return rc;
     const int64_t warps = (int64_t)n * (cols / 32);
     emc_launch(g, k_quant_q8_0, emc_blocks(warps * 32, 256), 256, 0, d_x, ldx, cols, n, (int8_t *)out->qs,
                (float *)out->d);
     return emc_launched(err, "k_quant_q8_0");
+}
+
+/* k_quant_q8_0 of glu(gate, up) (k_swiglu's or k_situ's activation first): the same bits as
+ * the activation's launch and then k_quant_q8_0's. */
+static __global__ void k_quant_q8_0_glu(const float *gate, const float *up, mm_glu glu, int64_t ldx, int64_t cols, int n,
+                                        int8_t *qs, float *d) {
+    emc_kernel_begin();
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    const int64_t bpr = cols / 32;
+    if (warp >= (int64_t)n * bpr) return;
+    const int64_t j = warp / bpr, b = warp % bpr, i = j * ldx + b * 32 + lane;
+    quant_q8_0_block(glu_of(glu, gate[i], up[i]), lane, qs + j * cols + b * 32, d + j * bpr + b);
+}
+
+extern "C" int em_gpu_act_prepare_glu(em_gpu *g, int wtype, const float *d_gate, const float *d_up, int64_t ldx,
+                                      int64_t cols, int n, int act, float beta, float lin_beta, void *d_scratch,
+                                      em_gpu_act *out, em_err *err) {
+    EMC_CHECK(em_gpu_act_type(wtype) == EM_TYPE_Q8_0, "GPU activations of a GLU for weights of type %s (they take F32 rows)",
+              em_type_name(wtype));
+    EMC_CHECK(d_up && (act == EM_GPU_ACT_SWIGLU || act == EM_GPU_ACT_SITU), "GPU activations of a GLU: act %d or no up rows",
+              act);
+    bool q8;
+    int rc = act_layout(g, wtype, d_gate, ldx, cols, n, d_scratch, out, &q8, err);
+    if (rc) return rc;
+    out->x = NULL; /* the GLU rows exist only quantized */
+    const int64_t warps = (int64_t)n * (cols / 32);
+    emc_launch(g, k_quant_q8_0_glu, emc_blocks(warps * 32, 256), 256, 0, d_gate, d_up, mm_glu_of(act, beta, lin_beta), ldx,
+               cols, n, (int8_t *)out->qs, (float *)out->d);
+    return emc_launched(err, "k_quant_q8_0_glu");
 }
 
 /* ---- products ---------------------------------------------------------------------------- */

@@ -547,10 +547,10 @@ int em_gpu_mla_attend(em_gpu *g, const em_gpu_mla_dims *d, const float *d_cache,
  * 0 .. *d_n_ctx - 1 (d_kc / d_vc: capacity rows of n_kv * hd) followed by the block rows 0 ..
  * nb - 1 (d_k / d_v: n rows of n_kv * hd; nb = n, or i + 1 when causal). q and out: n rows of
  * n_head * hd. The context length is read on the device, so a captured graph serves every
- * length; past capacity it is clamped. Scores in fp32 (each a dot in column order), the
- * softmax's sum in double, p V summed over spans of positions added in a fixed order: close to
- * the CPU's, not bit-identical, the same bits every launch (a drafter's
- * numbers only steer which tokens it proposes; the target decides). d_scratch:
+ * length; past capacity it is clamped. Scores in fp32 (each a fixed order of fma chains and
+ * adds over its columns), the softmax's sum in double, p V summed over spans of positions
+ * added in a fixed order: close to the CPU's, not bit-identical, the same bits every launch (a
+ * drafter's numbers only steer which tokens it proposes; the target decides). d_scratch:
  * em_gpu_gqa_scratch_floats floats. */
 typedef struct em_gpu_gqa_dims {
     int n_head, n_kv, hd;  /* hd <= 256, n_head a multiple of n_kv */

@@ -3,10 +3,12 @@
  * chain of a greedy propose (confidence and keep test, pick), which reads and writes one
  * em_gpu_draft_io in device memory so that a block needs no host round trip per slot.
  * draft/dspark.c and draft/schedule.c are the references:
- * - attention: a block per (row, query head); a thread per position computes a score (its dot
- *   in column order), the scores go to scratch, the block takes their max and the sum of exp
- *   in double, then each thread sums p V for a piece of the columns over every G-th position
- *   and the G groups are added in order. Close to the CPU's floats, not bit-identical (the
+ * - attention: a block per (row, query head); hd / 16 neighbouring lanes compute a position's
+ *   score (each an fma chain over its 16-byte pieces of the key, then a fixed butterfly; one
+ *   thread's dot in column order without 16-byte loads or when hd / 16 is not a power of
+ *   two), the scores go to scratch, the block takes their max and the sum of exp in double,
+ *   then each thread sums p V for a piece of the columns over every G-th position and the G
+ *   groups are added in order. Close to the CPU's floats, not bit-identical (the
  *   drafter only steers proposals; acceptance is the target's); the same bits every launch.
  * - a slot's start: the block reads the previous pick's Markov row (and quantizes it for W2),
  *   then one warp sums the confidence in doubles (lanes over the terms, a fixed butterfly:
@@ -88,8 +90,8 @@ __device__ __forceinline__ const float *gqa_row(const float *cache, const float 
     return p < n_ctx ? cache + p * kw + off : block + (p - n_ctx) * kw + off;
 }
 
-/* Block (i, h): row i, query head h. A thread a position for the scores (its dot in column
- * order), block reductions for the max and the sum (the sum in double), then p V by groups of
+/* Block (i, h): row i, query head h. A group of lanes a position for the scores (below),
+ * block reductions for the max and the sum (the sum in double), then p V by groups of
  * positions (below): every launch the same order, whatever the timing. */
 __global__ void __launch_bounds__(GQA_THREADS)
     k_gqa(em_gpu_gqa_dims d, const float *q, const float *kc, const float *vc, const int64_t *n_ctx_p, const float *k,
@@ -119,29 +121,45 @@ __global__ void __launch_bounds__(GQA_THREADS)
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
-    for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) {
-        const float *kr = p >= n_ctx && rope.pos ? ks[p - n_ctx] : gqa_row(kc, k, n_ctx, p, kw, off);
-        float s = 0.0f;
-        if (vec) { /* the same chain, the key read 16 values a round (its loads in flight together) */
-            for (int c = 0; c < hd; c += 16) {
-                float4 kv[4];
+    if (vec && !((hd / 16) & (hd / 16 - 1))) {
+        /* a position by LP = hd / 16 neighbouring lanes: lane q of its group takes the key's
+         * 16-byte pieces q, q + LP, q + 2 LP, q + 3 LP (one fma chain over them in that order),
+         * so a warp's load reads 32 / LP whole 16 LP-byte spans where a thread a position read 32
+         * rows; the group's chains meet in a fixed butterfly */
+        const int LP = hd / 16, q = lane % LP, per_warp = 32 / LP;
+        for (int64_t p0 = (int64_t)warp * per_warp; p0 < total; p0 += (int64_t)GQA_WARPS * per_warp) { /* per warp */
+            const int64_t p = p0 + lane / LP;
+            const bool live = p < total;
+            const float *kr = !live ? qs : p >= n_ctx && rope.pos ? ks[p - n_ctx] : gqa_row(kc, k, n_ctx, p, kw, off);
+            float4 kv[4];
 #pragma unroll
-                for (int t = 0; t < 4; t++) kv[t] = *(const float4 *)(kr + c + 4 * t);
+            for (int u = 0; u < 4; u++) kv[u] = *(const float4 *)(kr + 4 * (u * LP + q));
+            float s = 0.0f;
 #pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    s = fmaf(qs[c + 4 * t], kv[t].x, s);
-                    s = fmaf(qs[c + 4 * t + 1], kv[t].y, s);
-                    s = fmaf(qs[c + 4 * t + 2], kv[t].z, s);
-                    s = fmaf(qs[c + 4 * t + 3], kv[t].w, s);
-                }
+            for (int u = 0; u < 4; u++) {
+                const float *qc = qs + 4 * (u * LP + q);
+                s = fmaf(qc[0], kv[u].x, s);
+                s = fmaf(qc[1], kv[u].y, s);
+                s = fmaf(qc[2], kv[u].z, s);
+                s = fmaf(qc[3], kv[u].w, s);
             }
-        } else {
+            for (int o = 1; o < LP; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            s *= scale;
+            if (live) {
+                if (q == 0) sc[p] = s;
+                mx = fmaxf(mx, s);
+            }
+        }
+    } else {
+        for (int64_t p = threadIdx.x; p < total; p += GQA_THREADS) {
+            const float *kr = p >= n_ctx && rope.pos ? ks[p - n_ctx] : gqa_row(kc, k, n_ctx, p, kw, off);
+            float s = 0.0f;
 #pragma unroll 8
             for (int c = 0; c < hd; c++) s = fmaf(qs[c], kr[c], s);
+            s *= scale;
+            sc[p] = s;
+            mx = fmaxf(mx, s);
         }
-        s *= scale;
-        sc[p] = s;
-        mx = fmaxf(mx, s);
     }
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0) redf[warp] = mx;

@@ -27,99 +27,18 @@ import subprocess
 import sys
 import tempfile
 
-GGUF_TYPE_I64 = 27
-SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-STRING, ARRAY = 8, 9
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_io  # noqa: E402
+from gguf_io import TYPE_I64, GGUFError, write_gguf  # noqa: E402
+
 DRAFT_ROWS = ("output.weight", "markov_w2.weight")
 
 
-class Reader:
-    def __init__(self, data):
-        self.d, self.at = data, 0
-
-    def take(self, n):
-        b = self.d[self.at:self.at + n]
-        if len(b) != n:
-            raise SystemExit("draft_vocab: the GGUF file ends early (at byte %d)" % self.at)
-        self.at += n
-        return b
-
-    def unpack(self, fmt):
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self):
-        return self.take(self.unpack("<Q")).decode("utf-8")
-
-    def skip_value(self, t):
-        if t == STRING:
-            self.string()
-        elif t == ARRAY:
-            et, n = self.unpack("<I"), self.unpack("<Q")
-            for _ in range(n):
-                self.skip_value(et)
-        elif t in SCALAR:
-            self.take(struct.calcsize(SCALAR[t]))
-        else:
-            raise SystemExit("draft_vocab: unknown GGUF value type %d at byte %d" % (t, self.at))
-
-    def value(self, t):
-        if t == STRING:
-            return self.string()
-        if t in SCALAR:
-            return self.unpack(SCALAR[t])
-        self.skip_value(t)
-        return None
-
-
 def read_gguf(path):
-    """Header KVs (raw bytes kept, scalars decoded), tensor infos and the data section."""
-    with open(path, "rb") as f:
-        data = f.read()
-    r = Reader(data)
-    if r.take(4) != b"GGUF":
-        raise SystemExit("draft_vocab: %s is not a GGUF file" % path)
-    version, n_tensors, n_kv = r.unpack("<I"), r.unpack("<Q"), r.unpack("<Q")
-    kvs, values = [], {}
-    for _ in range(n_kv):
-        start = r.at
-        key = r.string()
-        values[key] = r.value(r.unpack("<I"))  # arrays are skipped (None)
-        kvs.append((key, data[start:r.at]))
-    tensors = []
-    for _ in range(n_tensors):
-        name = r.string()
-        nd = r.unpack("<I")
-        dims = [r.unpack("<Q") for _ in range(nd)]
-        ttype, off = r.unpack("<I"), r.unpack("<Q")
-        tensors.append({"name": name, "dims": dims, "type": ttype, "offset": off})
-    align = values.get("general.alignment", 32)
-    base = (r.at + align - 1) // align * align
-    ends = sorted(t["offset"] for t in tensors)[1:] + [len(data) - base]
-    by_off = {o: e for o, e in zip(sorted(t["offset"] for t in tensors), ends)}
-    for t in tensors:  # a tensor's bytes run to the next one's offset (padding included, trimmed below)
-        t["raw"] = data[base + t["offset"]:base + by_off[t["offset"]]]
-    return version, kvs, values, tensors, align
-
-
-def write_gguf(path, version, kvs, tensors, align):
-    def pad(n):
-        return (align - n % align) % align
-
-    head = bytearray(b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)))
-    for _, raw in kvs:
-        head += raw
-    off = 0
-    for t in tensors:
-        name = t["name"].encode()
-        head += struct.pack("<Q", len(name)) + name + struct.pack("<I", len(t["dims"]))
-        head += b"".join(struct.pack("<Q", d) for d in t["dims"]) + struct.pack("<IQ", t["type"], off)
-        off += len(t["raw"]) + pad(len(t["raw"]))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(head + b"\0" * pad(len(head)))
-        for t in tensors:
-            f.write(t["raw"] + b"\0" * pad(len(t["raw"])))
-    os.replace(tmp, path)  # nothing half-written is left at path
+    try:
+        return gguf_io.read_gguf(path)
+    except (GGUFError, OSError, UnicodeDecodeError) as e:
+        raise SystemExit("draft_vocab: %s: %s" % (path, e))
 
 
 def corpus_files(paths, max_bytes):
@@ -199,7 +118,7 @@ def main():
         row = nbytes // vocab
         t["raw"] = b"".join(t["raw"][i * row:(i + 1) * row] for i in keep)
         t["dims"] = [t["dims"][0], len(keep)]
-    tensors.append({"name": "d2t", "dims": [len(keep)], "type": GGUF_TYPE_I64,
+    tensors.append({"name": "d2t", "dims": [len(keep)], "type": TYPE_I64,
                     "raw": b"".join(struct.pack("<q", i) for i in keep)})
     write_gguf(a.output, version, kvs, tensors, align)
     print("draft_vocab: %s: %d of %d tokens kept (%.2f%% of the corpus's %d tokens), written to %s"

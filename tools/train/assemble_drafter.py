@@ -4,7 +4,7 @@ embed_tokens / lm_head (stage 2 leaves them out so the checkpoint fits the devic
 per-file return limit; they are bit-identical BF16 copies of the target's tables).
 
 Inputs:  --core DIR (stage 2's drafter/: config.json, model_core.safetensors)
-         --target DIR (stage 1's target/: model.safetensors)
+         --target DIR (stage 1's target/, or target_from_gguf.py's: model.safetensors)
 Outputs: --out DIR: config.json (copied) and model.safetensors (BF16, 42 tensors).
 Pure Python (json + struct): no torch or safetensors package needed.
 """
@@ -47,6 +47,13 @@ def write_st(path, tensors):
             f.write(tensors[name][2])
 
 
+def f32_to_bf16(raw):
+    """Rounds F32 to BF16, nearest with ties to even (torch's .bfloat16(); no NaNs in weights)."""
+    n = len(raw) // 4
+    u = struct.unpack("<%dI" % n, raw)
+    return struct.pack("<%dH" % n, *((x + 0x7FFF + ((x >> 16) & 1)) >> 16 for x in u))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--core", required=True)
@@ -56,9 +63,12 @@ def main():
     core = read_st(os.path.join(a.core, "model_core.safetensors"))
     tgt = read_st(os.path.join(a.target, "model.safetensors"))
     for src, dst in (("model.embed_tokens.weight", "embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")):
-        if tgt[src][0] != "BF16":
-            raise SystemExit(f"{src} is {tgt[src][0]}, expected BF16")
-        core[dst] = tgt[src]
+        dtype, shape, raw = tgt[src]
+        if dtype == "F32":  # a target rebuilt from its GGUF (target_from_gguf.py)
+            dtype, raw = "BF16", f32_to_bf16(raw)
+        if dtype != "BF16":
+            raise SystemExit(f"{src} is {dtype}, expected BF16 or F32")
+        core[dst] = (dtype, shape, raw)
     os.makedirs(a.out, exist_ok=True)
     write_st(os.path.join(a.out, "model.safetensors"), core)
     shutil.copy(os.path.join(a.core, "config.json"), os.path.join(a.out, "config.json"))

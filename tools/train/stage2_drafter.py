@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Stage 2: a DSpark drafter (DeepSpec layout) trained against the frozen stage-1 target.
 
-Inputs:  --target DIR (stage 1's target/: config.json, model.safetensors, tokenizer.json),
+Inputs:  --target DIR (stage 1's target/: config.json, model.safetensors, tokenizer.json; or
+         target_from_gguf.py's rebuild of the shipped GGUF),
          the Python standard library (common.load_corpus: prompts come from its train split,
          evaluation prompts from its held-out files) and --site-chars characters of the
          installed packages' code (common.site_corpus, the eval-prompt guard included).
-Outputs (under --out):
+Outputs (under --out; with several --layers, under --out/l<N>/ for each, one stage2_log.json):
   drafter/config.json              DeepSpec Qwen3DSparkModel config (Qwen3Config + DSpark fields)
   drafter/model_core.safetensors   BF16, every drafter tensor except the frozen copies of the
                                    target's embed_tokens / lm_head (tools/train/assemble_drafter.py
@@ -239,7 +240,10 @@ def main():
     ap.add_argument("--target", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--end-at", type=float, default=0, help="unix time by which everything must be written")
-    ap.add_argument("--train-seconds", type=float, default=120)
+    ap.add_argument("--train-seconds", type=float, default=120, help="training seconds of each drafter")
+    ap.add_argument("--layers", default=str(common.DRAFT["layers"]),
+                    help="the drafter's layer count, or several (1,2): one drafter each, trained on the same "
+                         "continuations, written under OUT/l<N>/")
     ap.add_argument("--code-batches", type=int, default=12, help="generation batches of each prompt kind (at most)")
     ap.add_argument("--gen-batch", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=48)
@@ -339,116 +343,127 @@ def main():
     log("taps", tuple(taps.shape), "h_last", tuple(hlast.shape))
     lm_w = target.lm_head.weight.detach().to(torch.bfloat16)
 
-    stage("drafter")
-    torch.manual_seed(2024)
-    drafter = common.DSparkDrafter(d, cfg.vocab_size)
-    drafter.init_weights(2024)
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target.model.embed_tokens.weight.bfloat16().float())
-        drafter.lm_head.weight.copy_(target.lm_head.weight.bfloat16().float())
-    drafter.embed_tokens.weight.requires_grad_(False)
-    drafter.lm_head.weight.requires_grad_(False)
-    drafter.to(dev)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    n_train = sum(p.numel() for p in params)
-    LOG["drafter_parameters"] = {"trainable": n_train, "total": sum(p.numel() for p in drafter.parameters())}
-    log(LOG["drafter_parameters"])
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    K = drafter.s["block_size"]
-    w_pos = torch.exp(-torch.arange(K, device=dev, dtype=torch.float32) / drafter.s["gamma"])
-    tr_ids, tr_st, tr_taps, tr_h = ids[n_val:], starts[n_val:], taps[n_val:], hlast[n_val:]
+    def train_variant(layers, V, out_dir, tag, n_left):
+        """Trains, saves, validates and measures one drafter of `layers` layers (V: its log);
+        with --end-at, the time left is shared among the n_left drafters still to train."""
+        common.DRAFT["layers"] = layers  # every reader of the drafter's shape reads DRAFT
+        stage(tag + "drafter")
+        torch.manual_seed(2024)
+        drafter = common.DSparkDrafter(d, cfg.vocab_size)
+        drafter.init_weights(2024)
+        with torch.no_grad():
+            drafter.embed_tokens.weight.copy_(target.model.embed_tokens.weight.bfloat16().float())
+            drafter.lm_head.weight.copy_(target.lm_head.weight.bfloat16().float())
+        drafter.embed_tokens.weight.requires_grad_(False)
+        drafter.lm_head.weight.requires_grad_(False)
+        drafter.to(dev)
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        n_train = sum(p.numel() for p in params)
+        V["drafter_parameters"] = {"trainable": n_train, "total": sum(p.numel() for p in drafter.parameters())}
+        log(V["drafter_parameters"])
+        opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        K = drafter.s["block_size"]
+        w_pos = torch.exp(-torch.arange(K, device=dev, dtype=torch.float32) / drafter.s["gamma"])
+        tr_ids, tr_st, tr_taps, tr_h = ids[n_val:], starts[n_val:], taps[n_val:], hlast[n_val:]
 
-    budget = args.train_seconds
-    if args.end_at:
-        budget = min(budget, args.end_at - time.time() - 45)
-    LOG["train_budget_seconds"] = round(budget, 1)
-    curve, t_start, step, total = [], time.time(), 0, 10 ** 9
+        budget = args.train_seconds
+        if args.end_at:
+            budget = min(budget, (args.end_at - time.time() - 45 * n_left) / n_left)
+        V["train_budget_seconds"] = round(budget, 1)
+        curve, t_start, step, total = [], time.time(), 0, 10 ** 9
 
-    def lr_at(s, tot):
-        warm = max(1, int(0.04 * tot))
-        if s < warm:
-            return args.lr * (s + 1) / warm
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, tot - warm)))))
+        def lr_at(s, tot):
+            warm = max(1, int(0.04 * tot))
+            if s < warm:
+                return args.lr * (s + 1) / warm
+            return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, tot - warm)))))
 
-    stage("train")
-    while step < total:
-        if step == 20:
-            torch.cuda.synchronize()
-            t20 = time.time()
-        if step == 60:
-            torch.cuda.synchronize()
-            per = (time.time() - t20) / 40
-            total = max(100, int((budget - (time.time() - t_start)) / per) + 60)
-            LOG["step_seconds"] = per
-            log(f"step {per:.3f}s -> {total} steps")
-        for gp in opt.param_groups:
-            gp["lr"] = lr_at(step, total if total < 10 ** 9 else 1500)
-        sel = torch.randint(0, len(tr_ids), (args.batch,), generator=gen).to(dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss, parts, acc = dspark_loss(drafter, lm_w, tr_taps[sel], tr_h[sel], tr_ids[sel], tr_st[sel],
-                                           args.anchors, gen, w_pos)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if step % 50 == 0 or step == total - 1:
-            curve.append({"step": step, "loss": round(float(loss), 4), "ce": round(float(parts[0]), 4),
-                          "l1": round(float(parts[1]), 4), "bce": round(float(parts[2]), 4),
-                          "grad_norm": round(float(gn), 3), "accept_rate": [round(float(a), 3) for a in acc],
-                          "t": round(time.time() - T0, 1)})
-            log(curve[-1])
-        step += 1
-    LOG["steps"] = total
-    LOG["loss_curve"] = curve
-
-    stage("save")
-    drafter.eval()
-    save_drafter(drafter, args.out, n_layers)
-
-    stage("validate")
-    with torch.no_grad():
-        vals = []
-        vgen = torch.Generator().manual_seed(5)
-        for s in range(0, n_val, args.batch):
-            sl = slice(s, min(n_val, s + args.batch))
+        stage(tag + "train")
+        while step < total:
+            if step == 20:
+                torch.cuda.synchronize()
+                t20 = time.time()
+            if step == 60:
+                torch.cuda.synchronize()
+                per = (time.time() - t20) / 40
+                total = max(100, int((budget - (time.time() - t_start)) / per) + 60)
+                V["step_seconds"] = per
+                log(f"step {per:.3f}s -> {total} steps")
+            for gp in opt.param_groups:
+                gp["lr"] = lr_at(step, total if total < 10 ** 9 else 1500)
+            sel = torch.randint(0, len(tr_ids), (args.batch,), generator=gen).to(dev)
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss, parts, acc = dspark_loss(drafter, lm_w, taps[sl], hlast[sl], ids[sl], starts[sl],
-                                               args.anchors, vgen, w_pos)
-            vals.append([float(loss)] + [float(x) for x in parts] + [acc.cpu()])
-        n = len(vals)
-        acc_mean = sum(v[4] for v in vals) / n
-        LOG["validation"] = {"loss": sum(v[0] for v in vals) / n, "ce": sum(v[1] for v in vals) / n,
-                             "l1": sum(v[2] for v in vals) / n, "bce": sum(v[3] for v in vals) / n,
-                             "accept_rate_per_slot": [round(float(a), 4) for a in acc_mean],
-                             "tau_estimate": 1 + float(torch.cumprod(acc_mean, 0).sum())}
-    log("validation", LOG["validation"])
+                loss, parts, acc = dspark_loss(drafter, lm_w, tr_taps[sel], tr_h[sel], tr_ids[sel], tr_st[sel],
+                                               args.anchors, gen, w_pos)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if step % 50 == 0 or step == total - 1:
+                curve.append({"step": step, "loss": round(float(loss), 4), "ce": round(float(parts[0]), 4),
+                              "l1": round(float(parts[1]), 4), "bce": round(float(parts[2]), 4),
+                              "grad_norm": round(float(gn), 3), "accept_rate": [round(float(a), 3) for a in acc],
+                              "t": round(time.time() - T0, 1)})
+                log(curve[-1])
+            step += 1
+        V["steps"] = total
+        V["loss_curve"] = curve
 
-    stage("reference acceptance")
-    try:
-        res = {}
-        st = torch.randint(0, len(held) - CODE_PROMPT, (48,), generator=torch.Generator().manual_seed(11))
-        p = torch.stack([held[s:s + CODE_PROMPT] for s in st.tolist()]).to(dev)
-        res["heldout_code_greedy"] = reference_acceptance(target, drafter, taps_ids, p, 128, dev)
-        log(res["heldout_code_greedy"])
-        hdoc = docstring_windows(corpus["heldout"], tok, DOC_PROMPT)
-        random.Random(12).shuffle(hdoc)
-        p = torch.tensor(hdoc[:48], device=dev)
-        res["heldout_docstring_greedy"] = reference_acceptance(target, drafter, taps_ids, p, 128, dev)
-        log(res["heldout_docstring_greedy"])
-        hchats = common.chat_samples(corpus["heldout"])
-        by_len = {}
-        for u, _ in hchats:
-            x = tok.encode(common.chat_text(u), add_special_tokens=False).ids
-            by_len.setdefault(len(x), []).append(x)
-        L, plist = max(by_len.items(), key=lambda kv: len(kv[1]))
-        p = torch.tensor(plist[:32], device=dev)
-        res["heldout_chat_greedy"] = reference_acceptance(target, drafter, taps_ids, p, 128, dev)
-        log(res["heldout_chat_greedy"])
-        LOG["reference_acceptance"] = res
-    except Exception as e:  # noqa: BLE001
-        import traceback
-        LOG["reference_error"] = traceback.format_exc()
-        log(LOG["reference_error"])
+        stage(tag + "save")
+        drafter.eval()
+        save_drafter(drafter, out_dir, n_layers)
+
+        stage(tag + "validate")
+        with torch.no_grad():
+            vals = []
+            vgen = torch.Generator().manual_seed(5)
+            for s in range(0, n_val, args.batch):
+                sl = slice(s, min(n_val, s + args.batch))
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss, parts, acc = dspark_loss(drafter, lm_w, taps[sl], hlast[sl], ids[sl], starts[sl],
+                                                   args.anchors, vgen, w_pos)
+                vals.append([float(loss)] + [float(x) for x in parts] + [acc.cpu()])
+            n = len(vals)
+            acc_mean = sum(v[4] for v in vals) / n
+            V["validation"] = {"loss": sum(v[0] for v in vals) / n, "ce": sum(v[1] for v in vals) / n,
+                                 "l1": sum(v[2] for v in vals) / n, "bce": sum(v[3] for v in vals) / n,
+                                 "accept_rate_per_slot": [round(float(a), 4) for a in acc_mean],
+                                 "tau_estimate": 1 + float(torch.cumprod(acc_mean, 0).sum())}
+        log("validation", V["validation"])
+
+        stage(tag + "reference acceptance")
+        try:
+            res = {}
+            st = torch.randint(0, len(held) - CODE_PROMPT, (48,), generator=torch.Generator().manual_seed(11))
+            p = torch.stack([held[s:s + CODE_PROMPT] for s in st.tolist()]).to(dev)
+            res["heldout_code_greedy"] = reference_acceptance(target, drafter, taps_ids, p, 128, dev)
+            log(res["heldout_code_greedy"])
+            hdoc = docstring_windows(corpus["heldout"], tok, DOC_PROMPT)
+            random.Random(12).shuffle(hdoc)
+            p = torch.tensor(hdoc[:48], device=dev)
+            res["heldout_docstring_greedy"] = reference_acceptance(target, drafter, taps_ids, p, 128, dev)
+            log(res["heldout_docstring_greedy"])
+            hchats = common.chat_samples(corpus["heldout"])
+            by_len = {}
+            for u, _ in hchats:
+                x = tok.encode(common.chat_text(u), add_special_tokens=False).ids
+                by_len.setdefault(len(x), []).append(x)
+            L, plist = max(by_len.items(), key=lambda kv: len(kv[1]))
+            p = torch.tensor(plist[:32], device=dev)
+            res["heldout_chat_greedy"] = reference_acceptance(target, drafter, taps_ids, p, 128, dev)
+            log(res["heldout_chat_greedy"])
+            V["reference_acceptance"] = res
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            V["reference_error"] = traceback.format_exc()
+            log(V["reference_error"])
+    variants = [int(x) for x in args.layers.split(",")]
+    for i, layers in enumerate(variants):
+        if len(variants) == 1:
+            train_variant(layers, LOG, args.out, "", 1)
+        else:
+            V = LOG.setdefault("variants", {}).setdefault(str(layers), {})
+            train_variant(layers, V, os.path.join(args.out, "l%d" % layers), "l%d " % layers, len(variants) - i)
     LOG["total_seconds"] = round(time.time() - T0, 1)
     with open(os.path.join(args.out, "stage2_log.json"), "w") as f:
         json.dump(LOG, f, indent=1)

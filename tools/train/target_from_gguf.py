@@ -35,17 +35,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gguf_io import TYPE_BF16, TYPE_F16, TYPE_F32, TYPE_Q8_0, GGUFError, read_gguf  # noqa: E402
 
-# Kimi's pre-tokenizer regex (tokenization_kimi.py pat_str; common.KIMI_PAT, which needs torch)
-KIMI_PAT = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kimi_pat import KIMI_PAT  # noqa: E402
+
 TOKEN_CONTROL = 3  # tokenizer.ggml.token_type of special tokens
 
 

@@ -29,7 +29,7 @@ W="$BUILD/testtmp/target_from_gguf"
 rm -rf "$W"
 mkdir -p "$W"
 
-# compare.py A.gguf B.gguf: tensors byte for byte, keys but general.name
+# same_gguf.py TOOLS A.gguf B.gguf: tensors byte for byte, keys but general.name
 cat >"$W/same_gguf.py" <<'EOF'
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -50,21 +50,16 @@ python3 "$W/same_gguf.py" "$SRC/tools" "$T" "$W/again.gguf" && pass || fail "the
 
 "$EMBER" convert "$FX" -o "$W/tf5.gguf" --type f32 >"$W/conv5.log" 2>&1 && pass || { fail "convert kimi_tf5"; tail -5 "$W/conv5.log"; }
 python3 "$TOOL" "$W/tf5.gguf" --out "$W/tf5" 2>"$W/tf5.err" && pass || { fail "rebuild kimi_tf5"; cat "$W/tf5.err"; }
-python3 - "$FX" "$W/tf5" <<'EOF' && pass || fail "kimi_tf5 rebuilt"
-import array, json, struct, sys
+python3 - "$FX" "$W/tf5" "$SRC/tools/train" <<'EOF' && pass || fail "kimi_tf5 rebuilt"
+import array, json, sys
+sys.path.insert(0, sys.argv[3])
+from assemble_drafter import read_st
 
 def load(path):
-    with open(path + "/model.safetensors", "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
     out = {}
-    for k, h in head.items():
-        if k == "__metadata__":
-            continue
-        assert h["dtype"] == "F32", (k, h["dtype"])
-        a, b = h["data_offsets"]
-        out[k] = (h["shape"], array.array("f", data[a:b]))
+    for k, (dtype, shape, raw) in read_st(path + "/model.safetensors").items():
+        assert dtype == "F32", (k, dtype)
+        out[k] = (shape, array.array("f", raw))
     return out
 
 ref, got = load(sys.argv[1]), load(sys.argv[2])

@@ -12,8 +12,6 @@ import struct
 SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 TYPE_F32, TYPE_F16, TYPE_Q8_0, TYPE_I64, TYPE_BF16 = 0, 1, 8, 27, 30
-
-
 BYTES_PER_32 = {TYPE_F32: 128, TYPE_F16: 64, TYPE_Q8_0: 34, TYPE_I64: 256, TYPE_BF16: 64}
 
 

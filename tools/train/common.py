@@ -534,8 +534,7 @@ class DSparkDrafter(nn.Module):
         return logits, z
 
 
-def deepspec_fields(target_layers):
-    s = DRAFT
+def deepspec_fields(target_layers, s=DRAFT):
     return {
         "architectures": ["Qwen3DSparkModel"],
         "num_target_layers": target_layers,
@@ -553,8 +552,7 @@ def deepspec_fields(target_layers):
     }
 
 
-def deepspec_qwen3_kwargs(d):
-    s = DRAFT
+def deepspec_qwen3_kwargs(d, s=DRAFT):
     return dict(
         vocab_size=VOCAB_SIZE, hidden_size=d, intermediate_size=s["inter"],
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
@@ -569,8 +567,8 @@ def deepspec_qwen3_kwargs(d):
     )
 
 
-def deepspec_config_fallback(d, target_layers):
-    cfg = dict(deepspec_qwen3_kwargs(d))
+def deepspec_config_fallback(d, target_layers, s=DRAFT):
+    cfg = dict(deepspec_qwen3_kwargs(d, s))
     cfg.update(model_type="qwen3", dtype="bfloat16", initializer_range=0.02)
-    cfg.update(deepspec_fields(target_layers))
+    cfg.update(deepspec_fields(target_layers, s))
     return dict(sorted(cfg.items()))

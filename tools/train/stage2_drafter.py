@@ -346,10 +346,9 @@ def main():
     def train_variant(layers, V, out_dir, tag, n_left):
         """Trains, saves, validates and measures one drafter of `layers` layers (V: its log);
         with --end-at, the time left is shared among the n_left drafters still to train."""
-        common.DRAFT["layers"] = layers  # every reader of the drafter's shape reads DRAFT
         stage(tag + "drafter")
         torch.manual_seed(2024)
-        drafter = common.DSparkDrafter(d, cfg.vocab_size)
+        drafter = common.DSparkDrafter(d, cfg.vocab_size, dict(common.DRAFT, layers=layers))
         drafter.init_weights(2024)
         with torch.no_grad():
             drafter.embed_tokens.weight.copy_(target.model.embed_tokens.weight.bfloat16().float())
@@ -481,14 +480,14 @@ def save_drafter(drafter, out, n_target_layers):
     try:
         from transformers import Qwen3Config
 
-        c = Qwen3Config(**common.deepspec_qwen3_kwargs(drafter.d))
-        for k, v in common.deepspec_fields(n_target_layers).items():
+        c = Qwen3Config(**common.deepspec_qwen3_kwargs(drafter.d, drafter.s))
+        for k, v in common.deepspec_fields(n_target_layers, drafter.s).items():
             setattr(c, k, v)
         c.dtype = torch.bfloat16
         c.save_pretrained(dd)
         LOG["drafter_config"] = "transformers Qwen3Config.save_pretrained + DeepSpec fields"
     except Exception as e:  # noqa: BLE001
-        common.write_json(os.path.join(dd, "config.json"), common.deepspec_config_fallback(drafter.d, n_target_layers))
+        common.write_json(os.path.join(dd, "config.json"), common.deepspec_config_fallback(drafter.d, n_target_layers, drafter.s))
         LOG["drafter_config"] = f"fallback ({type(e).__name__}: {e})"
 
 

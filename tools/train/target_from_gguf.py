@@ -17,7 +17,7 @@ kimi-linear mapping (src/convert/map_kimi.c):
   - tokenizer.json (byte-level BPE from tokenizer.ggml.tokens / merges, Kimi's pre-tokenizer
     regex, the special tokens as added tokens) and tokenizer_config.json.
 
-Standard library only (numpy is used when present, for speed). Refuses, naming it, a GGUF of
+Standard library only. Refuses, naming it, a GGUF of
 another architecture, a tensor type it cannot widen, or a missing tensor; writes into a new
 folder next to --out and renames it into place, so a failure leaves nothing half-written.
 
@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gguf_io import TYPE_BF16, TYPE_F16, TYPE_F32, TYPE_Q8_0, GGUFError, read_gguf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from assemble_drafter import write_st  # noqa: E402
 from kimi_pat import KIMI_PAT  # noqa: E402
 
 TOKEN_CONTROL = 3  # tokenizer.ggml.token_type of special tokens
@@ -46,30 +47,21 @@ def fail(msg):
 
 
 def widen(t):
-    """A tensor's values as an array('f'), in GGUF order (ne[0] fastest)."""
+    """A tensor's values as an array('f'), in GGUF order (ne[0] fastest). Exact for every type
+    taken: an fp16 scale times an int8 fits in F32."""
     n = math.prod(t["dims"])
     raw, ty = t["raw"], t["type"]
-    try:
-        import numpy as np
-    except ImportError:
-        np = None
     if ty == TYPE_F32:
         return array.array("f", raw[:4 * n])
-    if ty in (TYPE_F16, TYPE_BF16):
-        if ty == TYPE_F16:
-            return array.array("f", struct.unpack("<%de" % n, raw[:2 * n]))
+    if ty == TYPE_F16:
+        return array.array("f", struct.unpack("<%de" % n, raw[:2 * n]))
+    if ty == TYPE_BF16:
         return array.array("f", struct.pack("<%dI" % n, *(h << 16 for h in struct.unpack("<%dH" % n, raw[:2 * n]))))
     if ty == TYPE_Q8_0:
         if n % 32:
             fail("%s: Q8_0 with %d values, not a multiple of 32" % (t["name"], n))
-        nb = n // 32
-        if np is not None:
-            blocks = np.frombuffer(raw[:34 * nb], np.uint8).reshape(nb, 34)
-            d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-            q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
-            return array.array("f", (q * d).astype(np.float32).tobytes())
         out = array.array("f")
-        for b in range(nb):
+        for b in range(n // 32):
             d = struct.unpack_from("<e", raw, 34 * b)[0]
             out.extend(d * q for q in struct.unpack_from("<32b", raw, 34 * b + 2))
         return out
@@ -275,22 +267,15 @@ def build_tensors(tg, c, pattern):
     tg.copy("output.weight" if "output.weight" in tg.tensors else "token_embd.weight", "lm_head.weight", [vocab, d])
 
 
-def write_safetensors(path, tensors):
-    header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name in sorted(tensors):
-        shape, v = tensors[name]
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + 4 * len(v)]}
-        off += 4 * len(v)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * ((8 - len(head) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for name in sorted(tensors):
-            v = tensors[name][1]
-            if sys.byteorder != "little":
-                v = array.array("f", v)
-                v.byteswap()
-            f.write(v.tobytes())
+def safetensors_f32(tensors):
+    """{name: (shape, array('f'))} as write_st takes them: F32, little-endian."""
+    out = {}
+    for name, (shape, v) in tensors.items():
+        if sys.byteorder != "little":
+            v = array.array("f", v)
+            v.byteswap()
+        out[name] = ("F32", shape, v.tobytes())
+    return out
 
 
 def tokenizer_files(tg):
@@ -302,7 +287,8 @@ def tokenizer_files(tg):
     special = [i for i, ty in enumerate(types) if ty == TOKEN_CONTROL]
     added = [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for i in special]
-    vocab = {s: i for i, s in enumerate(tokens) if i not in set(special)}
+    skip = set(special)
+    vocab = {s: i for i, s in enumerate(tokens) if i not in skip}
     tok = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
@@ -314,12 +300,17 @@ def tokenizer_files(tg):
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                   "vocab": vocab, "merges": [m.split(" ", 1) for m in kv["tokenizer.ggml.merges"]]},
     }
-    name = lambda k: tokens[kv["tokenizer.ggml.%s_token_id" % k]] if "tokenizer.ggml.%s_token_id" % k in kv else None  # noqa: E731
-    cfg = {"added_tokens_decoder": {str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
-                                                                   "single_word", "special")} for a in added},
-           "add_bos_token": False, "add_eos_token": False, "bos_token": name("bos"), "eos_token": name("eos"),
-           "pad_token": name("padding"), "unk_token": name("unknown"), "mask_token": name("mask"), "clean_up_tokenization_spaces": False,
-           "model_max_length": tg.key("context_length"), "tokenizer_class": "PreTrainedTokenizerFast"}
+
+    def token(k):  # a special token's text by its tokenizer.ggml.<k>_token_id key, if it has one
+        i = kv.get("tokenizer.ggml.%s_token_id" % k)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    keys = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+    cfg = {"added_tokens_decoder": {str(a["id"]): {k: a[k] for k in keys} for a in added},
+           "add_bos_token": False, "add_eos_token": False, "bos_token": token("bos"), "eos_token": token("eos"),
+           "pad_token": token("padding"), "unk_token": token("unknown"), "mask_token": token("mask"),
+           "clean_up_tokenization_spaces": False, "model_max_length": tg.key("context_length"),
+           "tokenizer_class": "PreTrainedTokenizerFast"}
     template = kv.get("tokenizer.chat_template")
     if template:
         cfg["chat_template"] = template
@@ -342,7 +333,7 @@ def main():
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        write_safetensors(os.path.join(tmp, "model.safetensors"), tg.out)
+        write_st(os.path.join(tmp, "model.safetensors"), safetensors_f32(tg.out))
         for name, obj in (("config.json", cfg), ("tokenizer.json", tok), ("tokenizer_config.json", tok_cfg)):
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
                 json.dump(obj, f, indent=1, ensure_ascii=False)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "compute/compute.h"
+#include "compute/matmul_kernels.h"
 #include "quant/quant.h"
 
 static uint64_t rng = 0x1234567887654321ULL;
@@ -126,6 +127,119 @@ static void test_matmul_q8_0_tiles(void **state) {
         check_matmul(pool, EM_TYPE_Q8_0, shapes[s][0], shapes[s][1], shapes[s][2]);
         check_matmul(pool, EM_TYPE_Q4_0, shapes[s][0], shapes[s][1], shapes[s][2]); /* Q8_0 acts */
     }
+    em_pool_free(pool);
+}
+
+/* Packed Q8_0 (compute/packed.c): the product through em_matmul_act at every width and
+ * thread count is bit for bit the packed layout's scalar reference (its own order: blocks in
+ * sequence, acc = fma(d_w * d_a, sum, acc)), which is itself within float rounding of the
+ * unpacked product; a row's outputs never depend on the other rows of the call (width
+ * invariance: every width against width 1); slices of 16-row multiples stay packed (an
+ * expert or a head of a stacked matrix), others fall back to the rows as stored; bad packed
+ * matrices are refused. Shapes: one group, several, a chunk of blocks and more (64 blocks a
+ * chunk in the AVX-512 kernel: 2048 and 2080 columns), activation rows past 8 (the kernel's
+ * registers) and past 16 (matmul's tiles). */
+static void check_packed(em_pool *pool, int64_t rows, int64_t cols, int64_t n) {
+    uint64_t rb;
+    void *w = rand_weights(EM_TYPE_Q8_0, rows, cols, &rb);
+    em_mat m, p;
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, rows, cols, w, NULL), 0);
+    p = m;
+    assert_true(em_mat_packable(&p));
+    assert_int_equal(em_mat_packed_bytes(&p), rb * (uint64_t)rows);
+    void *packed = malloc((size_t)em_mat_packed_bytes(&p));
+    assert_non_null(packed);
+    em_mat_pack(&p, packed);
+    assert_ptr_equal(p.packed, packed);
+    assert_false(em_mat_packable(&p)); /* once */
+
+    const int64_t ldx = cols + 5, ldy = rows + 2;
+    float *x = rand_floats(n * ldx, 2.0f);
+    uint64_t ab;
+    assert_int_equal(em_act_bytes(EM_TYPE_Q8_0, cols, n, &ab, NULL), 0);
+    void *abuf = malloc((size_t)ab);
+    em_act act;
+    assert_int_equal(em_act_prepare(pool, EM_TYPE_Q8_0, x, ldx, cols, n, abuf, &act, NULL), 0);
+    float *y = malloc((size_t)(n * ldy) * sizeof *y), *ref = malloc((size_t)(n * rows) * sizeof *ref);
+    float *plain = malloc((size_t)(n * ldy) * sizeof *plain), *one = malloc((size_t)rows * sizeof *one);
+    assert_true(abuf && y && ref && plain && one);
+    for (int64_t i = 0; i < n * ldy; i++) y[i] = NAN;
+    em_err err = { 0 };
+    if (em_matmul_act(pool, &p, &act, y, ldy, &err)) fail_msg("packed matmul: %s", err.msg);
+    assert_int_equal(em_matmul_act(pool, &m, &act, plain, ldy, NULL), 0);
+    em_mm_q8_0x16_ref(packed, rows / EM_PACK_ROWS, cols, act.data, act.stride, n, ref, rows);
+    for (int64_t j = 0; j < n; j++) {
+        em_act a1 = act;
+        a1.n = 1;
+        a1.data = (const uint8_t *)act.data + (uint64_t)j * act.stride;
+        assert_int_equal(em_matmul_act(NULL, &p, &a1, one, rows, NULL), 0);
+        for (int64_t r = 0; r < rows; r++) {
+            const float got = y[j * ldy + r], want = ref[j * rows + r], u = plain[j * ldy + r];
+            if (!(got == want) || !(one[r] == got))
+                fail_msg("packed %lldx%lld n=%lld: y[%lld][%lld] = %.9g, reference %.9g, alone %.9g", (long long)rows,
+                         (long long)cols, (long long)n, (long long)j, (long long)r, got, want, one[r]);
+            if (fabsf(got - u) > 1e-5f * (fabsf(u) + 1.0f))
+                fail_msg("packed %lldx%lld: y[%lld][%lld] = %g, unpacked %g", (long long)rows, (long long)cols,
+                         (long long)j, (long long)r, got, u);
+        }
+        for (int64_t r = rows; r < ldy; r++) assert_true(isnan(y[j * ldy + r])); /* padding untouched */
+    }
+    /* slices: 16-row multiples read the packed rows, others the rows as stored */
+    if (rows >= 32) {
+        em_mat s16 = em_mat_rows(&p, 16, 16), s5 = em_mat_rows(&p, 5, 7);
+        assert_non_null(s16.packed);
+        assert_null(s5.packed);
+        assert_int_equal(em_matmul_act(NULL, &s16, &act, y, ldy, NULL), 0);
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t r = 0; r < 16; r++) assert_true(y[j * ldy + r] == ref[j * rows + 16 + r]);
+        assert_int_equal(em_matmul_act(NULL, &s5, &act, y, ldy, NULL), 0);
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t r = 0; r < 7; r++) assert_true(y[j * ldy + r] == plain[j * ldy + 5 + r]);
+    }
+    free(one);
+    free(plain);
+    free(ref);
+    free(y);
+    free(abuf);
+    free(x);
+    free(packed);
+    free(w);
+}
+
+static void test_matmul_packed(void **state) {
+    (void)state;
+    em_pool *pool;
+    assert_int_equal(em_pool_create(&pool, 2, NULL), 0);
+    static const int64_t shapes[][3] = { { 16, 32, 1 },   { 16, 256, 3 },  { 48, 256, 8 },  { 128, 256, 9 },
+                                         { 256, 512, 17 }, { 32, 2048, 2 }, { 64, 2080, 5 }, { 8192, 256, 7 },
+                                         { 160, 96, 40 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        check_packed(NULL, shapes[s][0], shapes[s][1], shapes[s][2]);
+        check_packed(pool, shapes[s][0], shapes[s][1], shapes[s][2]);
+    }
+    /* what cannot be packed, and a packed matrix that is not what packing makes */
+    uint64_t rb;
+    void *w = rand_weights(EM_TYPE_Q8_0, 24, 64, &rb);
+    em_mat m;
+    assert_int_equal(em_mat_init(&m, EM_TYPE_Q8_0, 24, 64, w, NULL), 0);
+    assert_false(em_mat_packable(&m)); /* 24 rows */
+    m.rows = 16;
+    assert_true(em_mat_packable(&m));
+    m.data = NULL;
+    assert_false(em_mat_packable(&m)); /* a file cut short */
+    em_mat f;
+    float fw[16 * 32] = { 0 };
+    assert_int_equal(em_mat_init(&f, EM_TYPE_F32, 16, 32, fw, NULL), 0);
+    assert_false(em_mat_packable(&f));
+    em_mat bad = { .type = EM_TYPE_Q8_0, .rows = 24, .cols = 64, .row_bytes = rb, .data = w, .packed = w };
+    float x[64] = { 0 }, y[24];
+    uint8_t abuf[2 * 34];
+    em_act act;
+    assert_int_equal(em_act_prepare(NULL, EM_TYPE_Q8_0, x, 64, 64, 1, abuf, &act, NULL), 0);
+    em_err err = { 0 };
+    assert_int_equal(em_matmul_act(NULL, &bad, &act, y, 24, &err), EM_EINVAL);
+    assert_non_null(strstr(err.msg, "packed"));
+    free(w);
     em_pool_free(pool);
 }
 
@@ -641,6 +755,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_rows),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_q8_0_tiles),
+        cmocka_unit_test(test_matmul_packed),
         cmocka_unit_test(test_act_q8_0_bytes),
         cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_act_reuse_and_slices),

@@ -60,6 +60,9 @@ em_mat em_mat_rows(const em_mat *m, int64_t r0, int64_t n) {
     em_mat s = *m;
     s.rows = n;
     s.data = (const uint8_t *)m->data + (uint64_t)r0 * m->row_bytes;
+    s.packed = NULL;
+    if (m->packed && r0 % EM_PACK_ROWS == 0 && n % EM_PACK_ROWS == 0)
+        s.packed = (const uint8_t *)m->packed + (uint64_t)(r0 / EM_PACK_ROWS) * EM_PACK_GROUP_BYTES((uint64_t)m->cols / 32);
     return s;
 }
 
@@ -145,9 +148,13 @@ int em_act_prepare(em_pool *pool, int wtype, const float *x, int64_t ldx, int64_
 
 /* ---- the product ---------------------------------------------------------------------- */
 
+typedef void (*packed_fn)(const void *packed, int64_t n_groups, int64_t cols, const void *act, uint64_t stride,
+                          int64_t nj, float *y, int64_t ldy);
+
 typedef struct mm_job {
     em_dot_fn dot;
-    em_dot_fn tail; /* non-NULL: Q8_0 through the register-tiled kernel, this its block tail */
+    em_dot_fn tail;   /* non-NULL: Q8_0 through the register-tiled kernel, this its block tail */
+    packed_fn packed; /* non-NULL: w is packed (packed.c), rows in groups of 16 */
     bool zero;      /* zero columns: the outputs are zeros, there are no tasks */
     const uint8_t *w;
     uint64_t row_bytes;
@@ -177,6 +184,12 @@ static inline void prefetch_pages_ahead(const uint8_t *row, uint64_t row_bytes) 
 
 /* Outputs of weight rows [r0, r1) for every activation row. */
 static void mm_task_rows(const mm_job *job, int64_t r0, int64_t r1) {
+    if (job->packed) { /* r0, r1: multiples of 16 (rows_per_task and rows are) */
+        const uint64_t group = EM_PACK_GROUP_BYTES((uint64_t)job->cols / 32);
+        job->packed(job->w + (uint64_t)(r0 / EM_PACK_ROWS) * group, (r1 - r0) / EM_PACK_ROWS, job->cols, job->act,
+                    job->stride, job->n, job->y + r0, job->ldy);
+        return;
+    }
     for (int64_t j0 = 0; j0 < job->n; j0 += ACT_TILE) {
         int64_t j1 = j0 + ACT_TILE < job->n ? j0 + ACT_TILE : job->n;
         if (job->tail) {
@@ -243,6 +256,9 @@ static int mm_setup(em_pool *pool, const em_mat *w, const em_act *act, float *y,
         return em_err_set(err, EM_EINVAL, "matmul %s: bad shape %lld x %lld, %lld rows, ldy %lld",
                           em_type_name(w->type), (long long)w->rows, (long long)w->cols,
                           (long long)act->n, (long long)ldy);
+    if (w->packed && (w->type != EM_TYPE_Q8_0 || w->rows % EM_PACK_ROWS != 0))
+        return em_err_set(err, EM_EINVAL, "matmul %s [%lld x %lld]: packed, but not Q8_0 in groups of %d rows",
+                          em_type_name(w->type), (long long)w->rows, (long long)w->cols, EM_PACK_ROWS);
     if (w->rows == 0 || act->n == 0) return EM_OK;
     if (!w->data || !y || !act->data) return em_err_set(err, EM_EINVAL, "matmul: NULL buffer");
     if (w->cols == 0) {
@@ -255,13 +271,18 @@ static int mm_setup(em_pool *pool, const em_mat *w, const em_act *act, float *y,
     };
     /* Q8_0 on AVX-512: the tiled kernel, bit-identical to the dot kernel it replaces */
     int isa = EM_ISA_SCALAR;
-    if (w->type == EM_TYPE_Q8_0 && act->n >= MIN_TILED_ROWS && em_dot_kernel(w->type, em_isa_default(), &isa) &&
+    if (w->packed) {
+        job->w = w->packed;
+        job->packed = em_isa_default() == EM_ISA_AVX512 ? em_mm_q8_0x16_avx512 : em_mm_q8_0x16_ref;
+    } else if (w->type == EM_TYPE_Q8_0 && act->n >= MIN_TILED_ROWS && em_dot_kernel(w->type, em_isa_default(), &isa) &&
         isa == EM_ISA_AVX512)
         job->tail = em_dot_kernel(w->type, EM_ISA_AVX2, NULL);
     /* a task's cost grows with the activation rows it serves, so fewer weight rows each */
     const uint64_t tile = (uint64_t)(act->n < ACT_TILE ? act->n : ACT_TILE);
     const uint64_t per_row = w->row_bytes * tile, row_work = (uint64_t)w->cols * tile;
     job->rows_per_task = rows_per_task(w->rows, per_row, row_work, em_pool_threads(pool));
+    if (job->packed) /* whole groups (w->rows is a multiple of 16) */
+        job->rows_per_task = (job->rows_per_task + EM_PACK_ROWS - 1) / EM_PACK_ROWS * EM_PACK_ROWS;
     job->work = work_of(row_work, w->rows);
     *n_tasks = (int)((w->rows + job->rows_per_task - 1) / job->rows_per_task);
     return EM_OK;

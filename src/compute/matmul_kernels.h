@@ -18,6 +18,14 @@ void em_mm_q8_0_avx512(const void *w, uint64_t row_bytes, int64_t nr, const void
                        uint64_t stride, int64_t nj, int64_t cols, float *y, int64_t ldy,
                        em_dot_fn tail);
 
+/* y[j * ldy + 16g + r] = row 16g + r . act[j] for the n_groups groups of 16 rows at packed
+ * (packed.c's layout, cols values a row) and j in [0, nj): packed.c's order of operations,
+ * bit for bit in both. The AVX-512 one needs F/BW/VL/DQ/VNNI; the reference runs anywhere. */
+void em_mm_q8_0x16_avx512(const void *packed, int64_t n_groups, int64_t cols, const void *act, uint64_t stride,
+                          int64_t nj, float *y, int64_t ldy);
+void em_mm_q8_0x16_ref(const void *packed, int64_t n_groups, int64_t cols, const void *act, uint64_t stride,
+                       int64_t nj, float *y, int64_t ldy);
+
 /* Converts n floats (a multiple of 32) to Q8_0 blocks at out, byte for byte what
  * em_quantize(EM_TYPE_Q8_0, ...) writes. AVX-512 F/BW/VL/DQ only. */
 void em_act_q8_0_avx512(const float *x, void *out, int64_t n);

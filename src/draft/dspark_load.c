@@ -616,6 +616,8 @@ int dsp_load(dspark *s, const char *draft_path, const em_target_shared *target, 
     if ((rc = em_gguf_open_ex(&s->g, draft_path, &(em_gguf_open_opts){ .guard_mapping = true }, err))) return rc;
     loader L = { .s = s, .t = target };
     em_wload_init(&L.wl, s->g, s->store, NULL);
+    if (!o->device || !strncmp(o->device, "cpu", 3)) /* a device drafter uploads the rows as stored */
+        L.wl.pack_budget = em_mat_pack_budget();
     L.g = L.wl.g, L.path = L.wl.path;
     return load_all(&L, o, err);
 }

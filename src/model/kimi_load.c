@@ -363,6 +363,7 @@ int kimi_load(em_gguf *g, const em_wload_hook *hook, kimi_hparams *hp, kimi_weig
     *w = (kimi_weights){ 0 };
     loader L = { .hp = hp, .w = w };
     em_wload_init(&L.wl, g, NULL, hook);
+    if (!hook) L.wl.pack_budget = em_mat_pack_budget(); /* the CPU target (a device's hook uploads rows as stored) */
     char arch[32];
     int rc = em_gguf_get_cstr(g, "general.architecture", arch, sizeof arch, err);
     if (rc) return rc;

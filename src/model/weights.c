@@ -154,9 +154,23 @@ static int view(const em_wload *L, const char *name, int64_t cols, int64_t rows,
     return EM_OK;
 }
 
+/* The packed copy em_wload_init describes, when L packs and m qualifies. */
+static int pack(em_wload *L, const char *name, int64_t extra, em_mat *m, em_err *err) {
+    if (extra != 1 || !strcmp(name, "token_embd.weight") || !em_mat_packable(m)) return EM_OK;
+    const uint64_t bytes = em_mat_packed_bytes(m);
+    if (L->packed_bytes + bytes > L->pack_budget) return EM_OK;
+    void *dst = bytes <= SIZE_MAX ? em_arena_alloc(L->store, (size_t)bytes) : NULL;
+    if (!dst) return em_err_set(err, EM_ENOMEM, "%s: out of memory packing tensor %s (%llu bytes)", L->path, name,
+                                (unsigned long long)bytes);
+    em_mat_pack(m, dst);
+    L->packed_bytes += bytes;
+    return EM_OK;
+}
+
 int em_wload_mat(em_wload *L, const char *name, int64_t cols, int64_t rows, int64_t extra, em_mat *m,
                  em_err *err) {
     int rc = view(L, name, cols, rows, extra, m, err);
+    if (!rc) rc = pack(L, name, extra, m, err);
     return rc ? rc : made(L, name, m, err);
 }
 

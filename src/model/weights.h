@@ -50,13 +50,20 @@ typedef struct em_wload {
     em_arena *store;       /* f32 vectors and converted matrices (owned by the caller) */
     em_wload_hook hook;    /* members NULL: none */
     const char *arch;      /* the key prefix of em_wload_akey (NULL: none) */
+    uint64_t pack_budget;  /* CPU products: bytes of Q8_0 matrices to pack (em_mat_pack) */
+    uint64_t packed_bytes; /* bytes of those packed copies so far (in store) */
     int64_t n_mats;        /* matrices made so far */
     uint64_t mat_bytes;    /* their bytes (as stored, or as converted) */
     int64_t n_vecs;        /* vectors made so far */
     char key[128];         /* em_wload_akey's result */
 } em_wload;
 
-/* A loader over g, allocating into store; hook may be NULL. Nothing is owned. */
+/* A loader over g, allocating into store; hook may be NULL. Nothing is owned. With a
+ * pack_budget (a model whose products run on this CPU: em_mat_pack_budget), em_wload_mat
+ * packs each Q8_0 matrix that is one matrix (not stacked experts or heads, whose slices the
+ * expert cache and MLA read as stored) and not token_embd (a table rows are gathered from),
+ * in load order while the budget lasts: a copy in store, which that model's products read
+ * at every width. */
 void em_wload_init(em_wload *L, const em_gguf *g, em_arena *store, const em_wload_hook *hook);
 
 /* ---- keys ------------------------------------------------------------------------------

@@ -130,7 +130,8 @@ static void test_matmul_q8_0_tiles(void **state) {
     em_pool_free(pool);
 }
 
-/* Packed Q8_0 (compute/packed.c): the product through em_matmul_act at every width and
+/* Packed Q8_0 (compute/packed.c): packing in place gives em_mat_pack's bytes; the product
+ * through em_matmul_act at every width and
  * thread count is bit for bit the packed layout's scalar reference (its own order: blocks in
  * sequence, acc = fma(d_w * d_a, sum, acc)), which is itself within float rounding of the
  * unpacked product; a row's outputs never depend on the other rows of the call (width
@@ -152,6 +153,18 @@ static void check_packed(em_pool *pool, int64_t rows, int64_t cols, int64_t n) {
     em_mat_pack(&p, packed);
     assert_ptr_equal(p.packed, packed);
     assert_false(em_mat_packable(&p)); /* once */
+    { /* in place (the expert cache's slots): the same bytes where the rows were */
+        uint8_t *copy = malloc((size_t)(rb * (uint64_t)rows)), *tmp = malloc((size_t)(EM_PACK_ROWS * rb));
+        assert_true(copy && tmp);
+        memcpy(copy, w, (size_t)(rb * (uint64_t)rows));
+        em_mat q = m;
+        em_mat_pack_inplace(&q, copy, tmp);
+        assert_ptr_equal(q.packed, copy);
+        assert_ptr_equal(q.data, copy);
+        assert_memory_equal(copy, packed, (size_t)(rb * (uint64_t)rows));
+        free(tmp);
+        free(copy);
+    }
 
     const int64_t ldx = cols + 5, ldy = rows + 2;
     float *x = rand_floats(n * ldx, 2.0f);

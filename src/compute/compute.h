@@ -56,6 +56,9 @@ bool em_mat_packable(const em_mat *m);
 uint64_t em_mat_packed_bytes(const em_mat *m);
 /* Writes m's rows packed into dst (em_mat_packed_bytes; 2-byte aligned, 64 best) and sets m->packed. */
 void em_mat_pack(em_mat *m, void *dst);
+/* Packs m's rows over themselves at data (writable; m's shape; 2-byte aligned), through tmp
+ * (16 * m->row_bytes bytes), and sets m->data = m->packed = data: the rows as stored are gone. */
+void em_mat_pack_inplace(em_mat *m, void *data, void *tmp);
 
 /* Fills m for rows x cols values of type at data (row_bytes from the type; checked). */
 int em_mat_init(em_mat *m, int type, int64_t rows, int64_t cols, const void *data, em_err *err);

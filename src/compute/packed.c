@@ -48,30 +48,52 @@ uint64_t em_mat_pack_budget(void) {
 
 bool em_mat_packable(const em_mat *m) {
     return m->type == EM_TYPE_Q8_0 && m->data && !m->packed && m->rows > 0 && m->rows % EM_PACK_ROWS == 0 &&
-           m->cols > 0 && m->cols % 32 == 0 && m->cols / 32 <= EM_PACK_MAX_BLOCKS;
+           m->cols > 0 && m->cols % 32 == 0 && m->cols / 32 <= EM_PACK_MAX_BLOCKS &&
+           m->row_bytes == (uint64_t)m->cols / 32 * sizeof(em_block_q8_0);
 }
 
 uint64_t em_mat_packed_bytes(const em_mat *m) {
     return (uint64_t)(m->rows / EM_PACK_ROWS) * EM_PACK_GROUP_BYTES((uint64_t)m->cols / 32);
 }
 
-void em_mat_pack(em_mat *m, void *dst) {
-    const int64_t nb = m->cols / 32;
-    uint8_t *out = dst;
-    for (int64_t g = 0; g < m->rows / EM_PACK_ROWS; g++, out += EM_PACK_GROUP_BYTES(nb)) {
-        uint16_t *scales = (uint16_t *)(void *)(out + (uint64_t)nb * EM_PACK_QUANT_BYTES);
-        for (int r = 0; r < EM_PACK_ROWS; r++) {
-            const em_block_q8_0 *row =
-                (const em_block_q8_0 *)(const void *)((const uint8_t *)m->data + (uint64_t)(g * EM_PACK_ROWS + r) * m->row_bytes);
-            for (int64_t b = 0; b < nb; b++) {
-                scales[b * EM_PACK_ROWS + r] = row[b].d;
-                for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++)
-                        out[(uint64_t)b * EM_PACK_QUANT_BYTES + k * 64 + r * 4 + i] = (uint8_t)(row[b].qs[4 * k + i] ^ 0x80);
+/* One group: 16 rows of nb blocks (row r at rows + r * row_bytes) into out, the layout above. */
+static void pack_group(const uint8_t *rows, uint64_t row_bytes, int64_t nb, uint8_t *out) {
+    uint16_t *scales = (uint16_t *)(void *)(out + (uint64_t)nb * EM_PACK_QUANT_BYTES);
+    for (int r = 0; r < EM_PACK_ROWS; r++) {
+        const em_block_q8_0 *row = (const em_block_q8_0 *)(const void *)(rows + (uint64_t)r * row_bytes);
+        for (int64_t b = 0; b < nb; b++) {
+            scales[b * EM_PACK_ROWS + r] = row[b].d;
+            for (int k = 0; k < 8; k++) { /* 4 bytes at a time, each ^ 0x80 */
+                uint32_t q;
+                memcpy(&q, row[b].qs + 4 * k, 4);
+                q ^= 0x80808080u;
+                memcpy(out + (uint64_t)b * EM_PACK_QUANT_BYTES + k * 64 + r * 4, &q, 4);
             }
         }
     }
+}
+
+void em_mat_pack(em_mat *m, void *dst) {
+    const int64_t nb = m->cols / 32;
+    const uint64_t group = EM_PACK_GROUP_BYTES((uint64_t)nb);
+    for (int64_t g = 0; g < m->rows / EM_PACK_ROWS; g++)
+        pack_group((const uint8_t *)m->data + (uint64_t)g * EM_PACK_ROWS * m->row_bytes, m->row_bytes, nb,
+                   (uint8_t *)dst + (uint64_t)g * group);
     m->packed = dst;
+}
+
+/* A group of 16 rows takes exactly the bytes of its packed form, so each group is copied
+ * aside and packed back over itself. */
+void em_mat_pack_inplace(em_mat *m, void *data, void *tmp) {
+    const int64_t nb = m->cols / 32;
+    const uint64_t group = EM_PACK_GROUP_BYTES((uint64_t)nb);
+    for (int64_t g = 0; g < m->rows / EM_PACK_ROWS; g++) {
+        uint8_t *at = (uint8_t *)data + (uint64_t)g * group;
+        memcpy(tmp, at, group);
+        pack_group(tmp, m->row_bytes, nb, at);
+    }
+    m->data = data;
+    m->packed = data;
 }
 
 void em_mm_q8_0x16_ref(const void *packed, int64_t n_groups, int64_t cols, const void *act, uint64_t stride,

@@ -59,6 +59,8 @@ struct em_expert_cache {
     expert_meta *meta;
     uint64_t *slot_bytes;     /* [n_layers] */
     uint64_t (*part_off)[EM_EXPERT_NPARTS]; /* [n_layers] offset of each part in a slot */
+    em_expert_landed_fn landed;               /* NULL: none */
+    void *landed_ctx;
     slot *slots;
     int n_slots, cap_slots;
     uint64_t used, tick, runs;
@@ -323,14 +325,34 @@ static uint64_t unpinned_bytes(const em_expert_cache *c) {
     return b;
 }
 
-static em_expert_data data_of(const em_expert_cache *c, const slot *s) {
-    em_expert_data d = {.layer = s->layer, .expert = s->expert};
+/* Where each part of expert (layer, e) starts in its slot buffer buf. */
+static void parts_in(const em_expert_cache *c, int layer, int e, uint8_t *buf, uint8_t *part[EM_EXPERT_NPARTS]) {
     for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
         em_expert_range r;
-        em_expert_store_range(c->store, s->layer, s->expert, p, &r, NULL);
-        d.part[p] = s->buf + c->part_off[s->layer][p] + r.offset % EM_DIRECT_ALIGN;
+        em_expert_store_range(c->store, layer, e, p, &r, NULL);
+        part[p] = buf + c->part_off[layer][p] + r.offset % EM_DIRECT_ALIGN;
     }
+}
+
+static em_expert_data data_of(const em_expert_cache *c, const slot *s) {
+    em_expert_data d = {.layer = s->layer, .expert = s->expert};
+    uint8_t *part[EM_EXPERT_NPARTS];
+    parts_in(c, s->layer, s->expert, s->buf, part);
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++) d.part[p] = part[p];
     return d;
+}
+
+void em_expert_cache_on_landed(em_expert_cache *c, em_expert_landed_fn fn, void *ctx) {
+    c->landed = fn;
+    c->landed_ctx = ctx;
+}
+
+/* A read of expert (layer, e) into buf landed whole: the landed hook, before it enters the index. */
+static void land(const em_expert_cache *c, int layer, int e, uint8_t *buf) {
+    if (!c->landed) return;
+    uint8_t *part[EM_EXPERT_NPARTS];
+    parts_in(c, layer, e, buf, part);
+    c->landed(c->landed_ctx, layer, part);
 }
 
 /* ---- one layer's run --------------------------------------------------------------------- */
@@ -405,6 +427,7 @@ static int load_batch(run_state *st, pending *batch, int n, em_xio_req *reqs, em
     }
     for (int b = 0; b < n; b++) { /* complete: now they enter the index, pinned */
         int e = st->experts[batch[b].idx];
+        land(c, st->layer, e, batch[b].buf);
         c->slots[c->n_slots] = (slot){.layer = st->layer, .expert = e, .buf = batch[b].buf,
                                       .bytes = batch[b].bytes, .pins = 1};
         meta_of(c, st->layer, e)->slot = c->n_slots++;
@@ -498,6 +521,7 @@ static void ahead_settle(em_expert_cache *c) {
             continue;
         }
         assert(c->n_slots < c->cap_slots);
+        land(c, a->layer, a->expert, a->buf);
         c->slots[c->n_slots] = (slot){.layer = a->layer, .expert = a->expert, .buf = a->buf,
                                       .bytes = a->bytes, .fresh = true, .want = a->gen};
         m->slot = c->n_slots++;

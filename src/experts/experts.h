@@ -127,6 +127,11 @@ typedef struct em_expert_data {
     const void *part[EM_EXPERT_NPARTS];
 } em_expert_data;
 
+/* Called once for each expert whose read lands, before any run sees it, with its parts
+ * writable (part[p] as em_expert_data's): the provider packs them in place there. */
+typedef void (*em_expert_landed_fn)(void *ctx, int layer, uint8_t *const part[EM_EXPERT_NPARTS]);
+void em_expert_cache_on_landed(em_expert_cache *c, em_expert_landed_fn fn, void *ctx);
+
 /* Called once for each expert of a run; i is its index in the experts array. A nonzero
  * return stops the run with that status. */
 typedef int (*em_expert_fn)(void *ctx, int i, const em_expert_data *d, em_err *err);
@@ -224,6 +229,10 @@ typedef struct em_experts_opts {
     int storage;          /* enum em_experts_storage */
     uint64_t cache_bytes; /* SSD: the cache budget; 0: em_experts_default_budget */
     bool no_prefetch;     /* SSD: no route memory, no read-ahead */
+    bool pack;            /* CPU products: packed experts (compute/packed.c) when every part
+                           * packs per expert and all of them fit em_mat_pack_budget: resident,
+                           * packed copies made at open; SSD, each slot packed in place as its
+                           * read lands. Both modes compute the same floats. */
 } em_experts_opts;
 
 typedef struct em_experts em_experts;

@@ -18,7 +18,8 @@
  *
  * Invariants: the forward sees the same weights whatever the mode (resident: rows of the
  * model's mapped tensors; SSD: the same bytes read into the cache, checked at open to have the
- * model's shapes and types), so logits never depend on the mode or the budget. Views handed to
+ * model's shapes and types; packed in both or in neither, see "packing" below), so logits
+ * never depend on the mode or the budget. Views handed to
  * a run's callback live in scratch sized at open (no allocation per run). Single-threaded. */
 #include "experts/experts.h"
 
@@ -29,7 +30,11 @@
 struct em_experts {
     int storage;                 /* EM_EXPERTS_RESIDENT or EM_EXPERTS_SSD */
     int n_layer;
-    const em_experts_src *src;   /* [n_layer] the model's tensors */
+    const em_experts_src *src;   /* [n_layer] the model's tensors (resident packed: packed_src) */
+    bool packed;                 /* experts packed (em_experts_opts.pack) */
+    em_experts_src *packed_src;  /* resident packed: the model's tensors with their packed copies */
+    uint8_t *pack_mem;           /* resident packed: those copies */
+    uint8_t *pack_tmp;           /* SSD packed: a group of 16 rows of the widest part */
     em_expert_store *store;      /* SSD */
     em_expert_cache *cache;      /* SSD */
     em_expert_stats *uses;       /* [n_layer] resident: expert uses, counted as hits */
@@ -133,8 +138,8 @@ static void log_summary(const em_experts *x, const char *path, uint64_t routed) 
     char r[32], f[32], b[32];
     em_format_size(x->resident_bytes, r, sizeof r);
     if (!x->cache) {
-        em_log(EM_LOG_INFO, "%s: experts resident: %s resident (routed experts %s of it), 0 B file-backed, no expert cache",
-               path, r, em_format_size(routed, f, sizeof f));
+        em_log(EM_LOG_INFO, "%s: experts resident: %s resident (routed experts %s of it%s), 0 B file-backed, no expert cache",
+               path, r, em_format_size(routed, f, sizeof f), x->packed ? ", packed" : "");
         return;
     }
     bool uring, direct;
@@ -143,9 +148,64 @@ static void log_summary(const em_experts *x, const char *path, uint64_t routed) 
     char pct[32];
     double share = (double)budget / (double)x->file_bytes;
     snprintf(pct, sizeof pct, share < 1.0 ? "%.0f%% of them" : "all fit", 100.0 * share);
-    em_log(EM_LOG_INFO, "%s: experts ssd: %s resident, %s of routed experts file-backed, expert cache %s (%s; %s, %s)",
+    em_log(EM_LOG_INFO, "%s: experts ssd: %s resident, %s of routed experts file-backed, expert cache %s (%s; %s, %s%s)",
            path, r, em_format_size(x->file_bytes, f, sizeof f), em_format_size(budget, b, sizeof b), pct,
-           uring ? "io_uring" : "pread", direct ? "O_DIRECT" : "buffered");
+           uring ? "io_uring" : "pread", direct ? "O_DIRECT" : "buffered", x->packed ? ", packed as read" : "");
+}
+
+/* ---- packing (compute/packed.c) -----------------------------------------------------------
+ * Whether an expert packs is decided from the model alone (shapes, types, total bytes against
+ * em_mat_pack_budget), never from the storage mode, so resident and SSD runs compute the same
+ * floats: resident experts get packed copies at open, SSD slots are packed in place as their
+ * reads land (before any run sees them). */
+
+/* One expert's rows of part p of layer s. */
+static em_mat expert_mat(const em_experts_src *s, int p) {
+    return em_mat_rows(&s->part[p], 0, s->part[p].rows / s->n_expert);
+}
+
+static bool experts_pack(const em_experts *x, uint64_t routed) {
+    if (routed == 0 || routed > em_mat_pack_budget()) return false;
+    for (int l = 0; l < x->n_layer; l++)
+        for (int p = 0; p < EM_EXPERT_NPARTS && x->src[l].n_expert > 0; p++) {
+            const em_mat one = expert_mat(&x->src[l], p);
+            if (!em_mat_packable(&one)) return false;
+        }
+    return true;
+}
+
+static int pack_resident(em_experts *x, uint64_t routed, em_err *err) {
+    x->packed_src = em_calloc((size_t)x->n_layer, sizeof *x->packed_src, "packed experts", err);
+    if (!x->packed_src || !(x->pack_mem = em_aligned_alloc(64, routed, "packed routed experts", err)))
+        return EM_ENOMEM;
+    uint8_t *at = x->pack_mem;
+    for (int l = 0; l < x->n_layer; l++) {
+        x->packed_src[l] = x->src[l];
+        for (int p = 0; p < EM_EXPERT_NPARTS && x->src[l].n_expert > 0; p++) {
+            em_mat_pack(&x->packed_src[l].part[p], at); /* the stack packs as one: its experts are whole groups */
+            at += em_mat_packed_bytes(&x->packed_src[l].part[p]);
+        }
+    }
+    x->src = x->packed_src;
+    return EM_OK;
+}
+
+static void pack_landed(void *ctx, int layer, uint8_t *const part[EM_EXPERT_NPARTS]) {
+    em_experts *x = ctx;
+    for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+        em_mat m = expert_mat(&x->src[layer], p);
+        em_mat_pack_inplace(&m, part[p], x->pack_tmp);
+    }
+}
+
+static int pack_slots(em_experts *x, em_err *err) {
+    uint64_t widest = 0;
+    for (int l = 0; l < x->n_layer; l++)
+        for (int p = 0; p < EM_EXPERT_NPARTS && x->src[l].n_expert > 0; p++)
+            if (x->src[l].part[p].row_bytes > widest) widest = x->src[l].part[p].row_bytes;
+    if (!(x->pack_tmp = em_malloc(EM_PACK_ROWS * widest, "expert packing", err))) return EM_ENOMEM;
+    em_expert_cache_on_landed(x->cache, pack_landed, x);
+    return EM_OK;
 }
 
 static int alloc_scratch(em_experts *x, em_err *err) {
@@ -183,6 +243,8 @@ int em_experts_open(em_experts **out, const em_gguf *g, const em_experts_src *la
     x->file_bytes = x->storage == EM_EXPERTS_SSD ? routed : 0;
     if (!rc && x->storage == EM_EXPERTS_SSD && (rc = open_ssd(x, g, opts, avail, err)))
         em_err_prefix(err, "%s: --moe-storage ssd", path);
+    x->packed = !rc && opts->pack && experts_pack(x, routed);
+    if (x->packed && !rc) rc = x->storage == EM_EXPERTS_SSD ? pack_slots(x, err) : pack_resident(x, routed, err);
     if (!rc && x->storage == EM_EXPERTS_SSD && !opts->no_prefetch) {
         x->mem_key = em_calloc(ROUTE_MEM_SLOTS, sizeof *x->mem_key, "route memory", err);
         if (!x->mem_key) rc = EM_ENOMEM;
@@ -209,6 +271,9 @@ void em_experts_close(em_experts *x) {
     free(x->pred);
     free(x->mem_key);
     free(x->mem_ids);
+    free(x->packed_src);
+    free(x->pack_mem);
+    free(x->pack_tmp);
     free(x);
 }
 
@@ -294,7 +359,10 @@ static int cached_batch(void *vctx, const int *idx, const em_expert_data *d, int
     em_experts *x = vctx;
     for (int j = 0; j < n; j++) {
         x->views[j] = view_of(&x->src[d[j].layer], d[j].layer, d[j].expert);
-        for (int p = 0; p < EM_EXPERT_NPARTS; p++) x->views[j].part[p].data = d[j].part[p];
+        for (int p = 0; p < EM_EXPERT_NPARTS; p++) {
+            x->views[j].part[p].data = d[j].part[p];
+            x->views[j].part[p].packed = x->packed ? d[j].part[p] : NULL; /* packed as it landed */
+        }
     }
     return x->fn(x->fn_ctx, idx, x->views, n, err);
 }

@@ -576,7 +576,7 @@ static int experts_open(kimi *k, const em_model_opts *opts, em_err *err) {
                                              .part = { f->gate_exps, f->up_exps, f->down_exps } };
     }
     const em_experts_opts xo = { .storage = opts->moe_storage, .cache_bytes = opts->expert_cache_bytes,
-                                 .no_prefetch = opts->expert_no_prefetch };
+                                 .no_prefetch = opts->expert_no_prefetch, .pack = true /* this target's products run here */ };
     int rc = em_experts_open(&k->experts, k->g, k->expert_src, hp->n_layer, &xo, err);
     if (rc) return rc;
     k->base.experts = k->experts;

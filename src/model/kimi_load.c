@@ -377,6 +377,10 @@ int kimi_load(em_gguf *g, const em_wload_hook *hook, kimi_hparams *hp, kimi_weig
     if (!rc) rc = load_globals(&L, err);
     if (!rc) rc = load_layers(&L, err);
     if (rc) kimi_unload(hp, w);
+    char b[32];
+    if (!rc && L.wl.packed_bytes)
+        em_log(EM_LOG_INFO, "%s: %s of single Q8_0 matrices packed for the CPU's products", L.wl.path,
+               em_format_size(L.wl.packed_bytes, b, sizeof b));
     return rc;
 }
 

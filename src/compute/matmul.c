@@ -155,7 +155,7 @@ typedef struct mm_job {
     em_dot_fn dot;
     em_dot_fn tail;   /* non-NULL: Q8_0 through the register-tiled kernel, this its block tail */
     packed_fn packed; /* non-NULL: w is packed (packed.c), rows in groups of 16 */
-    bool zero;      /* zero columns: the outputs are zeros, there are no tasks */
+    bool zero;        /* zero columns: the outputs are zeros, there are no tasks */
     const uint8_t *w;
     uint64_t row_bytes;
     int64_t rows, cols, rows_per_task;

@@ -35,10 +35,7 @@ static void fill_tab(const uint8_t *act, uint64_t stride, int J, int64_t b0, int
         for (int64_t b = 0; b < nbc; b++) {
             /* sum of 32 int8: dpbusd(1, q) per 4 bytes, then the 8 lanes (exact integers) */
             const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, _mm256_loadu_si256((const __m256i *)a[b].qs));
-            const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-            const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
-            t->negc[j][b] = -128 * sum;
+            t->negc[j][b] = -128 * _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s));
             t->d[j][b] = _cvtsh_ss(a[b].d);
         }
     }

@@ -12,12 +12,14 @@
  *    --path matmul times em_matmul_act with one activation row instead (decoding's path:
  *    the register-tiled kernels where the type has them) in place of em_matvec; with
  *    --act-rows J, J rows (a verify or prefill width; GB/s still counts each weight once).
+ *    --path packed: the same on a packed copy of the matrix (compute/packed.c; Q8_0 only, the
+ *    rows cut to a multiple of 16), the layout CPU models multiply.
  * Buffers are touched (written) before timing, and 2 MiB-aligned with MADV_HUGEPAGE so TLB
  * behaviour is the same for both measurements.
  *
  * usage: bench_quant [--threads N] [--types q8_0,q4_K,...] [--runs R] [--cols C]
  *                    [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]
- *                    [--path matvec|matmul] [--act-rows J] */
+ *                    [--path matvec|matmul|packed] [--act-rows J] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,7 @@ static const int all_types[] = {
 typedef struct options {
     int threads, runs, isa;
     bool matmul; /* --path matmul: em_matmul_act (decoding's path), not em_matvec */
+    bool packed; /* --path packed: em_matmul_act on a packed copy */
     int act_rows; /* --act-rows J: activation rows of the matmul path (1: decoding) */
     int64_t cols;
     uint64_t weight_bytes, bw_bytes; /* 0: automatic */
@@ -220,7 +223,7 @@ static int usage(const char *msg) {
     if (msg) fprintf(stderr, "bench_quant: %s\n", msg);
     fprintf(stderr, "usage: bench_quant [--threads N] [--types q8_0,q4_K,...] [--runs R] [--cols C]\n"
                     "                   [--weight-bytes SIZE] [--bw-bytes SIZE] [--isa scalar|avx2|avx512]\n"
-                    "                   [--path matvec|matmul] [--act-rows J]\n");
+                    "                   [--path matvec|matmul|packed] [--act-rows J]\n");
     return 2;
 }
 
@@ -267,8 +270,10 @@ static int parse_args(int argc, char **argv, options *o) {
             if (em_parse_int(v, 1, 64, &x, "--act-rows", &err)) return usage(err.msg);
             o->act_rows = (int)x;
         } else if (!strcmp(a, "--path")) {
-            if (strcmp(v, "matvec") && strcmp(v, "matmul")) return usage("--path: matvec or matmul");
-            o->matmul = !strcmp(v, "matmul");
+            if (strcmp(v, "matvec") && strcmp(v, "matmul") && strcmp(v, "packed"))
+                return usage("--path: matvec, matmul or packed");
+            o->packed = !strcmp(v, "packed");
+            o->matmul = o->packed || !strcmp(v, "matmul");
         } else if (!strcmp(a, "--types")) {
             char buf[512];
             snprintf(buf, sizeof buf, "%s", v);
@@ -316,6 +321,7 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
         return -1;
     }
     int64_t rows = (int64_t)(cap / row_bytes);
+    if (o->packed) rows -= rows % EM_PACK_ROWS;
     uint64_t bytes = (uint64_t)rows * row_bytes;
     fill_matrix(t, w, row_bytes, rows, o->cols, seed);
     const int J = o->matmul ? o->act_rows : 1;
@@ -334,6 +340,15 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
     if (em_mat_init(&m, t, rows, o->cols, w, &err)) {
         fprintf(stderr, "bench_quant: %s\n", err.msg);
         return -1;
+    }
+    void *packed = NULL;
+    if (o->packed) {
+        if (!em_mat_packable(&m)) {
+            fprintf(stderr, "bench_quant: --path packed: %s cannot be packed (Q8_0 only)\n", em_type_name(t));
+            return -1;
+        }
+        if (!(packed = malloc((size_t)em_mat_packed_bytes(&m)))) return -1;
+        em_mat_pack(&m, packed);
     }
     /* Each run: a plain read of the same weight bytes, then the matvec, so both see the same
      * machine (other processes come and go). */
@@ -358,6 +373,7 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
     printf("%-7s %-6s %9llu %8lld %8.2f %8.2f %8.2f %7.0f%% %9.2f %7.0f%%\n", em_type_name(t), em_isa_name(used),
            (unsigned long long)row_bytes, (long long)rows, s.min, s.median, s.max, 100.0 * s.median / bw->many.median,
            paired.median, 100.0 * s.median / paired.median);
+    free(packed);
     free(x);
     free(y);
     free(act);
@@ -398,7 +414,9 @@ int main(int argc, char **argv) {
     printf("read bandwidth GB/s (min / median / max): 1 thread %.2f / %.2f / %.2f, %d threads %.2f / %.2f / %.2f\n\n",
            bw.one.min, bw.one.median, bw.one.max, o.threads, bw.many.min, bw.many.median, bw.many.max);
     char what[64];
-    snprintf(what, sizeof what, o.matmul ? "em_matmul_act with %d activation row(s)" : "em_matvec", o.act_rows);
+    snprintf(what, sizeof what,
+             o.packed ? "em_matmul_act on packed rows with %d activation row(s)"
+             : o.matmul ? "em_matmul_act with %d activation row(s)" : "em_matvec", o.act_rows);
     printf("%s, %d thread(s); GB/s = weight bytes streamed per second (min / median / max);\n"
            "%%bw = median matvec vs the median %d-thread read bandwidth above; 'read same' = median plain read of\n"
            "the same weight bytes, timed right before each matvec run; %%same = median matvec vs that\n",

@@ -47,8 +47,8 @@ typedef struct em_mat {
 #define EM_PACK_MAX_BLOCKS 4096                   /* columns up to 131072 */
 #define EM_PACK_QUANT_BYTES (8u * 64u)            /* a block's quants of 16 rows */
 #define EM_PACK_GROUP_BYTES(nb) ((nb) * (EM_PACK_QUANT_BYTES + 2u * EM_PACK_ROWS)) /* 16 rows of nb blocks */
-/* Bytes a model may pack on this machine: 0 unless the dispatch ISA (em_isa_default) is
- * AVX-512 and EMBER_PACK is not "off"; else an eighth of the memory, at most 4 GiB. */
+/* Bytes a model may pack: 0 unless the dispatch ISA (em_isa_default) is AVX-512 and
+ * EMBER_PACK is not "off"; else 64 MiB (models that fit the cache: packed.c says why). */
 uint64_t em_mat_pack_budget(void);
 /* Q8_0 with data, not packed yet, rows a multiple of 16, at most EM_PACK_MAX_BLOCKS blocks a row. */
 bool em_mat_packable(const em_mat *m);

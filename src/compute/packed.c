@@ -26,24 +26,20 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "compute/matmul_kernels.h"
 #include "quant/blocks.h"
 
-/* A model packs at most this share of the machine's memory, and at most PACK_MAX_BYTES: the
- * packed copies are anonymous memory beside the mapped file, and a model far larger than
- * the machine (experts streamed from SSD) must not read and copy its dense weights whole at
- * open. The matrices past the budget keep the unpacked path. */
-#define PACK_RAM_SHARE 8
-#define PACK_MAX_BYTES (4ull << 30)
+/* A model packs at most PACK_MAX_BYTES of dense matrices (and as much again of experts).
+ * Packing pays where the products are compute-bound: weights read from cache, or many rows
+ * (prefill, verify). Streamed from DRAM at one row the packed kernel ran 25% slower than the
+ * rows as stored (bench_quant --path packed against --path matmul, 128 MiB of Q8_0, 2
+ * threads: 26-29 against 35-38 GB/s), so a model too large for the cache keeps its layout. */
+#define PACK_MAX_BYTES (64ull << 20)
 
 uint64_t em_mat_pack_budget(void) {
     const char *env = getenv("EMBER_PACK");
-    if (em_isa_default() != EM_ISA_AVX512 || (env && !strcmp(env, "off"))) return 0;
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    const uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-    return ram / PACK_RAM_SHARE < PACK_MAX_BYTES ? ram / PACK_RAM_SHARE : PACK_MAX_BYTES;
+    return em_isa_default() != EM_ISA_AVX512 || (env && !strcmp(env, "off")) ? 0 : PACK_MAX_BYTES;
 }
 
 bool em_mat_packable(const em_mat *m) {

@@ -20,8 +20,11 @@
 
 /* Query rows whose scores and context sums go over the cache together. */
 #define QUERY_GROUP 8
-/* Context columns per task (the ctx step splits the latent width). */
+/* Context columns per task (the ctx step splits the latent width): at most CTX_COLS, fewer
+ * (down to CTX_COLS_MIN) when that leaves a thread without a task. A column's sum is the same
+ * fma chain whichever task makes it. */
 #define CTX_COLS 128
+#define CTX_COLS_MIN 32
 
 typedef struct head_job {
     const kimi_hparams *hp;
@@ -39,6 +42,7 @@ typedef struct head_job {
     int64_t ld;     /* scores per query row: pos + t0 + nq */
     int64_t *len;   /* [H][nq] positions query row t of a head sees: pos + t0 + t + 1 */
     int heads_per_task;
+    int64_t ctx_cols; /* context columns a task */
     uint8_t *act_q, *act_c; /* per head */
     uint64_t act_q_bytes, act_c_bytes;
     int rc[]; /* per head status */
@@ -80,13 +84,13 @@ static void score_task(void *vctx, int task, int thread) {
     for (int i = h0 * nq; i < (h0 + nh) * nq; i++) em_softmax_poly(job->scores + i * job->ld, job->len[i]);
 }
 
-/* Context columns [i0, i0 + CTX_COLS) of every head's rows of the group: each cache row's
+/* Context columns [i0, i0 + ctx_cols) of every head's rows of the group: each cache row's
  * slice is read once for all of them (they share the cache, as MQA's heads do). */
 static void context_task(void *vctx, int task, int thread) {
     (void)thread;
     const head_job *job = vctx;
     const int H = job->hp->mla_heads, R = job->hp->kv_lora, C = R + job->hp->rope, n = job->n, nq = job->nq;
-    const int64_t i0 = (int64_t)task * CTX_COLS, cols = R - i0 < CTX_COLS ? R - i0 : CTX_COLS;
+    const int64_t i0 = (int64_t)task * job->ctx_cols, cols = R - i0 < job->ctx_cols ? R - i0 : job->ctx_cols;
     const int calls = span_calls(job, H), per = H / calls * nq;
     for (int c = 0; c < calls; c++) {
         const int h = c * (H / calls);
@@ -177,12 +181,14 @@ int kimi_mla_forward(const kimi_hparams *hp, const kimi_mla_w *w, float *cache, 
     job->heads_per_task = H;
     while (job->heads_per_task > 1 && job->heads_per_task % 2 == 0 && H / job->heads_per_task < threads)
         job->heads_per_task /= 2;
+    job->ctx_cols = CTX_COLS;
+    while (job->ctx_cols > CTX_COLS_MIN && (R + job->ctx_cols - 1) / job->ctx_cols < threads) job->ctx_cols /= 2;
     for (job->t0 = 0; job->t0 < n; job->t0 += QUERY_GROUP) {
         job->nq = n - job->t0 < QUERY_GROUP ? n - job->t0 : QUERY_GROUP;
         job->ld = pos + job->t0 + job->nq;
         for (int i = 0; i < H * job->nq; i++) len[i] = pos + job->t0 + i % job->nq + 1;
         em_pool_run(pool, (H + job->heads_per_task - 1) / job->heads_per_task, score_task, job);
-        em_pool_run(pool, (R + CTX_COLS - 1) / CTX_COLS, context_task, job);
+        em_pool_run(pool, (int)((R + job->ctx_cols - 1) / job->ctx_cols), context_task, job);
     }
     em_pool_run(pool, H, output_task, job);
     for (int i = 0; i < H; i++)

@@ -468,14 +468,13 @@ __device__ __forceinline__ float draft_value(const float *base, int i, float sof
 }
 
 /* Draft ids i0 + j, j < n, strided over the block's threads: their values into logits (at their
- * target ids) when asked, and this thread's best pair (NaN skipped; ids: target ids). bias is
- * indexed by j. */
-__device__ void pick_scan(const float *base, const float *bias, int i0, int n, float softcap, const int32_t *d2t,
-                          float *logits, float &bv, int &bi) {
-    bv = 0.0f, bi = -1;
+ * target ids: d2t[i0 + j], or id0 + i0 + j without a d2t) when asked, and this thread's best
+ * pair so far, bv and bi, updated (NaN skipped; ids: target ids). bias is indexed by j. */
+__device__ void scan_ids(const float *base, const float *bias, int i0, int n, float softcap, const int32_t *d2t,
+                         int id0, float *logits, float &bv, int &bi) {
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const float x = draft_value(base, i0 + j, softcap, bias, j);
-        const int id = d2t ? d2t[i0 + j] : i0 + j;
+        const int id = d2t ? d2t[i0 + j] : id0 + i0 + j;
         if (logits) logits[id] = x;
         if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id;
     }
@@ -521,9 +520,9 @@ __global__ void __launch_bounds__(PICK_THREADS)
     if (logits && d2t)
         for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) logits[i] = -INFINITY;
     __syncthreads();
-    float bv;
-    int bi;
-    pick_scan(base, bias, 0, dvocab, softcap, d2t, logits, bv, bi);
+    float bv = 0.0f;
+    int bi = -1;
+    scan_ids(base, bias, 0, dvocab, softcap, d2t, 0, logits, bv, bi);
     pick_finish(io, k, bv, bi, sv, si, PICK_THREADS, has_next, next);
 }
 
@@ -621,8 +620,8 @@ typedef struct mc_slice {
     int i0, n, bpr;
 } mc_slice;
 
-/* Slot k's values over the slice's ids (the bias made in chunks of the block's threads;
- * pick_scan's rule) and the block's best pair. */
+/* Slot k's values over the slice's ids (the bias made in chunks of the block's threads, each
+ * chunk by scan_ids) and the block's best pair. */
 __device__ float mc_slot_best(const mc_slice &c, int k, const int8_t *e_qs, const float *e_qd, float softcap,
                               float *logits, float *bias, float *wv, int *wi, int *best_i) {
     const int lane = threadIdx.x & 31, warps = (int)(blockDim.x >> 5);
@@ -640,12 +639,7 @@ __device__ float mc_slot_best(const mc_slice &c, int k, const int8_t *e_qs, cons
             if (lane % L == 0 && r < m) bias[r] = v;
         }
         __syncthreads();
-        for (int j = threadIdx.x; j < m; j += blockDim.x) {
-            const float x = draft_value(base, c0 + j, softcap, bias, j);
-            const int id = c.d2t ? c.d2t[c0 + j] : c.i0 + c0 + j;
-            if (logits) logits[id] = x;
-            if (!isnan(x) && am_better(x, id, bv, bi)) bv = x, bi = id;
-        }
+        scan_ids(base, bias, c0, m, softcap, c.d2t, c.i0, logits, bv, bi);
         __syncthreads(); /* bias reused by the next chunk */
     }
     return mc_block_best(bv, bi, wv, wi, best_i);

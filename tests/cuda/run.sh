@@ -155,6 +155,12 @@ fi
 if [ -n "${EMBER_GPU_BENCH_PAIR:-}" ] && [ -x "$dir/bin/bench_pair" ]; then
   step bench_pair_gpu "$dir/bin/bench_pair" --device cuda:0 --draft-device cuda:0 --limit 64
   step bench_pair_gpu_cpu "$dir/bin/bench_pair" --device cuda:0 --draft-device cpu --limit 64
+  # the heterogeneous placement (a CPU target, the drafter on cuda:0) against the whole pair on
+  # the CPU, at each thread count of EMBER_GPU_PAIR_THREADS (default "2 8")
+  for t in ${EMBER_GPU_PAIR_THREADS:-2 8}; do
+    step "bench_pair_cpu_gpu_t$t" "$dir/bin/bench_pair" --device cpu --draft-device cuda:0 --threads "$t" --limit 64
+    step "bench_pair_cpu_t$t" "$dir/bin/bench_pair" --device cpu --draft-device cpu --threads "$t" --limit 64
+  done
 fi
 # where a decode pass's time goes, kernel by kernel (EMBER_GPU_PROFILE48=1, after the benchmark
 # wrote the model): Nsight Compute's duration of each kernel alone, summed per kernel, over a
@@ -196,7 +202,9 @@ fi
 echo
 grep -h "^bench\|^info" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" 2>/dev/null
 grep -h "^FAIL" "$out/test_gpu_ops.log" "$out/test_gpu_seq.log" "$out/test_gpu_target.log" 2>/dev/null
-for b in bench48 bench48_nopdl ab benchk3 bench_pair_gpu bench_pair_gpu_cpu; do [ -f "$out/$b.log" ] && cat "$out/$b.log"; done
+for b in bench48 bench48_nopdl ab benchk3 bench_pair_gpu bench_pair_gpu_cpu bench_pair_cpu_gpu_t* bench_pair_cpu_t*; do
+  for f in "$out"/$b.log; do [ -f "$f" ] && cat "$f"; done
+done
 echo "== device run summary =="
 fail=0
 for i in "${!names[@]}"; do

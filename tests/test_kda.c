@@ -580,12 +580,13 @@ static void test_state_helpers_and_errors(void **state) {
 
 /* The AVX-512 table's state sweep (kda_avx512.c, row after row) gives the AVX2 sweep's floats
  * bit for bit in every mode (update or not, u, w, both), in place and not, at head dims it
- * takes (128, 256) and one it hands back to AVX2 (96). */
+ * takes in chunks of 128 columns (128, 256) or 64 (64, 192) and ones it hands back to AVX2
+ * (96, 32). */
 static void test_sweep_avx512(void **state) {
     (void)state;
     if (!em_isa_cpu_supports(EM_ISA_AVX512)) skip();
     const em_kda_kern *k2 = em_kda_kern_avx2(), *k5 = em_kda_kern_avx512();
-    static const int dims[] = { 128, 256, 96 };
+    static const int dims[] = { 128, 256, 64, 192, 96, 32 };
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const int D = dims[di];
         const size_t dd = (size_t)D * (size_t)D;

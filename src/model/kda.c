@@ -37,12 +37,15 @@
 #endif
 
 #define KDA_SUB 16               /* sub-block rows inside a chunk (diagonal blocks pairwise) */
-/* Heads go to the pool from this much work per head on (rows x head_dim^2: four rows at head
- * dim 64, one at 128); below, a head's work (about a microsecond a row at head_dim 64) does
- * not pay for the hand-off. At head_dim 128 one decode row is ~20 us a head, as S (64 KiB a
- * head) comes back from memory after a token's weights streamed through the caches: both
- * cores' bandwidth halves it. The result is the same either way. */
-#define KDA_PAR_WORK (4 * 64 * 64)
+/* Heads go to the pool from this much work per head on (rows x head_dim^2: one row at head
+ * dim 64 or more); below, a head's work (head_dim 32: well under a microsecond a row) does
+ * not pay for the hand-off. At head_dim 64 one row of four heads took 5-6 us a layer on one
+ * thread and 4 us on two (the default pair on a 2-core AVX-512 VM, `ember bench --phases`:
+ * kda.recurrence 0.032-0.037 -> 0.023-0.029 ms a token over six layers). At head_dim 128
+ * one decode row is ~20 us a head, as S (64 KiB a head) comes back from memory after a
+ * token's weights streamed through the caches: both cores' bandwidth halves it. The result is
+ * the same either way. */
+#define KDA_PAR_WORK (1 * 64 * 64)
 #define KDA_MAX_HEAD_DIM 1024
 #define KDA_MAX_HEADS (1 << 16)
 

@@ -1,6 +1,7 @@
 /* model/kda_avx512.c: the KDA state sweep (kda_kern.h's sweep) with 512-bit vectors, for
- * head dims that are a multiple of 64 (Kimi's is 128, the default pair's 64). Compiled with -mavx512f; kda.c hands
- * it out (through em_kda_kern_avx512 of kda_avx2.c) only on CPUs that run AVX-512.
+ * head dims that are a multiple of 64 (Kimi's is 128, the default pair's 64). Compiled with
+ * -mavx512f; kda.c hands it out (through em_kda_kern_avx512 of kda_avx2.c) only on CPUs that
+ * run AVX-512.
  *
  * Why: the AVX2 sweep walks S in blocks of 32 columns, so each pass over a head's 64 KiB
  * strides 512 bytes from row to row, which the hardware prefetchers follow poorly; after a

@@ -321,7 +321,18 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
         return -1;
     }
     int64_t rows = (int64_t)(cap / row_bytes);
-    if (o->packed) rows -= rows % EM_PACK_ROWS;
+    if (o->packed) {
+        if (t != EM_TYPE_Q8_0) {
+            fprintf(stderr, "bench_quant: --path packed: %s cannot be packed (Q8_0 only)\n", em_type_name(t));
+            return -1;
+        }
+        if (rows < EM_PACK_ROWS) {
+            fprintf(stderr, "bench_quant: --path packed: --weight-bytes holds %lld rows of %lld columns; packing takes 16\n",
+                    (long long)rows, (long long)o->cols);
+            return -1;
+        }
+        rows -= rows % EM_PACK_ROWS;
+    }
     uint64_t bytes = (uint64_t)rows * row_bytes;
     fill_matrix(t, w, row_bytes, rows, o->cols, seed);
     const int J = o->matmul ? o->act_rows : 1;
@@ -344,7 +355,7 @@ static int run_type(const options *o, int t, em_pool *pool, uint8_t *w, uint64_t
     void *packed = NULL;
     if (o->packed) {
         if (!em_mat_packable(&m)) {
-            fprintf(stderr, "bench_quant: --path packed: %s cannot be packed (Q8_0 only)\n", em_type_name(t));
+            fprintf(stderr, "bench_quant: --path packed: %lld columns cannot be packed\n", (long long)o->cols);
             return -1;
         }
         if (!(packed = malloc((size_t)em_mat_packed_bytes(&m)))) return -1;
